@@ -1,0 +1,51 @@
+"""The `dapple` command line: `dapple <command> [--flags]`.
+
+Each command lives in its own module, `dapple/commands/<command>.py`, which defines its absl
+flags and a `main(argv)`. Only the chosen command's module is imported, so `dapple plan` and
+`dapple simulate` never import TensorFlow (planner-only installs have none).
+"""
+import importlib
+import sys
+
+from absl import app
+
+COMMANDS = {
+    "plan": "plan a model on a topology; print or write the Plan and the strategy report",
+    "simulate": "replay a plan's schedule with the cost model; timeline picture",
+    "profile": "measure a Keras model's per-layer profile (needs TensorFlow)",
+    "verify": "check a plan's gradients against the plain model (needs TensorFlow)",
+    "launch": "run a training script under horovodrun for a plan",
+    "demo": "profile, plan, report and train a small model on local logical devices",
+}
+PLANNER_ONLY_COMMANDS = ("plan", "simulate")
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: dapple <command> [--flags]   (dapple <command> --help for its flags)", ""]
+    lines += [f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def run(argv=None) -> None:
+    argv = list(sys.argv if argv is None else argv)
+    if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+        print(usage())
+        sys.exit(0 if len(argv) >= 2 else 2)
+    command = argv[1]
+    if command not in COMMANDS:
+        print(f"dapple: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        module = importlib.import_module(f"dapple.commands.{command}")
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in ("tensorflow", "horovod"):
+            print(f"dapple {command} needs {e.name.split('.')[0]}, which is not installed: "
+                  f"install dapple with its training extras (see README)", file=sys.stderr)
+            sys.exit(2)
+        raise
+    app.run(module.main, argv=[f"dapple {command}"] + argv[2:])
+
+
+if __name__ == "__main__":
+    run()

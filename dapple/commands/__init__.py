@@ -1,0 +1,1 @@
+"""One module per `dapple` subcommand; see `dapple.cli`."""

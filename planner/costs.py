@@ -1,0 +1,36 @@
+"""PipelineCosts: the per-task durations of one plan, the interface between the cost model
+(`planner.cost_model`, which computes them from a profile and a topology) and everything that
+replays a schedule (`planner.simulator`, reports, `dapple verify --timing`).
+
+All times are milliseconds for ONE micro-batch on ONE replica of a stage (its slice of the
+micro-batch), except `allreduce_ms`, which is once per iteration per stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+
+@dataclass
+class PipelineCosts:
+    forward_ms: List[float]                 # per stage
+    backward_ms: List[float]                # per stage
+    send_forward_ms: List[float]            # per boundary s -> s+1 (length S-1): activations
+    send_backward_ms: List[float]           # per boundary s+1 -> s (length S-1): gradients
+    allreduce_ms: List[float]               # per stage; 0 for a stage with one replica
+    activation_bytes: List[float] = field(default_factory=list)  # per stage, one micro-batch held
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward_ms)
+
+    def __post_init__(self) -> None:
+        S = len(self.forward_ms)
+        for name in ("backward_ms", "allreduce_ms"):
+            if len(getattr(self, name)) != S:
+                raise ValueError(f"PipelineCosts.{name} has {len(getattr(self, name))} entries "
+                                 f"for {S} stages")
+        for name in ("send_forward_ms", "send_backward_ms"):
+            if len(getattr(self, name)) != max(S - 1, 0):
+                raise ValueError(f"PipelineCosts.{name} needs {S - 1} entries (one per boundary), "
+                                 f"got {len(getattr(self, name))}")

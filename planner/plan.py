@@ -1,0 +1,271 @@
+"""The Plan: the one contract between planning and running.
+
+A Plan is plain data. The planner writes it, a person may edit it, the simulator and the
+reports read it, and `graph_rewrite` runs it. It round-trips through JSON
+(`Plan.to_json` / `Plan.from_json`); the file format is documented in the README
+("Plan JSON") and carries a `version` so that old files are refused clearly, not misread.
+
+Conventions (the same everywhere in dapple):
+
+* `layers` of a stage is `[first, last]`, 0-based and inclusive, as positions in the
+  profile's / model's topological layer order (`graph_rewrite.model_graph.layer_order`
+  and the profiler write the same order).
+* `devices` are device ids of the topology, ordered host by host (the order `horovodrun -H
+  h1:8,h2:8` numbers ranks). A stage's replica count is `len(devices)`.
+* `schedule` is the warm-up policy: "A" (K_i = min(S-i, M)), "B" (K_i = min(2(S-i)-1, M))
+  or "gpipe" (K_i = M). `warmup` (K_i per stage) may be given explicitly, e.g. when a
+  memory limit D caps it; when absent it is derived from the policy
+  (`planner.schedule.warmup_depths`).
+* Fields the planner derives (`estimate`, `warmup`) may be left out of a hand-written file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+PLAN_VERSION = 1
+SCHEDULE_POLICIES = ("A", "B", "gpipe")
+
+
+class PlanError(ValueError):
+    """A plan that is malformed or inconsistent; the message says what and how to fix it."""
+
+
+@dataclass
+class StageEstimate:
+    forward_ms: float
+    backward_ms: float
+    allreduce_ms: float
+    memory_bytes: float
+
+
+@dataclass
+class Estimate:
+    latency_ms: float
+    warmup_ms: float
+    steady_ms: float
+    ending_ms: float
+    pivot_stage: int
+    stages: List[StageEstimate] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Estimate":
+        d = dict(d)
+        stages = [StageEstimate(**s) for s in d.pop("stages", [])]
+        return cls(stages=stages, **d)
+
+
+@dataclass
+class Stage:
+    layers: List[int]                       # [first, last], inclusive
+    devices: List[int]
+    layer_names: List[str] = field(default_factory=list)
+
+    @property
+    def first(self) -> int:
+        return self.layers[0]
+
+    @property
+    def last(self) -> int:
+        return self.layers[1]
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0] + 1
+
+    @property
+    def replicas(self) -> int:
+        return len(self.devices)
+
+
+@dataclass
+class Plan:
+    stages: List[Stage]
+    micro_batches: int
+    global_batch_size: Optional[int] = None
+    schedule: str = "A"
+    warmup: Optional[List[int]] = None
+    recompute: bool = False
+    estimate: Optional[Estimate] = None
+    topology: Optional[Dict[str, Any]] = None   # description of the topology it was made for
+    profile: Optional[Dict[str, Any]] = None    # {"name": ..., "hash": ...}
+    version: int = PLAN_VERSION
+
+    # ---- derived views -------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def num_devices(self) -> int:
+        return sum(s.replicas for s in self.stages)
+
+    @property
+    def num_layers(self) -> int:
+        return self.stages[-1].last + 1
+
+    def shape(self) -> str:
+        """The paper's notation: 'DP', 'straight', or replica counts like '8:8'."""
+        if self.num_stages == 1:
+            return "DP" if self.stages[0].replicas > 1 else "single"
+        if all(s.replicas == 1 for s in self.stages):
+            return "straight"
+        return ":".join(str(s.replicas) for s in self.stages)
+
+    def warmup_depths(self) -> List[int]:
+        from planner.schedule import warmup_depths
+        if self.warmup is not None:
+            return list(self.warmup)
+        return warmup_depths(self.schedule, self.num_stages, self.micro_batches)
+
+    def micro_batch_size(self) -> Optional[int]:
+        if self.global_batch_size is None:
+            return None
+        return self.global_batch_size // self.micro_batches
+
+    # ---- checking ------------------------------------------------------------------
+    def validate(self, num_layers: Optional[int] = None,
+                 num_devices: Optional[int] = None) -> "Plan":
+        """Raise PlanError naming the first problem found; return self when consistent."""
+        if self.version != PLAN_VERSION:
+            raise PlanError(f"plan version {self.version} is not supported (this dapple reads "
+                            f"version {PLAN_VERSION}); re-create the plan with `dapple plan`")
+        if not self.stages:
+            raise PlanError("plan has no stages")
+        expected_first = 0
+        seen: Dict[int, int] = {}
+        for i, st in enumerate(self.stages):
+            if len(st.layers) != 2 or st.first > st.last:
+                raise PlanError(f"stage {i}: layers must be [first, last] with first <= last, "
+                                f"got {st.layers}")
+            if st.first != expected_first:
+                what = "leaves out" if st.first > expected_first else "repeats"
+                raise PlanError(
+                    f"stage {i} starts at layer {st.first} but the previous stage ended at "
+                    f"layer {expected_first - 1}: the plan {what} layers "
+                    f"{min(st.first, expected_first)}..{max(st.first, expected_first) - 1}; "
+                    f"stages must cover consecutive layer ranges")
+            expected_first = st.last + 1
+            if not st.devices:
+                raise PlanError(f"stage {i} has no devices")
+            for d in st.devices:
+                if not isinstance(d, int) or d < 0:
+                    raise PlanError(f"stage {i}: device id {d!r} is not a non-negative integer")
+                if d in seen:
+                    raise PlanError(f"device {d} is used by stage {seen[d]} and stage {i}; "
+                                    f"each device may run one stage replica only")
+                seen[d] = i
+            if st.layer_names and len(st.layer_names) != st.num_layers:
+                raise PlanError(f"stage {i}: {len(st.layer_names)} layer_names for "
+                                f"{st.num_layers} layers {st.layers}")
+        if num_layers is not None and expected_first != num_layers:
+            raise PlanError(f"the plan covers layers 0..{expected_first - 1} but the model/profile "
+                            f"has {num_layers} layers (0..{num_layers - 1})")
+        if num_devices is not None and max(seen) >= num_devices:
+            raise PlanError(f"the plan uses device {max(seen)} but the topology has "
+                            f"{num_devices} devices (0..{num_devices - 1})")
+        if self.micro_batches < 1:
+            raise PlanError(f"micro_batches must be >= 1, got {self.micro_batches}")
+        if self.schedule not in SCHEDULE_POLICIES:
+            raise PlanError(f"schedule {self.schedule!r} is not one of {SCHEDULE_POLICIES}")
+        if self.global_batch_size is not None:
+            for i, st in enumerate(self.stages):
+                unit = self.micro_batches * st.replicas
+                if self.global_batch_size % unit:
+                    raise PlanError(
+                        f"global batch {self.global_batch_size} does not divide into "
+                        f"{self.micro_batches} micro-batches x {st.replicas} replicas of stage "
+                        f"{i} (= {unit} equal slices); use a global batch that is a multiple "
+                        f"of {unit}, or change micro_batches")
+        if self.warmup is not None:
+            from planner.schedule import check_warmup
+            check_warmup(self.warmup, self.micro_batches)
+        return self
+
+    # ---- JSON ----------------------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        order = ["version", "stages", "micro_batches", "global_batch_size", "schedule",
+                 "warmup", "recompute", "estimate", "topology", "profile"]
+        return {k: d[k] for k in order if d[k] is not None}
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Plan":
+        if not isinstance(d, dict):
+            raise PlanError(f"a plan is a JSON object, got {type(d).__name__}")
+        d = dict(d)
+        if "version" not in d:
+            raise PlanError("plan has no 'version' field; plans written by dapple carry one")
+        for key in ("stages", "micro_batches"):
+            if key not in d:
+                raise PlanError(f"plan has no '{key}' field")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PlanError(f"plan has unknown field(s) {unknown}; known fields: {sorted(known)}")
+        stages = []
+        for i, s in enumerate(d.pop("stages")):
+            try:
+                stages.append(Stage(layers=list(s["layers"]), devices=list(s["devices"]),
+                                    layer_names=list(s.get("layer_names", []))))
+            except (KeyError, TypeError) as e:
+                raise PlanError(f"stage {i} must have 'layers' [first, last] and 'devices' "
+                                f"[ids...]: {e}") from None
+        est = d.pop("estimate", None)
+        return cls(stages=stages, estimate=Estimate.from_dict(est) if est else None, **d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan is not valid JSON: {e}") from None
+
+    @classmethod
+    def load(cls, path: str) -> "Plan":
+        with open(path) as f:
+            try:
+                return cls.from_json(f.read())
+            except PlanError as e:
+                raise PlanError(f"{path}: {e}") from None
+
+    def save(self, path: str) -> None:
+        """Write atomically (temp file + rename) so a crash never leaves half a plan."""
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".plan-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json() + "\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int,
+                  global_batch_size: Optional[int] = None, replicas: Optional[Sequence[int]] = None,
+                  schedule: str = "A") -> Plan:
+    """A plan from cut positions: `boundaries` are the first layers of stages 1..S-1.
+
+    `replicas[i]` devices go to stage i (default 1 each), numbered consecutively.
+    Handy for tests and hand-made plans.
+    """
+    starts = [0] + list(boundaries)
+    ends = [b - 1 for b in boundaries] + [num_layers - 1]
+    replicas = list(replicas) if replicas is not None else [1] * len(starts)
+    if len(replicas) != len(starts):
+        raise PlanError(f"{len(replicas)} replica counts for {len(starts)} stages")
+    stages, next_device = [], 0
+    for first, last, r in zip(starts, ends, replicas):
+        stages.append(Stage(layers=[first, last], devices=list(range(next_device, next_device + r))))
+        next_device += r
+    return Plan(stages=stages, micro_batches=micro_batches, global_batch_size=global_batch_size,
+                schedule=schedule).validate(num_layers=num_layers)
