@@ -1,0 +1,74 @@
+"""Keras losses turned into per-micro-batch terms that sum to the plain model's loss.
+
+Keras reduces a loss over the batch (`SUM_OVER_BATCH_SIZE`: the sum of the per-element losses
+divided by their count). A micro-batch slice therefore contributes the sum of its per-element
+losses divided by the element count of the WHOLE global batch; summing the terms of all slices
+gives exactly the plain model's loss on the global batch, and so the same gradients.
+`SUM` reduction contributes the plain sum. Per-output losses and `loss_weights` follow Keras's
+`compile` conventions (single, list or dict by output name).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import tensorflow as tf
+
+Reduction = tf.keras.losses.Reduction
+
+
+def _per_element_fn(loss) -> Tuple[Any, str]:
+    obj = tf.keras.losses.get(loss)
+    if isinstance(obj, tf.keras.losses.Loss):
+        reduction = obj.reduction
+        mode = "sum" if reduction == Reduction.SUM else "mean"
+        return obj.call, mode
+    if callable(obj):
+        return obj, "mean"
+    raise ValueError(f"cannot use {loss!r} as a loss")
+
+
+class PipelineLoss:
+    """Per-output loss functions, weights and reductions for a model's outputs."""
+
+    def __init__(self, loss, output_names: Sequence[str], loss_weights=None):
+        names = list(output_names)
+        if loss is None:
+            raise ValueError("compile() needs a loss")
+        if isinstance(loss, dict):
+            unknown = set(loss) - set(names)
+            if unknown:
+                raise ValueError(f"loss given for unknown outputs {sorted(unknown)}; the model's "
+                                 f"outputs are {names}")
+            losses = [loss.get(n) for n in names]
+        elif isinstance(loss, (list, tuple)):
+            if len(loss) != len(names):
+                raise ValueError(f"{len(loss)} losses for {len(names)} model outputs {names}")
+            losses = list(loss)
+        else:
+            losses = [loss] * len(names)
+        if loss_weights is None:
+            weights = [1.0] * len(names)
+        elif isinstance(loss_weights, dict):
+            weights = [float(loss_weights.get(n, 1.0)) for n in names]
+        else:
+            weights = [float(w) for w in loss_weights]
+        self.terms: List[Tuple[Any, str, float] | None] = []
+        for l, w in zip(losses, weights):
+            self.terms.append(None if l is None else (*_per_element_fn(l), w))
+
+    def micro_batch_term(self, y_true: Sequence[tf.Tensor], y_pred: Sequence[tf.Tensor],
+                         rows: int, global_rows: int) -> tf.Tensor:
+        """This slice's share of the global-batch loss (a scalar)."""
+        total = []
+        for term, yt, yp in zip(self.terms, y_true, y_pred):
+            if term is None:
+                continue
+            fn, mode, weight = term
+            values = tf.cast(fn(yt, yp), tf.float32)
+            summed = tf.reduce_sum(values)
+            if mode == "mean":
+                # element count of the global batch = this slice's count * global_rows / rows
+                count = tf.cast(tf.size(values), tf.float32) * (global_rows / rows)
+                summed = summed / count
+            total.append(weight * summed)
+        return tf.add_n(total)

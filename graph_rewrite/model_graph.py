@@ -1,0 +1,212 @@
+"""A Keras model's layer graph, its topological layer order, and cutting it into stages.
+
+The layer order defined here is THE layer order of dapple: the profiler writes profiles in it,
+and a plan's `layers: [first, last]` are positions in it. It is Keras's own execution order for
+functional models (nodes by decreasing depth, as `Functional._run_internal_graph` runs them),
+keeping each layer at the position of its first call and leaving out `InputLayer`s.
+
+Cutting re-executes the model's own layer calls (Keras `Node`s) on new tensors, so the stages
+share the model's variables: gradients line up with `model.trainable_variables`, and weights saved
+from the original model are the pipelined model's weights. A tensor is identified by Keras's
+reference id (`str(id(keras_tensor))`, what Keras uses itself). Every tensor that is produced
+before a cut and consumed after it crosses that cut, including model inputs that a later stage
+reads, and skip connections that span several stages are relayed through the stages in between
+(so a boundary's bytes are exactly what the planner counts for that cut).
+
+Limits, each reported with the layer's name: subclassed models (no layer graph), a layer whose
+calls land on both sides of a cut (it would need its inputs from a later stage), and Keras masks
+crossing a cut (masks are not transferred).
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+from dataclasses import dataclass, field
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+
+class CutError(ValueError):
+    """The model cannot be cut where the plan says; the message names the layer and why."""
+
+
+def _check_graph_model(model: tf.keras.Model) -> None:
+    if not isinstance(model, tf.keras.Model):
+        raise CutError(f"dapple needs a tf.keras.Model, got {type(model).__name__}")
+    if not getattr(model, "_is_graph_network", False):
+        if isinstance(model, tf.keras.Sequential):
+            raise CutError(f"Sequential model {model.name!r} has no layer graph yet: give its "
+                           f"first layer an input_shape (or call model.build) before pipelining")
+        raise CutError(f"model {model.name!r} is a subclassed Keras model ({type(model).__name__}): "
+                       f"it has no layer graph to cut. Build it with the functional API or "
+                       f"tf.keras.Sequential")
+
+
+def _nodes_in_execution_order(model: tf.keras.Model):
+    """The model's non-input nodes in the order Keras's Functional runs them."""
+    out = []
+    for depth in sorted(model._nodes_by_depth.keys(), reverse=True):
+        for node in model._nodes_by_depth[depth]:
+            if not node.is_input:
+                out.append(node)
+    return out
+
+
+def layer_order(model: tf.keras.Model) -> List[tf.keras.layers.Layer]:
+    """The model's layers (no InputLayers) in dapple's topological order."""
+    _check_graph_model(model)
+    seen, order = set(), []
+    for node in _nodes_in_execution_order(model):
+        if id(node.layer) not in seen:
+            seen.add(id(node.layer))
+            order.append(node.layer)
+    return order
+
+
+def model_signature(model: tf.keras.Model) -> str:
+    """A hash of layer names, types and weight shapes: ties a profile/plan to a model."""
+    h = hashlib.sha256()
+    for layer in layer_order(model):
+        h.update(f"{layer.name}|{type(layer).__name__}|".encode())
+        for w in layer.weights:
+            h.update(f"{tuple(w.shape)};".encode())
+    return h.hexdigest()
+
+
+@dataclass
+class StageGraph:
+    """One stage: a contiguous range of layer positions and the tensors entering/leaving it.
+
+    `input_ids` are the tensors it receives (from the previous stage, or model inputs for stage 0);
+    `output_ids` the tensors it hands to the next stage (model outputs of the last stage are its
+    outputs too). Relayed tensors appear in both.
+    """
+    index: int
+    first: int
+    last: int
+    layers: List[tf.keras.layers.Layer]
+    nodes: list
+    input_ids: List[str]
+    output_ids: List[str]
+    specs: Dict[str, tf.TensorSpec]            # per tensor id; batch dimension is None
+    model_output_ids: List[str] = field(default_factory=list)   # model outputs produced here
+
+    @property
+    def trainable_variables(self) -> List[tf.Variable]:
+        seen, out = set(), []
+        for layer in self.layers:
+            for v in layer.trainable_variables:
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    out.append(v)
+        return out
+
+    def call(self, tensors: Dict[str, tf.Tensor], training: bool = True) -> Dict[str, tf.Tensor]:
+        """Run the stage's layer calls on `tensors` (by id); return {id: tensor} of output_ids."""
+        values: Dict[str, tf.Tensor] = dict(tensors)
+        for node in self.nodes:
+            lists = collections.defaultdict(list)
+            for tid in node.flat_input_ids:
+                lists[tid].append(values[tid])
+            args, kwargs = node.map_arguments(lists)
+            if getattr(node.layer, "_expects_training_arg", False) and "training" not in kwargs:
+                kwargs = dict(kwargs, training=training)
+            outputs = node.layer(*args, **kwargs)
+            for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
+                values[tid] = y
+        return {tid: values[tid] for tid in self.output_ids}
+
+
+def _spec(keras_tensor) -> tf.TensorSpec:
+    shape = list(keras_tensor.shape)
+    if shape:
+        shape[0] = None
+    return tf.TensorSpec(shape, keras_tensor.dtype, name=keras_tensor.name)
+
+
+def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[StageGraph]:
+    """Cut `model` into stages covering the inclusive layer-position `ranges`.
+
+    Raises CutError (naming the layer) when the ranges do not cover the model's layers or a
+    cut is impossible.
+    """
+    order = layer_order(model)
+    n = len(order)
+    expected = 0
+    for i, (first, last) in enumerate(ranges):
+        if first != expected or last < first:
+            raise CutError(f"stage {i} covers layers [{first}, {last}] but must start at layer "
+                           f"{expected}: stages must cover consecutive layer ranges")
+        expected = last + 1
+    if expected != n:
+        raise CutError(f"the plan covers layers 0..{expected - 1} but model {model.name!r} has {n} "
+                       f"layers (0..{n - 1}); plan and model do not match")
+    position = {id(layer): p for p, layer in enumerate(order)}
+    stage_of_position = {}
+    for s, (first, last) in enumerate(ranges):
+        for p in range(first, last + 1):
+            stage_of_position[p] = s
+    S = len(ranges)
+
+    keras_tensor = {}
+    producer_stage: Dict[str, int] = {}        # -1 for model inputs
+    for t in model.inputs:
+        keras_tensor[str(id(t))] = t
+        producer_stage[str(id(t))] = -1
+    nodes_by_stage: List[list] = [[] for _ in range(S)]
+    last_consumer: Dict[str, int] = {}
+    for node in _nodes_in_execution_order(model):
+        layer = node.layer
+        s = stage_of_position[position[id(layer)]]
+        for tid, kt in zip(node.flat_input_ids, node.keras_inputs):
+            if tid not in producer_stage:
+                raise CutError(f"layer {layer.name!r} reads a tensor that no earlier layer "
+                               f"produces; the model graph is not supported")
+            if producer_stage[tid] > s:
+                shared = len(layer.inbound_nodes) > 1
+                raise CutError(
+                    f"layer {layer.name!r} (position {position[id(layer)]}, stage {s}) needs the "
+                    f"output of a layer in stage {producer_stage[tid]}"
+                    + (f"; it is shared (called {len(layer.inbound_nodes)} times) and its calls "
+                       f"fall on both sides of a cut" if shared else "")
+                    + ": move the cut so that this layer and its inputs' producers are ordered")
+            last_consumer[tid] = max(last_consumer.get(tid, -1), s)
+        for tid, kt in zip(node.flat_output_ids, tf.nest.flatten(node.outputs)):
+            keras_tensor[tid] = kt
+            producer_stage[tid] = s
+        nodes_by_stage[s].append(node)
+    for t in model.outputs:
+        last_consumer[str(id(t))] = S      # the loss consumes model outputs "after" the last stage
+
+    output_ids_model = [str(id(t)) for t in model.outputs]
+    stages = []
+    for s, (first, last) in enumerate(ranges):
+        # Tensors crossing the cut before stage s: produced before s, consumed at or after s.
+        crossing_in = [tid for tid in keras_tensor
+                       if producer_stage[tid] < s and last_consumer.get(tid, -2) >= s]
+        crossing_out = [tid for tid in keras_tensor
+                        if producer_stage[tid] <= s and last_consumer.get(tid, -2) > s]
+        model_outs_here = [tid for tid in output_ids_model if producer_stage[tid] == s]
+        if s == S - 1:
+            crossing_out = [tid for tid in output_ids_model]
+        for tid in crossing_out if s < S - 1 else []:
+            if getattr(keras_tensor[tid], "_keras_mask", None) is not None:
+                raise CutError(f"the output of layer {keras_tensor[tid].node.layer.name!r} carries a "
+                               f"Keras mask and would cross the cut after stage {s}; masks are not "
+                               f"transferred between stages: move the cut")
+        stages.append(StageGraph(
+            index=s, first=first, last=last,
+            layers=order[first:last + 1], nodes=nodes_by_stage[s],
+            input_ids=crossing_in, output_ids=crossing_out,
+            specs={tid: _spec(keras_tensor[tid]) for tid in set(crossing_in) | set(crossing_out)},
+            model_output_ids=model_outs_here))
+    return stages
+
+
+def model_input_ids(model: tf.keras.Model) -> List[str]:
+    return [str(id(t)) for t in model.inputs]
+
+
+def model_output_ids(model: tf.keras.Model) -> List[str]:
+    return [str(id(t)) for t in model.outputs]

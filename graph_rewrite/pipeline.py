@@ -1,0 +1,276 @@
+"""The pipelined training step: a Keras model + a Plan -> gradients of one global batch.
+
+Built inside a `tf.function`, one graph per step (the paper's §V design on TF2):
+
+* Units. Every (stage s, replica r, micro-batch m) is a unit. Its forward runs the stage's
+  layer calls (`model_graph.StageGraph.call`) on its rows under its own `tf.GradientTape`, on
+  the replica's device; its backward asks that tape for the gradients of the stage's outputs
+  (weighted by the gradients that came back from stage s+1) with respect to its inputs and the
+  stage's variables. With `recompute`, the forward keeps only its inputs and the backward runs
+  the forward again under a fresh tape.
+* Boundaries. A `Transport` moves boundary tensors forward and their gradients backward. The
+  local transport (one process, many devices) slices and concatenates row ranges on the
+  receiving device (`micro_batch.overlaps`): split, concat, both, or nothing when replica counts
+  are equal. `graph_rewrite.horovod_transport` moves them between processes.
+* Update. Each unit's variable gradients are accumulated over micro-batches per replica, summed
+  across the stage's replicas (the allreduce; locally an add on the stage's first device), and
+  handed back aligned with `model.trainable_variables` for one `apply_gradients`.
+* Order. The schedule (`planner.schedule`, the same task lists the simulator replays) is lowered
+  to control dependencies: every op of a unit's task depends on the previous task of the same
+  (stage, replica). Units are *built* in `planner.schedule.replay` order, which respects data
+  dependencies. Each task is built under the name scope `stage{s}/replica{r}/{F|B}{m}` so the
+  traced graph can be read back and checked (`tests/test_schedule_lowering.py`).
+
+Gradients equal the plain model's because each slice's loss term is its share of the global
+batch loss (`losses.PipelineLoss`) and everything else is exact re-association of sums.
+Batch-dependent layers (BatchNormalization in training mode) see micro-batch statistics, as in
+GPipe and the DAPPLE paper: such models are not bit-transparent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from graph_rewrite.losses import PipelineLoss
+from graph_rewrite.micro_batch import check_divisible, overlaps, unit_rows
+from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
+from planner.plan import Plan
+from planner.schedule import BACKWARD, FORWARD, plan_schedule, replay
+
+Unit = Tuple[int, int]                 # (stage, replica)
+Tensors = Dict[str, tf.Tensor]         # boundary tensors by Keras tensor id
+
+
+def _is_float(t) -> bool:
+    return t.dtype.is_floating
+
+
+def task_scope(stage: int, replica: int, kind: str, micro_batch: int) -> str:
+    return f"stage{stage}/replica{replica}/{kind}{micro_batch}"
+
+
+class LocalTransport:
+    """All units live in this process, on its devices. Boundaries slice and concatenate rows."""
+
+    def __init__(self, pipeline: "PipelineStep"):
+        self.p = pipeline
+
+    def local_units(self) -> List[Unit]:
+        return [(s, r) for s, st in enumerate(self.p.plan.stages) for r in range(st.replicas)]
+
+    def _gather(self, want_rows, pieces: Dict[int, Tensors], piece_rows: List[Tuple[int, int]],
+                ids: Sequence[str]) -> Tensors:
+        parts = overlaps(want_rows, piece_rows)
+        out = {}
+        for tid in ids:
+            taken = []
+            for i, lo, hi in parts:
+                t = pieces[i][tid]
+                full = piece_rows[i][1] - piece_rows[i][0]
+                taken.append(t if (lo, hi) == (0, full) else t[lo:hi])
+            out[tid] = taken[0] if len(taken) == 1 else tf.concat(taken, axis=0)
+        return out
+
+    def receive_activations(self, stage: int, replica: int, micro_batch: int,
+                            sent: Dict[int, Tensors]) -> Tensors:
+        """Inputs of (stage, replica) for `micro_batch`, from stage-1's replicas' outputs."""
+        prev = stage - 1
+        piece_rows = [self.p.rows(prev, r, micro_batch) for r in range(self.p.replicas[prev])]
+        return self._gather(self.p.rows(stage, replica, micro_batch), sent, piece_rows,
+                            self.p.stages[stage].input_ids)
+
+    def receive_gradients(self, stage: int, replica: int, micro_batch: int,
+                          sent: Dict[int, Tensors], ids: Sequence[str]) -> Tensors:
+        """Gradients of (stage, replica)'s outputs `ids`, from stage+1's replicas."""
+        nxt = stage + 1
+        piece_rows = [self.p.rows(nxt, r, micro_batch) for r in range(self.p.replicas[nxt])]
+        return self._gather(self.p.rows(stage, replica, micro_batch), sent, piece_rows, ids)
+
+    def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]]) -> List[tf.Tensor]:
+        replicas = sorted(grads_by_replica)
+        if len(replicas) == 1:
+            return grads_by_replica[replicas[0]]
+        with tf.device(self.p.device(stage, 0)), tf.name_scope(f"stage{stage}/allreduce"):
+            return [tf.add_n([grads_by_replica[r][i] for r in replicas])
+                    for i in range(len(grads_by_replica[replicas[0]]))]
+
+
+@dataclass
+class StepResult:
+    loss: tf.Tensor
+    gradients: List[Optional[tf.Tensor]]          # aligned with model.trainable_variables
+    predictions: List[List[tf.Tensor]] = field(default_factory=list)  # per output, row order
+
+
+class PipelineStep:
+    """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
+
+    def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
+                 devices: Sequence[str], transport_factory=LocalTransport):
+        self.model = model
+        self.plan = plan
+        self.loss = loss
+        self.stages: List[StageGraph] = cut_model(model, [tuple(s.layers) for s in plan.stages])
+        self.replicas = [s.replicas for s in plan.stages]
+        self._devices = list(devices)
+        self.schedule = plan_schedule(plan)
+        self.build_order = replay(self.schedule)
+        self.input_ids = model_input_ids(model)
+        self.output_ids = model_output_ids(model)
+        self.transport = transport_factory(self)
+        self.global_batch: Optional[int] = None
+
+    # ---- placement and rows ---------------------------------------------------------------
+    def device(self, stage: int, replica: int) -> str:
+        return self._devices[self.plan.stages[stage].devices[replica]]
+
+    def rows(self, stage: int, replica: int, micro_batch: int) -> Tuple[int, int]:
+        return unit_rows(self.global_batch, self.plan.micro_batches, self.replicas[stage],
+                         micro_batch, replica)
+
+    # ---- the step ---------------------------------------------------------------------------
+    def run(self, x, y=None, training: bool = True) -> StepResult:
+        """Build the step's ops (call inside a tf.function). `y=None` builds forward only."""
+        xs = tf.nest.flatten(x)
+        if len(xs) != len(self.input_ids):
+            raise ValueError(f"model {self.model.name!r} has {len(self.input_ids)} inputs, got "
+                             f"{len(xs)}")
+        global_batch = xs[0].shape[0]
+        if global_batch is None:
+            raise ValueError("the global batch size must be static; batch the data with "
+                             "drop_remainder=True")
+        self.global_batch = int(global_batch)
+        check_divisible(self.global_batch, self.plan.micro_batches, self.replicas)
+        model_inputs = dict(zip(self.input_ids, xs))
+        ys = tf.nest.flatten(y) if y is not None else None
+        backward = ys is not None and training
+        self._training = training
+        S, M = len(self.stages), self.plan.micro_batches
+
+        units = self.transport.local_units()
+        previous: Dict[Unit, list] = {u: [] for u in units}     # last task's ops, per unit
+        stash: Dict[Tuple[int, int, int], tuple] = {}
+        sent_fwd: Dict[Tuple[int, int], Dict[int, Tensors]] = {}
+        sent_bwd: Dict[Tuple[int, int], Dict[int, Tensors]] = {}
+        accumulated: Dict[Unit, List[Optional[tf.Tensor]]] = {}
+        loss_terms: List[tf.Tensor] = []
+        predictions: Dict[Tuple[int, int], List[tf.Tensor]] = {}
+
+        order = self.build_order if backward else [
+            (s, t) for (s, t) in self.build_order if t.kind == FORWARD]
+        for stage, task in order:
+            m = task.micro_batch
+            for replica in range(self.replicas[stage]):
+                if (stage, replica) not in previous:
+                    continue
+                unit = (stage, replica)
+                scope = task_scope(stage, replica, task.kind, m)
+                with tf.device(self.device(stage, replica)), tf.name_scope(scope), \
+                        tf.control_dependencies(previous[unit]):
+                    if task.kind == FORWARD:
+                        if stage == 0:
+                            lo, hi = self.rows(0, replica, m)
+                            inputs = {tid: model_inputs[tid][lo:hi]
+                                      for tid in self.stages[0].input_ids}
+                        else:
+                            inputs = self.transport.receive_activations(
+                                stage, replica, m, sent_fwd.get((stage - 1, m), {}))
+                        outputs, tape, term = self._forward(stage, replica, m, inputs, ys,
+                                                            keep_tape=backward)
+                        sent_fwd.setdefault((stage, m), {})[replica] = outputs
+                        stash[(stage, replica, m)] = (inputs, outputs, tape, term)
+                        if stage == S - 1:
+                            predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
+                            if term is not None:
+                                loss_terms.append(term)
+                        previous[unit] = list(outputs.values()) + ([term] if term is not None
+                                                                   else [])
+                    else:
+                        grads_in, var_grads = self._backward(stage, replica, m, stash.pop(
+                            (stage, replica, m)), sent_bwd.get((stage + 1, m), {}), ys)
+                        sent_bwd.setdefault((stage, m), {})[replica] = grads_in
+                        acc = accumulated.get(unit)
+                        accumulated[unit] = var_grads if acc is None else [
+                            g if a is None else (a if g is None else a + g)
+                            for a, g in zip(acc, var_grads)]
+                        previous[unit] = [g for g in list(grads_in.values()) + var_grads
+                                          if g is not None]
+
+        loss = tf.add_n(loss_terms) if loss_terms else tf.constant(0.0)
+        gradients = self._gather_gradients(accumulated) if backward else []
+        preds = [[predictions[(m, r)][k] for m in range(M)
+                  for r in range(self.replicas[S - 1]) if (m, r) in predictions]
+                 for k in range(len(self.output_ids))]
+        return StepResult(loss=loss, gradients=gradients, predictions=preds)
+
+    # ---- units ------------------------------------------------------------------------------
+    def _labels(self, ys, stage, replica, m):
+        lo, hi = self.rows(stage, replica, m)
+        return [y[lo:hi] for y in ys]
+
+    def _forward(self, stage, replica, m, inputs: Tensors, ys, keep_tape: bool):
+        graph = self.stages[stage]
+        last = stage == len(self.stages) - 1
+
+        def compute():
+            outs = graph.call(inputs, training=self._training)
+            # A relayed tensor must be a new tensor so the tape sees output != input.
+            outs = {tid: (tf.identity(t) if tid in inputs else t) for tid, t in outs.items()}
+            term = None
+            if last and ys is not None:
+                lo, hi = self.rows(stage, replica, m)
+                term = self.loss.micro_batch_term(
+                    self._labels(ys, stage, replica, m), [outs[t] for t in self.output_ids],
+                    rows=hi - lo, global_rows=self.global_batch)
+            return outs, term
+
+        if not keep_tape or self.plan.recompute:
+            outputs, term = compute()
+            return outputs, None, term
+        tape = tf.GradientTape()
+        with tape:
+            for t in inputs.values():
+                if _is_float(t):
+                    tape.watch(t)
+            outputs, term = compute()
+        return outputs, tape, term
+
+    def _backward(self, stage, replica, m, stashed, sent: Dict[int, Tensors], ys):
+        inputs, outputs, tape, term = stashed
+        graph = self.stages[stage]
+        last = stage == len(self.stages) - 1
+        if tape is None:   # recomputation: run the forward again under a tape
+            tape = tf.GradientTape()
+            with tape:
+                for t in inputs.values():
+                    if _is_float(t):
+                        tape.watch(t)
+                outputs, term = self._forward(stage, replica, m, inputs, ys, keep_tape=False)[::2]
+        float_out = [tid for tid in graph.output_ids if _is_float(outputs[tid])]
+        if last:
+            targets, output_gradients = [term], None
+        else:
+            upstream = self.transport.receive_gradients(stage, replica, m, sent, float_out)
+            targets = [outputs[tid] for tid in float_out]
+            output_gradients = [upstream[tid] for tid in float_out]
+        float_in = [tid for tid in graph.input_ids if _is_float(inputs[tid])]
+        variables = graph.trainable_variables
+        sources = [inputs[tid] for tid in float_in] + variables
+        grads = tape.gradient(targets, sources, output_gradients=output_gradients,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads_in = dict(zip(float_in, grads[:len(float_in)]))
+        return grads_in, list(grads[len(float_in):])
+
+    def _gather_gradients(self, accumulated: Dict[Unit, List[tf.Tensor]]):
+        by_var: Dict[int, tf.Tensor] = {}
+        for stage, graph in enumerate(self.stages):
+            per_replica = {r: accumulated[(stage, r)] for r in range(self.replicas[stage])
+                           if (stage, r) in accumulated}
+            if not per_replica:
+                continue
+            summed = self.transport.sum_replicas(stage, per_replica)
+            for v, g in zip(graph.trainable_variables, summed):
+                by_var[id(v)] = g if id(v) not in by_var else by_var[id(v)] + g
+        return [by_var.get(id(v)) for v in self.model.trainable_variables]
