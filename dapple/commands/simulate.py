@@ -1,0 +1,165 @@
+"""`dapple simulate`: replay a plan's schedule with the cost model; print results, draw pictures.
+
+    dapple simulate --plan=plan.json --profile=bert-48-pbs-2.txt --topology=A --format=json
+    dapple simulate --plan=plan.json --profile=... --topology=... --output=timeline.png
+    dapple simulate --plan=plan.json --costs=costs.json --held_output=held.png
+
+Durations come from `planner.cost_model.pipeline_costs(plan, profile, topology)`, or from a
+`--costs` JSON file holding `PipelineCosts` fields (hand-made costs, or measured ones). Planner
+only: never imports TensorFlow.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("plan", None, "plan JSON file (written by `dapple plan` or by hand)")
+flags.DEFINE_string("profile", None, "layer profile (graph.txt or dapple JSON)")
+flags.DEFINE_float("profile_batch_size", None,
+                   "batch size the profile was measured at, when its file name has no -pbs-N")
+flags.DEFINE_string("topology", None, "topology: preset A/B/C, a spec like '2x8,net=25Gbps', "
+                                      "or a JSON file")
+flags.DEFINE_string("costs", None, "JSON file of PipelineCosts fields (forward_ms, backward_ms, "
+                                   "send_forward_ms, send_backward_ms, allreduce_ms, "
+                                   "activation_bytes), instead of --profile/--topology")
+flags.DEFINE_enum("format", "text", ["text", "json"], "how to print the results")
+flags.DEFINE_boolean("timeline", False, "include every timeline event in the JSON output")
+flags.DEFINE_string("output", None, "write the timeline picture here (.png, .svg or .pdf)")
+flags.DEFINE_string("held_output", None,
+                    "write a picture of activations held over time, GPipe against early "
+                    "backward (the paper's Fig. 3c), here")
+flags.DEFINE_enum("link_duplex", "full", ["full", "half"],
+                  "full: activations and gradients cross a boundary on separate channels; "
+                  "half: they share one (eq. 1's reading of a boundary as a stage)")
+
+
+class UsageError(Exception):
+    pass
+
+
+def load_costs(path: str, num_stages: int):
+    from planner.costs import PipelineCosts
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"--costs file {path!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--costs file {path}: not valid JSON: {e}") from None
+    fields = ("forward_ms", "backward_ms", "send_forward_ms", "send_backward_ms",
+              "allreduce_ms", "activation_bytes")
+    if not isinstance(data, dict) or any(k not in fields for k in data):
+        raise UsageError(f"--costs file {path}: must be a JSON object with the fields {fields}")
+    try:
+        costs = PipelineCosts(**data)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"--costs file {path}: {e}") from None
+    if costs.num_stages != num_stages:
+        raise UsageError(f"--costs file {path} describes {costs.num_stages} stages but the plan "
+                         f"has {num_stages}")
+    return costs
+
+
+def costs_for(plan):
+    """PipelineCosts for `plan` from --costs, or from --profile and --topology."""
+    if FLAGS.costs:
+        if FLAGS.profile or FLAGS.topology:
+            raise UsageError("give either --costs or --profile with --topology, not both")
+        return load_costs(FLAGS.costs, plan.num_stages)
+    if not FLAGS.profile or not FLAGS.topology:
+        raise UsageError("durations are needed: pass --profile and --topology (the cost model "
+                         "computes them) or --costs=costs.json")
+    from planner.cost_model import pipeline_costs
+    from planner.profile import load_profile
+    from topology.parse import parse_topology
+    profile = load_profile(FLAGS.profile, batch_size=FLAGS.profile_batch_size)
+    topology = parse_topology(FLAGS.topology)
+    plan.validate(num_layers=profile.num_layers, num_devices=topology.num_devices)
+    return pipeline_costs(plan, profile, topology)
+
+
+def format_text(plan, result) -> str:
+    lines = [f"plan {plan.shape()}: {plan.num_stages} stage(s), {plan.micro_batches} "
+             f"micro-batches, schedule {plan.schedule}, warm-up K = {plan.warmup_depths()}",
+             f"iteration {result.iteration_ms:.3f} ms, bubble fraction "
+             f"{result.bubble_fraction:.3f} (links {result.link_duplex} duplex)"]
+    if plan.estimate is not None:
+        formula = plan.estimate.latency_ms
+        lines.append(f"formula (eq. 1-3) in the plan: {formula:.3f} ms; simulated / formula = "
+                     f"{result.iteration_ms / formula:.3f}" if formula else "")
+    lines.append(f"{'stage':>5} {'devices':>10} {'busy ms':>10} {'idle ms':>10} "
+                 f"{'allreduce':>10} {'bubble':>7} {'peak held':>9}")
+    for st, stats in zip(plan.stages, result.stages):
+        d = st.devices
+        devices = str(d[0]) if len(d) == 1 else f"{d[0]}-{d[-1]}"
+        lines.append(f"{stats.stage:>5} {devices:>10} {stats.busy_ms:>10.3f} "
+                     f"{stats.idle_ms:>10.3f} {stats.allreduce_ms:>10.3f} "
+                     f"{stats.bubble_fraction:>7.3f} {stats.peak_held_micro_batches:>9}")
+    return "\n".join(line for line in lines if line)
+
+
+def held_comparison(plan, costs):
+    """{label: result} for GPipe and early backward on the same stages and micro-batches."""
+    import dataclasses
+    from planner.simulator import simulate_plan
+    early_policy = plan.schedule if plan.schedule != "gpipe" else "A"
+    early = dataclasses.replace(plan, schedule=early_policy,
+                                warmup=plan.warmup if plan.schedule != "gpipe" else None)
+    gpipe = dataclasses.replace(plan, schedule="gpipe", warmup=None)
+    return {"GPipe": simulate_plan(gpipe, costs, FLAGS.link_duplex),
+            f"early backward ({early_policy})": simulate_plan(early, costs, FLAGS.link_duplex)}
+
+
+def run() -> int:
+    from planner.plan import Plan
+    from planner.simulator import simulate_plan
+    if not FLAGS.plan:
+        raise UsageError("--plan=plan.json is required (write one with `dapple plan`)")
+    plan = Plan.load(FLAGS.plan).validate()
+    costs = costs_for(plan)
+    result = simulate_plan(plan, costs, link_duplex=FLAGS.link_duplex)
+    if FLAGS.format == "json":
+        d = result.to_dict(with_timeline=FLAGS.timeline)
+        if plan.estimate is not None:
+            d["formula_latency_ms"] = plan.estimate.latency_ms
+        print(json.dumps(d, indent=2))
+    else:
+        print(format_text(plan, result))
+    if FLAGS.output:
+        from planner.timeline import save_figure, timeline_figure
+        title = (f"plan {plan.shape()}, {plan.micro_batches} micro-batches, schedule "
+                 f"{plan.schedule}")
+        save_figure(timeline_figure(result, plan, title=title), FLAGS.output)
+        print(f"timeline written to {FLAGS.output}", file=sys.stderr)
+    if FLAGS.held_output:
+        from planner.timeline import held_activations_figure, save_figure
+        stages = [0] if plan.num_stages == 1 else [0, plan.num_stages - 1]
+        save_figure(held_activations_figure(held_comparison(plan, costs), stages=stages,
+                                            title=f"activations held, plan {plan.shape()}, "
+                                                  f"{plan.micro_batches} micro-batches"),
+                    FLAGS.held_output)
+        print(f"held-activations picture written to {FLAGS.held_output}", file=sys.stderr)
+    return 0
+
+
+def main(argv):
+    if len(argv) > 1:
+        print(f"dapple simulate: unexpected arguments {argv[1:]}; all inputs are --flags",
+              file=sys.stderr)
+        return 2
+    from planner.plan import PlanError
+    from planner.profile import ProfileError
+    from planner.schedule import ScheduleError
+    try:
+        from topology.model import TopologyError
+    except ImportError:   # pragma: no cover - topology is part of the same package
+        TopologyError = ValueError
+    try:
+        return run()
+    except (UsageError, PlanError, ProfileError, TopologyError, ScheduleError, ImportError,
+            ValueError, OSError) as e:
+        print(f"dapple simulate: {e}", file=sys.stderr)
+        return 2
