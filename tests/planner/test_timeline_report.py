@@ -1,0 +1,76 @@
+"""The HTML/markdown strategy report: table cells and speedups against hand-computed values."""
+import base64
+import re
+
+import pytest
+
+from planner.costs import PipelineCosts
+from planner.plan import Estimate, straight_plan
+from planner.report_html import (Candidate, ReportRow, speedups, stage_notation, table_rows,
+                                 write_report)
+from planner.simulator import simulate_plan
+
+
+def estimate(ms):
+    return Estimate(latency_ms=ms, warmup_ms=0.0, steady_ms=0.0, ending_ms=0.0, pivot_stage=0)
+
+
+def row(gbs=64):
+    best = straight_plan([3], num_layers=6, micro_batches=2, global_batch_size=gbs,
+                         replicas=[2, 2])
+    best.estimate = estimate(20.0)
+    dp = straight_plan([], num_layers=6, micro_batches=2, global_batch_size=gbs, replicas=[4])
+    dp.estimate = estimate(40.0)
+    # Hand timeline of `best` (A, K=[2,1], F=1, B=2, free sends, allreduce 3 on stage 0):
+    # stage 0 F0[0,1] F1[1,2] B0[4,6] B1[7,9], allreduce [9,12] -> 12 ms.
+    simulation = simulate_plan(best, PipelineCosts([1, 1], [2, 2], [0], [0], [3, 0], [1, 1]))
+    return ReportRow(gbs, [Candidate("DAPPLE", best, simulation=simulation),
+                           Candidate("best DP", dp),
+                           Candidate("PipeDream", None, note="crashed")],
+                     single_device_ms=100.0)
+
+
+def test_stage_notation_is_table_vii_form():
+    plan = straight_plan([17], num_layers=26, micro_batches=2, replicas=[14, 2])
+    assert stage_notation(plan) == "(0, 16) @ [0-13]; (17, 25) @ [14, 15]"
+
+
+def test_speedups_over_one_device_and_over_a_named_baseline():
+    r = row()
+    assert speedups(r) == {"DAPPLE": 5.0, "best DP": 2.5, "PipeDream": None}
+    assert speedups(r, baseline="best DP") == {"DAPPLE": 2.0, "best DP": 1.0,
+                                                "PipeDream": None}
+    with pytest.raises(ValueError, match="baseline 'DP' is not a candidate"):
+        speedups(r, baseline="DP")
+
+
+def test_table_has_formula_simulated_and_speedup_cells():
+    table = table_rows([row()])
+    header, dapple, dp, pipedream = table
+    cell = dict(zip(header, dapple))
+    assert cell["shape"] == "2:2" and cell["formula ms"] == "20"
+    assert cell["simulated ms"] == "12" and cell["sim / formula"] == "0.6"
+    assert cell["speedup"] == "5"
+    assert dict(zip(header, dp))["simulated ms"] == "-"
+    assert dict(zip(header, pipedream))["note"] == "crashed"
+
+
+def test_html_report_embeds_png_pictures(tmp_path):
+    path = str(tmp_path / "report.html")
+    assert write_report(path, [row(64), row(128)], title="toy model") == [path]
+    text = open(path, encoding="utf-8").read()
+    images = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", text)
+    # speedup bars + one timeline per global batch size
+    assert len(images) == 3
+    assert all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
+    assert text.count("<tr>") == 1 + 2 * 3
+
+
+def test_markdown_report_writes_pictures_next_to_it(tmp_path):
+    path = str(tmp_path / "report.md")
+    written = write_report(path, [row()])
+    assert written == [path, str(tmp_path / "report_0.png"), str(tmp_path / "report_1.png")]
+    text = open(path, encoding="utf-8").read()
+    assert "![speedups](report_0.png)" in text
+    with pytest.raises(ValueError, match=r"\.html or \.md"):
+        write_report(str(tmp_path / "report.txt"), [row()])
