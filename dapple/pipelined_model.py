@@ -17,6 +17,7 @@ present). The global batch must be the plan's, and must divide into micro-batche
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -68,10 +69,12 @@ class PipelinedModel:
         self.model = model
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
         check_plan_matches_model(self.plan, model)
+        check_supported_model(model)
         self.devices = list(devices) if devices is not None else local_devices(
             max(d for s in self.plan.stages for d in s.devices) + 1)
         self._transport_factory = LocalTransport
         self._loss: Optional[PipelineLoss] = None
+        self._step: Optional[PipelineStep] = None
         self.optimizer = None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
 
@@ -84,9 +87,11 @@ class PipelinedModel:
                            loss_weights=loss_weights)
         self.optimizer = self.model.optimizer
         self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
-        self._step = PipelineStep(self.model, self.plan, self._loss, self.devices,
-                                  self._transport_factory)
+        self._step = self._make_step(self._loss)
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
+
+    def _make_step(self, loss: Optional[PipelineLoss]) -> PipelineStep:
+        return PipelineStep(self.model, self.plan, loss, self.devices, self._transport_factory)
 
     @property
     def global_batch_size(self) -> Optional[int]:
@@ -96,17 +101,19 @@ class PipelinedModel:
         if self._loss is None:
             raise RuntimeError("call compile(optimizer, loss) before training or evaluating")
 
-    def _check_batch(self, n: int) -> None:
+    def _check_batch(self, n: int, where: str = "") -> None:
         if self.plan.global_batch_size is not None and n != self.plan.global_batch_size:
-            raise ValueError(f"batch size {n} differs from the plan's global_batch_size "
+            raise ValueError(f"batch size {n}{where} differs from the plan's global_batch_size "
                              f"{self.plan.global_batch_size}: the plan (micro-batches, replica "
-                             f"slices, memory) was made for that batch; use it or re-plan")
+                             f"slices, memory) was made for that batch; use it or re-plan"
+                             + (" (batch a tf.data.Dataset with drop_remainder=True)" if where
+                                else ""))
         check_divisible(n, self.plan.micro_batches, [s.replicas for s in self.plan.stages])
 
     def gradients(self, x, y) -> List[tf.Tensor]:
         """Gradients of the compiled loss on the global batch (x, y), pipelined; for checks."""
         self._require_compiled()
-        self._check_batch(int(tf.nest.flatten(x)[0].shape[0]))
+        self._check_batch(_rows(x))
         if self._grad_fn is None:
             @tf.function
             def grad_fn(x, y):
@@ -132,26 +139,56 @@ class PipelinedModel:
     def train_step(self, x, y) -> tf.Tensor:
         """One optimizer step on one global batch; returns the loss."""
         self._require_compiled()
-        self._check_batch(int(tf.nest.flatten(x)[0].shape[0]))
+        self._check_batch(_rows(x))
         if self._train_fn is None:
             self._train_fn = self._build_train_fn()
         return self._train_fn(x, y)
 
-    def _dataset(self, x, y, batch_size, shuffle):
-        if isinstance(x, tf.data.Dataset):
-            if y is not None:
-                raise ValueError("pass labels inside the tf.data.Dataset, not as y")
-            return x
+    def _batch_size(self, batch_size) -> int:
         if batch_size is None:
             batch_size = self.plan.global_batch_size
         if batch_size is None:
             raise ValueError("batch_size is needed: the plan has no global_batch_size")
         self._check_batch(batch_size)
+        return batch_size
+
+    def _dataset(self, x, y, batch_size, shuffle, what: str):
+        """(x, y) batches of the plan's global batch; a tf.data.Dataset is used as given."""
+        if isinstance(x, tf.data.Dataset):
+            if y is not None:
+                raise ValueError("pass labels inside the tf.data.Dataset, not as y")
+            if batch_size is not None:
+                raise ValueError("do not pass batch_size with a tf.data.Dataset: batch the "
+                                 "dataset itself (drop_remainder=True) with the plan's "
+                                 "global_batch_size")
+            return x
+        batch_size = self._batch_size(batch_size)
+        n = _rows(x)
+        if n % batch_size:
+            if what == "fit":
+                logging.warning("fit: %d rows are not a multiple of the global batch %d; the "
+                                "last %d rows of each epoch are left out", n, batch_size,
+                                n % batch_size)
+            else:
+                raise ValueError(f"{what}: {n} rows are not a multiple of the plan's global "
+                                 f"batch {batch_size}; every pipelined step needs a full global "
+                                 f"batch: pass a multiple of {batch_size} rows")
         ds = tf.data.Dataset.from_tensor_slices((x, y) if y is not None else (x,))
         if shuffle:
-            n = len(tf.nest.flatten(x)[0])
             ds = ds.shuffle(n, reshuffle_each_iteration=True)
         return ds.batch(batch_size, drop_remainder=True)
+
+    def _unpack(self, batch, need_y: bool):
+        if not isinstance(batch, tuple):
+            batch = (batch,)
+        if len(batch) > 2:
+            raise ValueError("sample weights (a third dataset element) are not supported by "
+                             "PipelinedModel; give the dataset (x, y) elements")
+        bx, by = batch[0], (batch[1] if len(batch) > 1 else None)
+        if need_y and by is None:
+            raise ValueError("the dataset yields no labels: it must yield (x, y) pairs")
+        self._check_batch(_rows(bx), where=" of a dataset batch")
+        return bx, by
 
     def _metric_logs(self, loss_mean) -> dict:
         logs = {"loss": float(loss_mean.result())}
@@ -160,15 +197,26 @@ class PipelinedModel:
         return logs
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
-            shuffle=True, steps_per_epoch=None, initial_epoch=0):
+            validation_data=None, shuffle=True, steps_per_epoch=None, initial_epoch=0):
+        """Keras's `fit`: epochs of pipelined steps, callbacks, progress bar, History.
+
+        Logs are running means over the epoch, as Keras's; `validation_data` adds `val_` logs
+        (through `evaluate`) at each epoch's end.
+        """
         self._require_compiled()
-        ds = self._dataset(x, y, batch_size, shuffle)
+        ds = self._dataset(x, y, batch_size, shuffle, "fit")
         steps = steps_per_epoch
         if steps is None:
             card = int(ds.cardinality())
             steps = card if card >= 0 else None
         if verbose == "auto":
             verbose = 1
+        callbacks = list(callbacks or [])
+        if verbose and not any(isinstance(c, tf.keras.callbacks.ProgbarLogger) for c in callbacks):
+            # Our "loss" is already a running mean; Keras's progress bar must not average it
+            # again (it learns that from model.metrics, which only a Keras train step fills).
+            callbacks.insert(0, tf.keras.callbacks.ProgbarLogger(
+                count_mode="steps", stateful_metrics=["loss"]))
         cbs = tf.keras.callbacks.CallbackList(callbacks, add_history=True,
                                               add_progbar=verbose != 0, model=self.model,
                                               verbose=verbose, epochs=epochs, steps=steps)
@@ -186,44 +234,58 @@ class PipelinedModel:
             for step, batch in enumerate(ds):
                 if steps is not None and step >= steps:
                     break
-                bx, by = batch[0], (batch[1] if len(batch) > 1 else None)
-                self._check_batch(int(tf.nest.flatten(bx)[0].shape[0]))
+                bx, by = self._unpack(batch, need_y=True)
                 cbs.on_train_batch_begin(step)
                 loss_mean.update_state(self._train_fn(bx, by))
                 logs = self._metric_logs(loss_mean)
                 cbs.on_train_batch_end(step, logs)
                 if self.model.stop_training:
                     break
-            cbs.on_epoch_end(epoch, logs)
+            epoch_logs = dict(logs)
+            if validation_data is not None:
+                val = self.evaluate(*_validation_pair(validation_data), return_dict=True)
+                epoch_logs.update({f"val_{k}": v for k, v in val.items()})
+            cbs.on_epoch_end(epoch, epoch_logs)
+            logs = epoch_logs
             if self.model.stop_training:
                 break
         cbs.on_train_end(logs)
         return self.model.history
 
     def predict(self, x, batch_size=None, verbose=0):
-        """Forward through the pipeline (no backward), batch by batch; numpy outputs."""
+        """Forward through the pipeline (no backward) in global batches; numpy outputs.
+
+        Works before `compile`. A last partial batch is padded to the global batch (by
+        repeating its last row) and the padding's outputs dropped, so every row is predicted.
+        """
+        if self._step is None:
+            self._step = self._make_step(None)
         if self._predict_fn is None:
             @tf.function
             def predict_fn(x):
                 result = self._step.run(x, None, training=False)
                 return [tf.concat(p, axis=0) for p in result.predictions]
             self._predict_fn = predict_fn
-        if not hasattr(self, "_step"):
-            raise RuntimeError("call compile() before predict()")
-        ds = self._dataset(x, None, batch_size, shuffle=False)
+        if isinstance(x, tf.data.Dataset):
+            if batch_size is not None:
+                raise ValueError("do not pass batch_size with a tf.data.Dataset")
+            batches = ((self._unpack(b, need_y=False)[0], None) for b in x)
+        else:
+            batches = _padded_batches(x, self._batch_size(batch_size))
         outs = None
-        for (bx,) in ds:
+        for bx, valid in batches:
             preds = self._predict_fn(bx)
             outs = [[] for _ in preds] if outs is None else outs
             for acc, p in zip(outs, preds):
-                acc.append(p.numpy())
+                acc.append(p.numpy()[:valid])
         if outs is None:
-            raise ValueError("predict needs at least one full global batch of inputs")
+            raise ValueError("predict got no input rows")
         arrays = [np.concatenate(o) for o in outs]
         return arrays[0] if len(arrays) == 1 else arrays
 
-    def evaluate(self, x, y, batch_size=None, verbose=0, return_dict=False):
-        """Loss and compiled metrics over full global batches, through the pipeline."""
+    def evaluate(self, x, y=None, batch_size=None, verbose=0, return_dict=False):
+        """Loss and compiled metrics over full global batches, through the pipeline (no
+        backward). Returns what Keras returns: the loss, or [loss, metrics...], or a dict."""
         self._require_compiled()
         if self._eval_fn is None:
             @tf.function
@@ -238,20 +300,67 @@ class PipelinedModel:
         loss_mean = tf.keras.metrics.Mean()
         for m in self.model.compiled_metrics.metrics:
             m.reset_state()
-        for bx, by in self._dataset(x, y, batch_size, shuffle=False):
+        for batch in self._dataset(x, y, batch_size, False, "evaluate"):
+            bx, by = self._unpack(batch, need_y=True)
             loss_mean.update_state(eval_fn(bx, by))
+        if int(loss_mean.count) == 0:
+            raise ValueError("evaluate got no full global batch of data")
         logs = self._metric_logs(loss_mean)
-        return logs if return_dict else ([logs["loss"]] + [v for k, v in logs.items()
-                                                           if k != "loss"] if len(logs) > 1
-                                         else logs["loss"])
+        if return_dict:
+            return logs
+        return [logs["loss"]] + [v for k, v in logs.items() if k != "loss"] \
+            if len(logs) > 1 else logs["loss"]
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_weights(self, path: str) -> None:
         """The plain model's weights in Keras's format, written atomically."""
         save_weights_atomically(self.model, path)
 
-    def load_weights(self, path: str) -> None:
-        self.model.load_weights(path)
+    def load_weights(self, path: str):
+        """Keras's `load_weights` into the plain model (so any plan's checkpoint loads)."""
+        return self.model.load_weights(path)
+
+
+def check_supported_model(model: tf.keras.Model) -> None:
+    """Refuse what the pipelined step would silently compute differently from Keras."""
+    if model.losses:
+        raise ValueError(
+            f"model {model.name!r} has {len(model.losses)} added loss(es) (regularizers or "
+            f"add_loss): the pipelined step does not include them yet, so it would train a "
+            f"different objective than Keras; remove them or add them to the compiled loss")
+
+
+def _rows(x) -> int:
+    first = tf.nest.flatten(x)[0]
+    n = first.shape[0]
+    if n is None:
+        raise ValueError("the global batch size must be static; batch datasets with "
+                         "drop_remainder=True")
+    return int(n)
+
+
+def _validation_pair(data):
+    if isinstance(data, tf.data.Dataset):
+        return data, None
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        return data[0], data[1]
+    raise ValueError("validation_data must be (x_val, y_val) or a tf.data.Dataset of (x, y)")
+
+
+def _padded_batches(x, batch_size: int):
+    """(batch, valid rows) over numpy-like `x` (or a nest of them), the last batch padded."""
+    flat = [np.asarray(a) for a in tf.nest.flatten(x)]
+    n = len(flat[0])
+    for lo in range(0, n, batch_size):
+        hi = min(lo + batch_size, n)
+        parts = []
+        for a in flat:
+            part = a[lo:hi]
+            if hi - lo < batch_size:
+                pad = np.repeat(part[-1:], batch_size - (hi - lo), axis=0)
+                part = np.concatenate([part, pad])
+            parts.append(part)
+        yield tf.nest.pack_sequence_as(x, parts), hi - lo
 
 
 def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
