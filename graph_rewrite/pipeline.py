@@ -19,7 +19,8 @@ Built inside a `tf.function`, one graph per step (the paper's §V design on TF2)
   to control dependencies: every op of a unit's task depends on the previous task of the same
   (stage, replica). Units are *built* in `planner.schedule.replay` order, which respects data
   dependencies. Each task is built under the name scope `stage{s}/replica{r}/{F|B}{m}` so the
-  traced graph can be read back and checked (`tests/test_schedule_lowering.py`).
+  traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF names the
+  gradient ops a tape builds `gradient_tape/<forward op name>`, so those belong to B{m}.
 
 Gradients equal the plain model's because each slice's loss term is its share of the global
 batch loss (`losses.PipelineLoss`) and everything else is exact re-association of sums.

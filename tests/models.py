@@ -1,0 +1,65 @@
+"""Tiny Keras models for the tests, each built deterministically from a seed so that two calls
+give two models with identical initial weights (one to pipeline, one as the plain reference)."""
+import numpy as np
+import tensorflow as tf
+
+
+def mlp_with_skip(seed=0):
+    """5 layers: d1 -> d2 -> add(d1, d2) -> d3 -> out. Cuts after d1 or d2 carry the skip."""
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((6,), name="x")
+    h1 = tf.keras.layers.Dense(12, activation="tanh", name="d1")(x)
+    h2 = tf.keras.layers.Dense(12, activation="relu", name="d2")(h1)
+    s = tf.keras.layers.Add(name="add")([h1, h2])
+    h3 = tf.keras.layers.Dense(10, activation="tanh", name="d3")(s)
+    out = tf.keras.layers.Dense(5, name="out")(h3)
+    return tf.keras.Model(x, out, name="mlp_with_skip")
+
+
+def two_in_two_out(seed=0):
+    """Dict inputs, the second input entering late, and two outputs."""
+    tf.keras.utils.set_random_seed(seed)
+    a = tf.keras.Input((4,), name="a")
+    b = tf.keras.Input((3,), name="b")
+    ha = tf.keras.layers.Dense(8, activation="tanh", name="da")(a)
+    hb = tf.keras.layers.Dense(8, activation="tanh", name="db")(b)
+    h = tf.keras.layers.Concatenate(name="cat")([ha, hb])
+    h = tf.keras.layers.Dense(8, activation="relu", name="dh")(h)
+    cls = tf.keras.layers.Dense(3, name="cls")(h)
+    reg = tf.keras.layers.Dense(1, name="reg")(h)
+    return tf.keras.Model({"a": a, "b": b}, [cls, reg], name="two_in_two_out")
+
+
+def small_conv(seed=0):
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((8, 8, 2))
+    h = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="c1")(x)
+    h = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="c2")(h)
+    h = tf.keras.layers.MaxPooling2D(name="pool")(h)
+    h = tf.keras.layers.Flatten(name="flat")(h)
+    out = tf.keras.layers.Dense(3, name="out")(h)
+    return tf.keras.Model(x, out, name="small_conv")
+
+
+def data_for(model, batch, seed):
+    """Random inputs matching the model's inputs, and labels for its outputs (class ids for
+    outputs named like classifiers, reals otherwise)."""
+    rng = np.random.RandomState(seed)
+    if isinstance(model.input, dict):
+        x = {k: rng.randn(batch, *t.shape[1:]).astype("float32") for k, t in model.input.items()}
+    else:
+        x = rng.randn(batch, *model.input.shape[1:]).astype("float32")
+    ys = []
+    for out in model.outputs:
+        if out.shape[-1] > 1:
+            ys.append(rng.randint(0, out.shape[-1], size=batch).astype("int32"))
+        else:
+            ys.append(rng.randn(batch, 1).astype("float32"))
+    return x, (ys[0] if len(ys) == 1 else ys)
+
+
+def losses_for(model):
+    sce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if len(model.outputs) == 1:
+        return sce
+    return [sce, tf.keras.losses.MeanSquaredError()]

@@ -1,0 +1,63 @@
+"""The Plan: JSON round trip, validation messages, atomic save. No TensorFlow."""
+import json
+import os
+
+import pytest
+
+from planner.plan import Plan, PlanError, Stage, straight_plan
+
+
+def test_json_round_trip_keeps_everything():
+    plan = straight_plan([3], 6, 4, 64, replicas=[2, 1], schedule="B")
+    plan.stages[0].layer_names = ["a", "b", "c"]
+    text = plan.to_json()
+    data = json.loads(text)
+    assert data["version"] == 1
+    assert data["stages"][0] == {"layers": [0, 2], "devices": [0, 1], "layer_names": ["a", "b", "c"]}
+    assert Plan.from_json(text) == plan
+
+
+def test_shapes_in_the_papers_notation():
+    assert straight_plan([], 4, 2, 16, replicas=[8]).shape() == "DP"
+    assert straight_plan([2], 4, 2, 8).shape() == "straight"
+    assert straight_plan([2], 4, 2, 32, replicas=[8, 8]).shape() == "8:8"
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["stages"][1].update(devices=[0]), "device 0 is used by stage 0 and stage 1"),
+    (lambda d: d["stages"][1].update(layers=[4, 5]), "leaves out layers 3..3"),
+    (lambda d: d["stages"][1].update(layers=[2, 5]), "repeats layers 2..2"),
+    (lambda d: d.update(micro_batches=0), "micro_batches must be >= 1"),
+    (lambda d: d.update(schedule="zigzag"), "schedule 'zigzag'"),
+    (lambda d: d.update(global_batch_size=30), "does not divide into 4 equal micro-batches"),
+    (lambda d: d.update(global_batch_size=4), "stage 0 has 2 replicas but a micro-batch has only 1"),
+    (lambda d: d.pop("version"), "no 'version'"),
+    (lambda d: d.update(version=99), "version 99 is not supported"),
+    (lambda d: d.update(colour="red"), "unknown field"),
+])
+def test_hand_edited_plan_errors_name_the_problem(edit, message):
+    data = straight_plan([3], 6, 4, 64, replicas=[2, 1]).to_dict()
+    edit(data)
+    with pytest.raises(PlanError, match=message):
+        Plan.from_dict(data).validate(num_layers=6)
+
+
+def test_plan_must_cover_the_model():
+    plan = straight_plan([3], 6, 2, 8)
+    with pytest.raises(PlanError, match="has 7 layers"):
+        plan.validate(num_layers=7)
+
+
+def test_save_is_atomic_and_loads_back(tmp_path):
+    path = tmp_path / "plan.json"
+    plan = straight_plan([1], 2, 2, 8)
+    plan.save(str(path))
+    assert Plan.load(str(path)) == plan
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".plan-")] == []
+
+
+def test_load_names_the_file(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    with pytest.raises(PlanError, match="broken.json: plan is not valid JSON"):
+        Plan.load(str(path))

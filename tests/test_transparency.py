@@ -1,0 +1,111 @@
+"""Transparency: the pipelined step computes the plain model's gradients, and training with it
+gives the plain model's weights. The reference is the plain Keras model on the whole global
+batch (GradientTape + the same optimizer), never dapple's own code.
+
+Shapes covered: straight 2 and 3 stages; replicas 2:1, 1:2, 2:2, 3:1; data parallel only
+(1 stage on 4 devices); skip connections crossing cuts; M in {1, 2, 4, 8}; policies A, B and
+GPipe; recomputation on and off; dict inputs entering late and two outputs.
+"""
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from planner.plan import straight_plan
+from tests.models import data_for, losses_for, mlp_with_skip, small_conv, two_in_two_out
+
+GLOBAL_BATCH = 48
+
+
+def plain_loss_and_grads(model, loss, x, y):
+    losses = loss if isinstance(loss, list) else [loss]
+    ys = y if isinstance(y, list) else [y]
+    with tf.GradientTape() as tape:
+        preds = model(x, training=True)
+        preds = preds if isinstance(preds, list) else [preds]
+        total = tf.add_n([l(t, p) for l, t, p in zip(losses, ys, preds)])
+    return total, tape.gradient(total, model.trainable_variables)
+
+
+def max_abs_diff(a_list, b_list):
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(a_list, b_list))
+
+
+CASES = [
+    # (builder, cut positions (first layer of stages 1..), replicas, M, policy, recompute)
+    (mlp_with_skip, [2], [1, 1], 1, "A", False),          # straight 2 stages, one micro-batch
+    (mlp_with_skip, [2], [1, 1], 2, "A", False),
+    (mlp_with_skip, [1], [1, 1], 4, "B", False),          # skip d1 -> add crosses the cut
+    (mlp_with_skip, [1, 3], [1, 1, 1], 8, "A", False),    # straight 3 stages, skip relayed
+    (mlp_with_skip, [1, 3], [1, 1, 1], 4, "gpipe", False),
+    (mlp_with_skip, [2], [2, 1], 2, "A", False),          # 2:1 (concat)
+    (mlp_with_skip, [3], [1, 2], 4, "B", False),          # 1:2 (split)
+    (mlp_with_skip, [2], [2, 2], 2, "gpipe", True),       # 2:2 (nothing), recomputed
+    (mlp_with_skip, [1], [3, 1], 2, "A", True),           # 3:1
+    (mlp_with_skip, [], [4], 4, "A", False),              # data parallel only
+    (mlp_with_skip, [2], [2, 3], 8, "A", False),          # 2:3 (split and concat)
+    (two_in_two_out, [1, 4], [1, 2, 1], 4, "B", False),   # input b enters late, two outputs
+    (small_conv, [2], [1, 1], 4, "A", True),
+]
+
+
+def case_id(case):
+    builder, cuts, reps, m, policy, rc = case
+    return f"{builder.__name__}-{':'.join(map(str, reps))}-cuts{cuts}-M{m}-{policy}" + ("-rc" if rc else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_gradients_equal_plain_model(case):
+    builder, cuts, reps, m, policy, recompute = case
+    model, reference = builder(), builder()
+    n_layers = len(dapple_layers(model))
+    plan = straight_plan(cuts, n_layers, m, GLOBAL_BATCH, replicas=reps, schedule=policy)
+    plan.recompute = recompute
+    x, y = data_for(model, GLOBAL_BATCH, seed=7)
+    loss = losses_for(model)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer="sgd", loss=loss)
+    got = pm.gradients(x, y)
+    _, want = plain_loss_and_grads(reference, loss, x, y)
+    assert len(got) == len(want)
+    assert max_abs_diff(got, want) < 1e-5
+
+
+def dapple_layers(model):
+    from graph_rewrite.model_graph import layer_order
+    return layer_order(model)
+
+
+@pytest.mark.parametrize("case", [CASES[3], CASES[6], CASES[7], CASES[9], CASES[11]],
+                         ids=[case_id(c) for c in [CASES[3], CASES[6], CASES[7], CASES[9], CASES[11]]])
+def test_weights_after_three_steps_equal_plain_model(case):
+    builder, cuts, reps, m, policy, recompute = case
+    model, reference = builder(), builder()
+    plan = straight_plan(cuts, len(dapple_layers(model)), m, GLOBAL_BATCH, replicas=reps,
+                         schedule=policy)
+    plan.recompute = recompute
+    loss = losses_for(model)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
+    ref_opt = tf.keras.optimizers.Adam(1e-2)
+    for step in range(3):
+        x, y = data_for(model, GLOBAL_BATCH, seed=100 + step)   # different data every step
+        got_loss = pm.train_step(x, y)
+        want_loss, grads = plain_loss_and_grads(reference, loss, x, y)
+        ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
+        assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_pipeline_differs_from_plain_model_when_data_differs():
+    """Guards the comparison itself: a different batch must give different gradients."""
+    model, reference = mlp_with_skip(), mlp_with_skip()
+    plan = straight_plan([2], 5, 2, GLOBAL_BATCH)
+    pm = dapple.PipelinedModel(model, plan)
+    loss = losses_for(model)
+    pm.compile(optimizer="sgd", loss=loss)
+    x, y = data_for(model, GLOBAL_BATCH, seed=1)
+    x2, y2 = data_for(model, GLOBAL_BATCH, seed=2)
+    _, want = plain_loss_and_grads(reference, loss, x2, y2)
+    assert max_abs_diff(pm.gradients(x, y), want) > 1e-3
