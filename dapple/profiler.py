@@ -1,0 +1,186 @@
+"""The Keras profiler: per-layer times and sizes of a model, in dapple's native profile format.
+
+    prof = dapple.profile(model, x, y, output="model.profile.json")   # a planner Profile
+
+Layers come in `graph_rewrite.model_graph.layer_order` order, so the profile's positions are
+the positions a Plan's `layers: [first, last]` refer to. For each layer:
+
+* `forward_ms`, `backward_ms`: the layer measured on its own, on the local default device, with
+  inputs of the right shapes and values taken from one forward pass of the whole model on `x`.
+  Each measurement is a `tf.function` (so graph, not eager, costs), run `warmup` times and then
+  `runs` times, the median kept. Backward is measured as (forward + gradients of the outputs
+  with respect to the float inputs and trainable weights) minus forward, since TensorFlow 2 has
+  no separate backward to time; it is floored at 1 microsecond when noise makes it smaller.
+  A layer called several times (shared) counts all its calls.
+* `output_bytes`: all outputs of the layer's calls at the profiled batch (exact: elements x
+  dtype size); `parameter_bytes`: all its weights, trainable and not, counted once.
+* `inputs`: positions of the layers whose outputs it consumes, -1 for a model input.
+
+`model_signature` ties the profile, and plans made from it, to this model
+(`dapple.pipelined_model.check_plan_matches_model`). `y` is not needed to profile layers (the
+loss is not a layer); it is accepted so the call reads like Keras's and its rows are checked.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from graph_rewrite.model_graph import (_nodes_in_execution_order, layer_order, model_input_ids,
+                                       model_signature)
+
+MIN_BACKWARD_MS = 1e-3
+
+
+def _nbytes(tensors) -> int:
+    return int(sum(int(np.prod(t.shape)) * t.dtype.size for t in tf.nest.flatten(tensors)
+                   if hasattr(t, "dtype")))
+
+
+def _median_ms(fn: Callable[[], object], warmup: int, runs: int) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = fn()
+        for t in tf.nest.flatten(out):   # make sure the work is done before the clock stops
+            if hasattr(t, "numpy"):
+                t.numpy()
+        samples.append((time.perf_counter() - start) * 1000.0)
+    return float(statistics.median(samples))
+
+
+def _node_call(node, values: Dict[str, tf.Tensor]):
+    """(args, kwargs) of a Keras node's call, its inputs looked up by tensor id."""
+    lists = collections.defaultdict(list)
+    for tid in node.flat_input_ids:
+        lists[tid].append(values[tid])
+    args, kwargs = node.map_arguments(lists)
+    if getattr(node.layer, "_expects_training_arg", False) and "training" not in kwargs:
+        kwargs = dict(kwargs, training=True)
+    return args, kwargs
+
+
+def _time_node(node, args, kwargs, warmup: int, runs: int):
+    layer = node.layer
+    float_inputs = [t for t in tf.nest.flatten((args, kwargs))
+                    if isinstance(t, tf.Tensor) and t.dtype.is_floating]
+
+    @tf.function
+    def forward():
+        return layer(*args, **kwargs)
+
+    @tf.function
+    def forward_backward():
+        with tf.GradientTape() as tape:
+            for t in float_inputs:
+                tape.watch(t)
+            outputs = layer(*args, **kwargs)
+        targets = [o for o in tf.nest.flatten(outputs) if o.dtype.is_floating]
+        sources = float_inputs + list(layer.trainable_variables)
+        if not targets or not sources:
+            return outputs
+        grads = tape.gradient(targets, sources, output_gradients=[tf.ones_like(o) for o in targets],
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return grads
+
+    has_backward = bool(float_inputs or layer.trainable_variables)
+    forward_ms = _median_ms(forward, warmup, runs)
+    if not has_backward:
+        return forward_ms, 0.0
+    total_ms = _median_ms(forward_backward, warmup, runs)
+    return forward_ms, max(total_ms - forward_ms, MIN_BACKWARD_MS)
+
+
+def profile_dict(model: tf.keras.Model, x, name: Optional[str] = None, warmup: int = 2,
+                 runs: int = 5) -> dict:
+    """The native-format profile (a dict) of `model` measured on the batch `x`."""
+    if runs < 1 or warmup < 0:
+        raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
+    order = layer_order(model)
+    position = {id(layer): p for p, layer in enumerate(order)}
+    xs = tf.nest.flatten(x)
+    input_ids = model_input_ids(model)
+    if len(xs) != len(input_ids):
+        raise ValueError(f"model {model.name!r} has {len(input_ids)} inputs, got {len(xs)}")
+    values = {tid: tf.convert_to_tensor(v, dtype=t.dtype)
+              for tid, v, t in zip(input_ids, xs, model.inputs)}
+    producer = {tid: -1 for tid in input_ids}
+    batch = int(xs[0].shape[0])
+
+    stats = [{"forward_ms": 0.0, "backward_ms": 0.0, "output_bytes": 0, "inputs": []}
+             for _ in order]
+    for node in _nodes_in_execution_order(model):
+        p = position[id(node.layer)]
+        args, kwargs = _node_call(node, values)
+        outputs = node.layer(*args, **kwargs)
+        for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
+            values[tid] = y
+            producer[tid] = p
+        forward_ms, backward_ms = _time_node(node, args, kwargs, warmup, runs)
+        s = stats[p]
+        s["forward_ms"] += forward_ms
+        s["backward_ms"] += backward_ms
+        s["output_bytes"] += _nbytes(outputs)
+        for tid in node.flat_input_ids:
+            if producer[tid] not in s["inputs"]:
+                s["inputs"].append(producer[tid])
+
+    device = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    return {
+        "format": "dapple-profile",
+        "version": 1,
+        "name": name or model.name,
+        "batch_size": batch,
+        "device": f"{device[0].name} ({threads or 'default'} intra-op threads)",
+        "model_signature": model_signature(model),
+        "input_bytes": _nbytes(list(values[tid] for tid in input_ids)),
+        "layers": [dict(name=layer.name, type=type(layer).__name__,
+                        forward_ms=s["forward_ms"], backward_ms=s["backward_ms"],
+                        output_bytes=s["output_bytes"],
+                        parameter_bytes=_nbytes(layer.weights), inputs=s["inputs"])
+                   for layer, s in zip(order, stats)],
+    }
+
+
+def write_profile(profile: dict, path: str) -> None:
+    """Write a native profile as JSON, atomically (temp file + rename)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".profile-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(profile, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def profile(model: tf.keras.Model, x, y=None, output: Optional[str] = None,
+            name: Optional[str] = None, warmup: int = 2, runs: int = 5):
+    """Profile `model` on the batch `x` (its rows are the profile's batch size).
+
+    Returns the planner's `Profile`; writes the native JSON to `output` when given.
+    """
+    if y is not None:
+        ny = int(tf.nest.flatten(y)[0].shape[0])
+        nx = int(tf.nest.flatten(x)[0].shape[0])
+        if ny != nx:
+            raise ValueError(f"x has {nx} rows but y has {ny}")
+    d = profile_dict(model, x, name=name, warmup=warmup, runs=runs)
+    if output:
+        write_profile(d, output)
+    from planner.profile import parse_native_json
+    return parse_native_json(json.dumps(d), path=output or "<dapple.profile>")

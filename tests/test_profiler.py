@@ -1,0 +1,123 @@
+"""The Keras profiler: layer order, exact bytes (computed by hand), inputs, positive times,
+the file it writes, and the `dapple profile` command."""
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dapple.pipelined_model import PipelinedModel
+from dapple.profiler import profile
+from graph_rewrite.model_graph import model_signature
+from planner.plan import straight_plan
+from planner.profile import load_profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def skip_model():
+    """x(6) -> a: Dense 4 -> b: Dense 3 -> c: Concatenate(a, b) (7) -> out: Dense 2."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((6,), name="x")
+    a = tf.keras.layers.Dense(4, name="a")(x)
+    b = tf.keras.layers.Dense(3, name="b")(a)
+    c = tf.keras.layers.Concatenate(name="c")([a, b])
+    out = tf.keras.layers.Dense(2, name="out")(c)
+    return tf.keras.Model(x, out, name="skip_model")
+
+
+def embedding_model():
+    """ids(5) int32 -> emb: Embedding(10, 3) -> flat: Flatten (15) -> out: Dense 2."""
+    tf.keras.utils.set_random_seed(0)
+    ids = tf.keras.Input((5,), dtype="int32", name="ids")
+    e = tf.keras.layers.Embedding(10, 3, name="emb")(ids)
+    f = tf.keras.layers.Flatten(name="flat")(e)
+    out = tf.keras.layers.Dense(2, name="out")(f)
+    return tf.keras.Model(ids, out, name="embedding_model")
+
+
+def test_profile_of_a_model_with_a_skip_connection(tmp_path):
+    model = skip_model()
+    x = np.random.RandomState(0).randn(8, 6).astype("float32")
+    y = np.zeros((8, 2), "float32")
+    out = str(tmp_path / "skip.json")
+    prof = profile(model, x, y, output=out, warmup=1, runs=3)
+
+    assert [l.name for l in prof.layers] == ["a", "b", "c", "out"]
+    assert [l.type for l in prof.layers] == ["Dense", "Dense", "Concatenate", "Dense"]
+    assert prof.batch_size == 8
+    # fp32 = 4 bytes; outputs are batch 8 x width; parameters (in x out + out) x 4.
+    assert [l.output_bytes for l in prof.layers] == [8 * 4 * 4, 8 * 3 * 4, 8 * 7 * 4, 8 * 2 * 4]
+    assert [l.parameter_bytes for l in prof.layers] == [(6 * 4 + 4) * 4, (4 * 3 + 3) * 4, 0,
+                                                        (7 * 2 + 2) * 4]
+    assert [list(l.inputs) for l in prof.layers] == [[-1], [0], [0, 1], [2]]
+    assert prof.input_bytes == 8 * 6 * 4
+    assert all(l.forward_ms > 0 and l.backward_ms > 0 for l in prof.layers)
+    assert prof.model_signature == model_signature(model)
+    # The cut after "a" carries a's output (b and c read it); after "b" both a's and b's.
+    assert prof.boundary_bytes(0) == 8 * 4 * 4
+    assert prof.boundary_bytes(1) == 8 * 4 * 4 + 8 * 3 * 4
+
+    with open(out) as f:
+        written = json.load(f)
+    assert written["format"] == "dapple-profile" and written["version"] == 1
+    assert written["model_signature"] == model_signature(model)
+    again = load_profile(out)
+    assert [l.output_bytes for l in again.layers] == [l.output_bytes for l in prof.layers]
+    assert [l.forward_ms for l in again.layers] == [l.forward_ms for l in prof.layers]
+
+
+def test_profile_of_integer_inputs_and_an_embedding():
+    model = embedding_model()
+    ids = np.random.RandomState(0).randint(0, 10, size=(4, 5)).astype("int32")
+    prof = profile(model, ids, warmup=0, runs=1)
+    assert [l.name for l in prof.layers] == ["emb", "flat", "out"]
+    assert [l.output_bytes for l in prof.layers] == [4 * 5 * 3 * 4, 4 * 15 * 4, 4 * 2 * 4]
+    assert [l.parameter_bytes for l in prof.layers] == [10 * 3 * 4, 0, (15 * 2 + 2) * 4]
+    assert prof.input_bytes == 4 * 5 * 4
+    assert all(l.forward_ms > 0 for l in prof.layers)
+    assert prof.layers[0].backward_ms > 0          # the embedding's weights get gradients
+
+
+def test_a_plan_from_the_profile_is_accepted_and_one_from_another_model_refused():
+    model = skip_model()
+    prof = profile(model, np.ones((4, 6), "float32"), warmup=0, runs=1)
+    plan = straight_plan([2], prof.num_layers, 2, 4)
+    plan.profile = prof.summary()
+    PipelinedModel(model, plan)
+    other = profile(embedding_model(), np.ones((4, 5), "int32"), warmup=0, runs=1)
+    plan.profile = other.summary()
+    with pytest.raises(ValueError, match="measured on another model"):
+        PipelinedModel(model, plan)
+
+
+def test_profile_rejects_mismatched_rows():
+    with pytest.raises(ValueError, match="x has 4 rows but y has 3"):
+        profile(skip_model(), np.ones((4, 6), "float32"), np.ones((3, 2), "float32"))
+
+
+def test_dapple_profile_command_writes_a_profile(tmp_path):
+    out = str(tmp_path / "conv.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dapple.cli", "profile", "--model=tests.models:small_conv",
+         "--batch_size=4", f"--output={out}", "--runs=1", "--warmup=0"],
+        capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote" in proc.stdout
+    prof = load_profile(out)
+    assert [l.name for l in prof.layers] == ["c1", "c2", "pool", "flat", "out"]
+    # small_conv: input 8x8x2; c1 output 4 x 8x8x4 floats; pool output 4 x 4x4x4.
+    assert prof.layers[0].output_bytes == 4 * 8 * 8 * 4 * 4
+    assert prof.layers[2].output_bytes == 4 * 4 * 4 * 4 * 4
+    assert prof.input_bytes == 4 * 8 * 8 * 2 * 4
+
+
+def test_dapple_profile_command_explains_a_bad_model_flag():
+    proc = subprocess.run([sys.executable, "-m", "dapple.cli", "profile", "--model=nomodule"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "module:builder" in proc.stderr
