@@ -61,6 +61,14 @@ class LocalTransport:
     def local_units(self) -> List[Unit]:
         return [(s, r) for s, st in enumerate(self.p.plan.stages) for r in range(st.replicas)]
 
+    # Senders' side of a boundary. Locally the receiver reads the sender's tensors directly, so
+    # there is nothing to do; a transport between processes sends here (and returns nothing).
+    def send_activations(self, stage: int, replica: int, micro_batch: int, outputs: Tensors) -> None:
+        return None
+
+    def send_gradients(self, stage: int, replica: int, micro_batch: int, grads: Tensors) -> None:
+        return None
+
     def _gather(self, want_rows, pieces: Dict[int, Tensors], piece_rows: List[Tuple[int, int]],
                 ids: Sequence[str]) -> Tensors:
         parts = overlaps(want_rows, piece_rows)
@@ -181,6 +189,8 @@ class PipelineStep:
                         outputs, tape, term = self._forward(stage, replica, m, inputs, ys,
                                                             keep_tape=backward)
                         sent_fwd.setdefault((stage, m), {})[replica] = outputs
+                        if stage < S - 1:
+                            self.transport.send_activations(stage, replica, m, outputs)
                         stash[(stage, replica, m)] = (inputs, outputs, tape, term)
                         if stage == S - 1:
                             predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
@@ -192,6 +202,8 @@ class PipelineStep:
                         grads_in, var_grads = self._backward(stage, replica, m, stash.pop(
                             (stage, replica, m)), sent_bwd.get((stage + 1, m), {}), ys)
                         sent_bwd.setdefault((stage, m), {})[replica] = grads_in
+                        if stage > 0:
+                            self.transport.send_gradients(stage, replica, m, grads_in)
                         acc = accumulated.get(unit)
                         accumulated[unit] = var_grads if acc is None else [
                             g if a is None else (a if g is None else a + g)
