@@ -305,3 +305,47 @@ def test_tensorflow_initialized_before_dapple_gives_a_clear_error():
     assert "DeviceError" in proc.stderr
     assert "needs 2 devices" in proc.stderr
     assert "import dapple` before anything initializes TensorFlow" in proc.stderr
+
+
+# ---- dapple verify ------------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def batchnorm_model():
+    """Not micro-batch transparent: BatchNormalization normalizes each micro-batch alone."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((6,))
+    h = tf.keras.layers.Dense(8, name="d1")(x)
+    h = tf.keras.layers.BatchNormalization(name="bn")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(2, name="out")(h), name="batchnorm_model")
+
+
+def run_verify(plan, builder, tmp_path, *extra):
+    path = str(tmp_path / "plan.json")
+    plan.save(path)
+    return subprocess.run([sys.executable, "-m", "dapple.cli", "verify", f"--plan={path}",
+                           f"--model={builder}", *extra], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_verify_passes_a_transparent_plan(tmp_path):
+    proc = run_verify(straight_plan([1, 3], 5, 4, None, replicas=[2, 1, 1]),
+                      "tests.models:mlp_with_skip",
+                      tmp_path, "--batch_size=16")
+    assert proc.returncode == 0, proc.stderr
+    assert "largest gradient difference" in proc.stdout and "OK" in proc.stdout
+
+
+def test_verify_fails_on_a_batch_dependent_model(tmp_path):
+    proc = run_verify(straight_plan([2], 3, 4, 16), "tests.test_keras_api:batchnorm_model",
+                      tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    diff = float(proc.stdout.split("largest gradient difference: ")[1].split()[0])
+    assert diff > 1e-5
+    assert "BatchNormalization" in proc.stderr
+
+
+def test_verify_explains_a_plan_for_another_model(tmp_path):
+    proc = run_verify(straight_plan([2], 6, 2, 16), "tests.models:mlp_with_skip", tmp_path)
+    assert proc.returncode == 2
+    assert "covers 6 layers but model 'mlp_with_skip' has 5" in proc.stderr
