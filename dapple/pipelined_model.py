@@ -163,6 +163,9 @@ class PipelinedModel:
                                  "global_batch_size")
             return x
         batch_size = self._batch_size(batch_size)
+        # tf.data would stack a list into one tensor; Keras reads a list as one array per
+        # input/output, which is what a tuple means to tf.data.
+        x, y = (tuple(a) if isinstance(a, list) else a for a in (x, y))
         n = _rows(x)
         if n % batch_size:
             if what == "fit":

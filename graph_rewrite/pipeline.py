@@ -273,6 +273,9 @@ class PipelineStep:
         sources = [inputs[tid] for tid in float_in] + variables
         grads = tape.gradient(targets, sources, output_gradients=output_gradients,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        # Embedding gradients come as tf.IndexedSlices, which do not add up across
+        # micro-batches and replicas; dense tensors do (at the cost of a dense table gradient).
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         grads_in = dict(zip(float_in, grads[:len(float_in)]))
         return grads_in, list(grads[len(float_in):])
 

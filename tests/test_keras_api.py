@@ -349,3 +349,24 @@ def test_verify_explains_a_plan_for_another_model(tmp_path):
     proc = run_verify(straight_plan([2], 6, 2, 16), "tests.models:mlp_with_skip", tmp_path)
     assert proc.returncode == 2
     assert "covers 6 layers but model 'mlp_with_skip' has 5" in proc.stderr
+
+
+def test_embedding_gradients_accumulate_over_micro_batches():
+    """Embedding gradients are tf.IndexedSlices; summing them over micro-batches must work."""
+    tf.keras.utils.set_random_seed(0)
+    ids = tf.keras.Input((5,), dtype="int32")
+    h = tf.keras.layers.Embedding(10, 3, name="emb")(ids)
+    h = tf.keras.layers.Flatten(name="flat")(h)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(2, name="out")(h))
+    x = np.random.RandomState(0).randint(0, 10, size=(8, 5)).astype("int32")
+    y = np.random.RandomState(1).randint(0, 2, size=8).astype("int32")
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    pm = PipelinedModel(model, straight_plan([1], 3, 4, 8, replicas=[2, 1]))
+    pm.compile(sgd(), loss)
+    grads = pm.gradients(x, y)
+    with tf.GradientTape() as tape:
+        total = loss(y, model(x, training=True))
+    want = tape.gradient(total, model.trainable_variables)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w),
+                                   rtol=1e-5, atol=1e-6)
