@@ -1,0 +1,115 @@
+"""The cost model's formula (DAPPLE eq. 1-3) against the simulator, on the planner's own plans
+for the 15 cells of the paper's Table V (5 models x configs A, B, C, 16 devices).
+
+    .venv/bin/python benchmarks/simulate_table_v.py [--markdown] [--models=bert,xlnet]
+
+For every cell: plan with `planner.search.plan_dapple`, take the formula's latency from the
+plan's estimate, simulate the same plan with the same `PipelineCosts`
+(`planner.cost_model.pipeline_costs`), and print both and their ratio. The target is agreement
+within 10% on every cell; docs/simulator.md explains cells beyond 5%. Also prints the
+simulator's bubble fraction and the pivot stage, which show where the formula's assumption
+(no bubbles inside the pivot stage) breaks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from planner.cost_model import pipeline_costs  # noqa: E402
+from planner.profile import load_profile  # noqa: E402
+from planner.search import plan_dapple  # noqa: E402
+from planner.simulator import simulate_plan  # noqa: E402
+from topology.parse import parse_topology  # noqa: E402
+
+PROFILES = os.environ.get("DAPPLE_PROFILES", "/work/shared/profiles")
+# Model, profile file, Table V global batch size (profiles/README.md).
+TABLE_V = [
+    ("VGG-19", "dapple/vgg-19-pbs-32.txt", 2048),
+    ("GNMT-16", "dapple/gnmt-16-pbs-64.txt", 1024),
+    ("BERT-48", "dapple/bert-48-pbs-2.txt", 64),
+    ("XLNet-36", "dapple/xlnet-36-pbs-1.txt", 128),
+    ("AmoebaNet-36", "dapple/amoeba-36-pbs-1.txt", 128),
+]
+CONFIGS = ("A", "B", "C")
+
+
+def stage_split(plan) -> str:
+    """Layers per stage, like Table V's split column ('13:6')."""
+    return ":".join(str(st.num_layers) for st in plan.stages)
+
+
+def rows(models=None):
+    out = []
+    for name, path, gbs in TABLE_V:
+        if models and not any(m.lower() in name.lower() for m in models):
+            continue
+        profile = load_profile(os.path.join(PROFILES, path))
+        for config in CONFIGS:
+            topology = parse_topology(config)
+            started = time.time()
+            plan = plan_dapple(profile, topology, gbs)
+            planned_s = time.time() - started
+            costs = pipeline_costs(plan, profile, topology)
+            started = time.time()
+            half = simulate_plan(plan, costs, link_duplex="half")
+            full = simulate_plan(plan, costs, link_duplex="full")
+            simulated_s = time.time() - started
+            formula = plan.estimate.latency_ms
+            out.append({
+                "model": name, "config": config, "gbs": gbs, "shape": plan.shape(),
+                "split": stage_split(plan), "M": plan.micro_batches,
+                "schedule": plan.schedule, "pivot": plan.estimate.pivot_stage,
+                "formula_ms": formula, "simulated_ms": full.iteration_ms,
+                "ratio": full.iteration_ms / formula,
+                "half_duplex_ratio": half.iteration_ms / formula,
+                "bubble": full.bubble_fraction, "plan_s": planned_s, "sim_s": simulated_s,
+                "plan": plan, "result": full,
+            })
+    return out
+
+
+HEADER = ["model (GBS)", "config", "plan", "split", "M", "sched", "pivot", "formula ms",
+          "simulated ms", "sim/formula", "half-duplex", "bubbles"]
+
+
+def cells(r):
+    return [f"{r['model']} ({r['gbs']})", r["config"], r["shape"], r["split"], str(r["M"]),
+            r["schedule"], str(r["pivot"]), f"{r['formula_ms']:.1f}", f"{r['simulated_ms']:.1f}",
+            f"{r['ratio']:.3f}", f"{r['half_duplex_ratio']:.3f}", f"{100 * r['bubble']:.1f}%"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table")
+    parser.add_argument("--models", default="", help="comma-separated model name filter")
+    args = parser.parse_args()
+    table = rows([m for m in args.models.split(",") if m])
+    lines = [cells(r) for r in table]
+    if args.markdown:
+        print("| " + " | ".join(HEADER) + " |")
+        print("|" + "---|" * len(HEADER))
+        for c in lines:
+            print("| " + " | ".join(c) + " |")
+    else:
+        widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(HEADER)]
+        print("  ".join(h.ljust(w) for h, w in zip(HEADER, widths)))
+        for c in lines:
+            print("  ".join(x.ljust(w) for x, w in zip(c, widths)))
+    worst = max(table, key=lambda r: abs(r["ratio"] - 1))
+
+    def beyond(limit):
+        return [f"{r['model']}/{r['config']}" for r in table if abs(r["ratio"] - 1) > limit]
+
+    print(f"\nworst cell: {worst['model']} config {worst['config']}, simulated / formula = "
+          f"{worst['ratio']:.3f}; cells beyond 5%: {beyond(0.05) or 'none'}; "
+          f"beyond 10%: {beyond(0.10) or 'none'}")
+    print(f"planning {sum(r['plan_s'] for r in table):.1f} s, simulating "
+          f"{sum(r['sim_s'] for r in table):.1f} s in all")
+
+
+if __name__ == "__main__":
+    main()
