@@ -276,8 +276,7 @@ def test_global_batch_not_divisible_by_micro_batches_times_replicas():
     pm = PipelinedModel(mlp_with_skip(), plan)
     pm.compile(sgd(), losses_for(mlp_with_skip()))
     x, y = data_for(mlp_with_skip(), BATCH, seed=1)
-    with pytest.raises(BatchSplitError, match="global batch 16 does not divide into 3 micro-batches"
-                                              " x 2 replicas of stage 0"):
+    with pytest.raises(BatchSplitError, match="global batch 16 does not divide into 3"):
         pm.gradients(x, y)
 
 
