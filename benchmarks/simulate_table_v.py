@@ -42,7 +42,7 @@ def stage_split(plan) -> str:
     return ":".join(str(st.num_layers) for st in plan.stages)
 
 
-def rows(models=None):
+def rows(models=None, progress=None):
     out = []
     for name, path, gbs in TABLE_V:
         if models and not any(m.lower() in name.lower() for m in models):
@@ -69,6 +69,8 @@ def rows(models=None):
                 "bubble": full.bubble_fraction, "plan_s": planned_s, "sim_s": simulated_s,
                 "plan": plan, "result": full,
             })
+            if progress:
+                progress(out[-1])
     return out
 
 
@@ -87,7 +89,9 @@ def main():
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--models", default="", help="comma-separated model name filter")
     args = parser.parse_args()
-    table = rows([m for m in args.models.split(",") if m])
+    table = rows([m for m in args.models.split(",") if m],
+                 progress=lambda r: print("  ".join(cells(r)) + f"  (planned in "
+                                          f"{r['plan_s']:.0f} s)", file=sys.stderr, flush=True))
     lines = [cells(r) for r in table]
     if args.markdown:
         print("| " + " | ".join(HEADER) + " |")

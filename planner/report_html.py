@@ -145,6 +145,76 @@ def speedup_figure(rows: Sequence[ReportRow], baseline: Optional[str] = None,
 
 
 # ---------------------------------------------------------------------------------------------
+def single_device_ms(profile, topology, global_batch_size: int, micro_batches: int) -> float:
+    """The paper's speedup reference (§VI-C): every micro-batch of the global batch run one
+    after another on one device, costed by the same cost model (memory is not checked)."""
+    from planner.cost_model import pipeline_costs
+    from planner.plan import Plan, Stage
+    one = Plan(stages=[Stage(layers=[0, profile.num_layers - 1], devices=[0])],
+               micro_batches=micro_batches, global_batch_size=global_batch_size)
+    costs = pipeline_costs(one, profile, topology)
+    return micro_batches * (costs.forward_ms[0] + costs.backward_ms[0])
+
+
+def strategy_row(profile, topology, global_batch_size: int, best_plan=None,
+                 planners: Optional[Sequence[tuple]] = None, memory_limit=None,
+                 with_held: bool = True) -> ReportRow:
+    """One report row: the DAPPLE plan (`best_plan`, or planned here), then each of `planners`
+    ((name, function(profile, topology, global_batch_size) -> Plan) pairs; default: the best
+    data-parallel plan, the best straight pipeline and PipeDream's plan), each simulated with
+    the cost model's durations. A planner that finds no plan gives an infeasible candidate
+    whose note says why."""
+    from planner import search
+    from planner.cost_model import pipeline_costs
+    from planner.plan import PlanError
+    from planner.simulator import simulate_plan
+    if best_plan is None:
+        best_plan = search.plan_dapple(profile, topology, global_batch_size,
+                                       memory_limit=memory_limit)
+    if planners is None:
+        planners = default_baselines(memory_limit)
+    candidates = [("DAPPLE", best_plan, "")]
+    for name, planner in planners:
+        try:
+            candidates.append((name, planner(profile, topology, global_batch_size), ""))
+        except PlanError as e:
+            candidates.append((name, None, str(e).split(";")[0]))
+    out = []
+    for name, plan, note in candidates:
+        simulation = None
+        if plan is not None:
+            simulation = simulate_plan(plan, pipeline_costs(plan, profile, topology))
+        out.append(Candidate(name, plan, simulation=simulation, note=note))
+    held = None
+    if with_held and best_plan.num_stages > 1:
+        import dataclasses
+        costs = pipeline_costs(best_plan, profile, topology)
+        gpipe = dataclasses.replace(best_plan, schedule="gpipe", warmup=None)
+        held = {"GPipe": simulate_plan(gpipe, costs),
+                f"early backward ({best_plan.schedule})": out[0].simulation}
+    return ReportRow(global_batch_size, out,
+                     single_device_ms=single_device_ms(profile, topology, global_batch_size,
+                                                       best_plan.micro_batches),
+                     held=held)
+
+
+def default_baselines(memory_limit=None) -> List[tuple]:
+    """(name, planner) pairs of the paper's comparisons (Fig. 12 and 13)."""
+    from planner import search
+
+    def dp(profile, topology, gbs):
+        return search.best_data_parallel_plan(profile, topology, gbs, memory_limit=memory_limit)
+
+    def straight(profile, topology, gbs):
+        return search.best_straight_plan(profile, topology, gbs, memory_limit=memory_limit)
+
+    return [("best DP", dp), ("straight", straight)] + _pipedream_baseline(memory_limit)
+
+
+def _pipedream_baseline(memory_limit) -> List[tuple]:
+    return []
+
+
 def _fmt(v: Optional[float], digits: int = 4) -> str:
     return "-" if v is None else f"{v:.{digits}g}"
 

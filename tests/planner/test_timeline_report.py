@@ -74,3 +74,45 @@ def test_markdown_report_writes_pictures_next_to_it(tmp_path):
     assert "![speedups](report_0.png)" in text
     with pytest.raises(ValueError, match=r"\.html or \.md"):
         write_report(str(tmp_path / "report.txt"), [row()])
+
+
+def tiny_profile():
+    from planner.profile import Layer, Profile
+    layers = [Layer(name=f"l{i}", type="Dense", forward_ms=f, backward_ms=2 * f,
+                    output_bytes=1000.0, parameter_bytes=4000.0,
+                    inputs=(i - 1,))
+              for i, f in enumerate([2.0, 3.0, 3.0, 2.0])]
+    return Profile(name="tiny", batch_size=4, layers=layers, input_bytes=1000.0)
+
+
+def test_single_device_reference_runs_every_micro_batch_on_one_device():
+    from planner.cost_model import TASK_OVERHEAD_MS
+    from planner.report_html import single_device_ms
+    from topology.parse import parse_topology
+    # Global batch 8 in 2 micro-batches of 4 = the profile batch: each task costs the
+    # profile's time plus the fixed per-task overhead. F = 10 ms, B = 20 ms in all.
+    expected = 2 * ((10.0 + TASK_OVERHEAD_MS) + (20.0 + TASK_OVERHEAD_MS))
+    assert single_device_ms(tiny_profile(), parse_topology("1x2"), 8, 2) == pytest.approx(
+        expected)
+
+
+def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
+    from planner.plan import PlanError
+    from planner.report_html import strategy_row
+    from topology.parse import parse_topology
+
+    def refuses(profile, topology, gbs):
+        raise PlanError("does not fit; more detail")
+
+    def two_stage(profile, topology, gbs):
+        from planner.search import finish_plan
+        return finish_plan(straight_plan([2], num_layers=4, micro_batches=2,
+                                         global_batch_size=gbs), profile, topology)
+
+    r = strategy_row(tiny_profile(), parse_topology("1x2"), 8,
+                     planners=[("two stages", two_stage), ("refuses", refuses)])
+    assert [c.name for c in r.candidates] == ["DAPPLE", "two stages", "refuses"]
+    assert r.candidates[2].plan is None and r.candidates[2].note == "does not fit"
+    two = r.candidates[1]
+    assert two.simulation.num_stages == 2 and two.formula_ms() > 0
+    assert r.held is not None or r.candidates[0].plan.num_stages == 1
