@@ -16,6 +16,9 @@ Conventions (the same everywhere in dapple):
   or "gpipe" (K_i = M). `warmup` (K_i per stage) may be given explicitly, e.g. when a
   memory limit D caps it; when absent it is derived from the policy
   (`planner.schedule.warmup_depths`).
+* A micro-batch is global_batch_size / micro_batches samples (an integer); a stage with R
+  replicas splits it as evenly as possible (`Plan.slice_sizes`), each replica taking at least
+  one sample. Slices may differ by one sample (a 15:1 plan of a 2048 batch).
 * Fields the planner derives (`estimate`, `warmup`) may be left out of a hand-written file.
 """
 from __future__ import annotations
@@ -127,6 +130,15 @@ class Plan:
             return None
         return self.global_batch_size // self.micro_batches
 
+    def slice_sizes(self, stage: int) -> List[int]:
+        """Samples of one micro-batch on each replica of `stage`, as even as possible:
+        replica r of R takes rows [r*n//R, (r+1)*n//R) of an n-sample micro-batch, so slices
+        differ by at most one sample (e.g. 15 replicas of a 128-sample micro-batch)."""
+        n, R = self.micro_batch_size(), self.stages[stage].replicas
+        if n is None:
+            raise PlanError("the plan has no global_batch_size, so slices are unknown")
+        return [(r + 1) * n // R - r * n // R for r in range(R)]
+
     # ---- checking ------------------------------------------------------------------
     def validate(self, num_layers: Optional[int] = None,
                  num_devices: Optional[int] = None) -> "Plan":
@@ -173,14 +185,19 @@ class Plan:
         if self.schedule not in SCHEDULE_POLICIES:
             raise PlanError(f"schedule {self.schedule!r} is not one of {SCHEDULE_POLICIES}")
         if self.global_batch_size is not None:
+            if self.global_batch_size % self.micro_batches:
+                raise PlanError(
+                    f"global batch {self.global_batch_size} does not divide into "
+                    f"{self.micro_batches} equal micro-batches; use a global batch that is a "
+                    f"multiple of {self.micro_batches}, or change micro_batches")
+            mb = self.global_batch_size // self.micro_batches
             for i, st in enumerate(self.stages):
-                unit = self.micro_batches * st.replicas
-                if self.global_batch_size % unit:
+                if st.replicas > mb:
                     raise PlanError(
-                        f"global batch {self.global_batch_size} does not divide into "
-                        f"{self.micro_batches} micro-batches x {st.replicas} replicas of stage "
-                        f"{i} (= {unit} equal slices); use a global batch that is a multiple "
-                        f"of {unit}, or change micro_batches")
+                        f"stage {i} has {st.replicas} replicas but a micro-batch has only {mb} "
+                        f"samples (global batch {self.global_batch_size} / {self.micro_batches} "
+                        f"micro-batches); every replica needs a slice of at least one sample: "
+                        f"use fewer micro-batches, fewer replicas or a larger global batch")
         if self.warmup is not None:
             from planner.schedule import check_warmup
             check_warmup(self.warmup, self.micro_batches)

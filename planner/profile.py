@@ -1,0 +1,400 @@
+"""Per-layer profiles: what the planner knows about a model.
+
+Two file formats, detected by content (`load_profile`):
+
+* PipeDream/DAPPLE `graph.txt`: node lines `nodeN -- <description> -- key=value, ...` and
+  edge lines (indented) `nodeA -- nodeB`. Nodes may come in any order and form a DAG.
+  Descriptions may contain ` -- `; the key=value part is found from `forward_compute_time=`.
+  A multi-output node (`activation_size=[a; b]`) outputs a + b bytes. The profile batch size is
+  taken from a `-pbs-N` in the file name unless given.
+* The native JSON format (`"format": "dapple-profile"`), written by the Keras profiler; its layer
+  list is already in the model's topological order.
+
+Layers of a graph.txt are put in a topological order (Kahn's algorithm, ties broken by the
+node number, i.e. the order the model was built in), and those positions are what a Plan's
+`layers: [first, last]` refer to.
+
+The activation bytes of a cut after position p count every tensor produced at positions <= p
+(or a model input) and consumed at a position > p, once per producer, however many consumers
+it has past the cut. This matters for DAGs (GNMT, ResNet, AmoebaNet's two-cell skip inputs).
+
+Times and output bytes are for the profile's batch and scale linearly with the batch
+(`Profile.scaled`); parameter bytes do not. How devices lose efficiency at small batches is the
+cost model's business, not the profile's.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Dict, List, Optional, Sequence
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    type: str
+    forward_ms: float
+    backward_ms: float
+    output_bytes: float
+    parameter_bytes: float
+    inputs: tuple = ()          # positions of producer layers; -1 = a model input
+
+
+@dataclass
+class Profile:
+    name: str
+    batch_size: float
+    layers: List[Layer]
+    input_bytes: float = 0.0
+    model_signature: Optional[str] = None
+    device: str = ""
+    source: str = ""
+    # derived
+    cut_bytes: List[float] = field(default_factory=list, repr=False)   # length N-1
+    content_hash: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ProfileError(f"{self.source or self.name}: the profile has no layers")
+        if not self.batch_size > 0:
+            raise ProfileError(f"{self.source or self.name}: batch size must be positive, got "
+                               f"{self.batch_size}")
+        self.cut_bytes = _cut_bytes(self.layers, self.input_bytes)
+        self._forward_prefix = [0.0] + list(accumulate(l.forward_ms for l in self.layers))
+        self._backward_prefix = [0.0] + list(accumulate(l.backward_ms for l in self.layers))
+        self._param_prefix = [0.0] + list(accumulate(l.parameter_bytes for l in self.layers))
+        self._output_prefix = [0.0] + list(accumulate(l.output_bytes for l in self.layers))
+        if not self.content_hash:
+            self.content_hash = self._hash()
+
+    # ---- views ----------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layer_names(self) -> List[str]:
+        return [l.name for l in self.layers]
+
+    def forward_ms(self, first: int, last: int) -> float:
+        """Forward time of layers first..last (inclusive) at the profile batch."""
+        return self._forward_prefix[last + 1] - self._forward_prefix[first]
+
+    def backward_ms(self, first: int, last: int) -> float:
+        return self._backward_prefix[last + 1] - self._backward_prefix[first]
+
+    def parameter_bytes(self, first: int, last: int) -> float:
+        return self._param_prefix[last + 1] - self._param_prefix[first]
+
+    def output_bytes(self, first: int, last: int) -> float:
+        """Sum of layer outputs of first..last at the profile batch (activation memory proxy)."""
+        return self._output_prefix[last + 1] - self._output_prefix[first]
+
+    def boundary_bytes(self, last: int) -> float:
+        """Bytes crossing the cut after layer `last` at the profile batch."""
+        return self.cut_bytes[last]
+
+    @property
+    def total_parameter_bytes(self) -> float:
+        return self._param_prefix[-1]
+
+    def scaled(self, batch_size: float) -> "Profile":
+        """The same model at another batch: times and activations linear, parameters fixed."""
+        if not batch_size > 0:
+            raise ProfileError(f"cannot scale a profile to batch {batch_size}")
+        r = batch_size / self.batch_size
+        layers = [Layer(l.name, l.type, l.forward_ms * r, l.backward_ms * r, l.output_bytes * r,
+                        l.parameter_bytes, l.inputs) for l in self.layers]
+        return Profile(name=self.name, batch_size=batch_size, layers=layers,
+                       input_bytes=self.input_bytes * r, model_signature=self.model_signature,
+                       device=self.device, source=self.source, content_hash=self.content_hash)
+
+    def summary(self) -> Dict[str, object]:
+        return {"name": self.name, "hash": self.content_hash,
+                "model_signature": self.model_signature}
+
+    def to_dict(self) -> Dict[str, object]:
+        """The native JSON format."""
+        d = {"format": "dapple-profile", "version": 1, "name": self.name,
+             "batch_size": self.batch_size, "device": self.device,
+             "input_bytes": self.input_bytes,
+             "layers": [{"name": l.name, "type": l.type, "forward_ms": l.forward_ms,
+                         "backward_ms": l.backward_ms, "output_bytes": l.output_bytes,
+                         "parameter_bytes": l.parameter_bytes, "inputs": list(l.inputs)}
+                        for l in self.layers]}
+        if self.model_signature:
+            d["model_signature"] = self.model_signature
+        return d
+
+    def _hash(self) -> str:
+        """sha256 of the profile's content (not its file bytes), so the same measurements in
+        graph.txt or JSON form, or re-indented, hash the same."""
+        canon = [self.batch_size, self.input_bytes,
+                 [[l.name, round(l.forward_ms, 9), round(l.backward_ms, 9),
+                   round(l.output_bytes, 3), round(l.parameter_bytes, 3), list(l.inputs)]
+                  for l in self.layers]]
+        return hashlib.sha256(json.dumps(canon, separators=(",", ":")).encode()).hexdigest()
+
+
+def _cut_bytes(layers: Sequence[Layer], input_bytes: float) -> List[float]:
+    """cut[p] = bytes of every tensor produced at <= p (or a model input) consumed at > p."""
+    n = len(layers)
+    last_use = {}                      # producer position (-1: model inputs) -> last consumer
+    for pos, layer in enumerate(layers):
+        for src in layer.inputs:
+            if src >= pos:
+                raise ProfileError(f"layer {pos} ({layer.name}) consumes layer {src}, which is "
+                                   f"not before it: layers must be in topological order")
+            last_use[src] = max(last_use.get(src, -1), pos)
+    # Difference array: producer u contributes its bytes to cuts u .. last_use[u]-1.
+    delta = [0.0] * (n + 1)
+    for src, last in last_use.items():
+        size = input_bytes if src < 0 else layers[src].output_bytes
+        start = max(src, 0)
+        if last > start:
+            delta[start] += size
+            delta[last] -= size
+    out, running = [], 0.0
+    for p in range(n - 1):
+        running += delta[p]
+        out.append(running)
+    return out
+
+
+# ---- reading files ------------------------------------------------------------------------
+
+def load_profile(path: str, batch_size: Optional[float] = None, name: Optional[str] = None
+                 ) -> Profile:
+    """Read a graph.txt or native JSON profile (detected by content).
+
+    `batch_size` overrides the file's profile batch (graph.txt files without `-pbs-N` in their
+    name need it). Raises ProfileError naming the file (and line) on malformed input.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ProfileError(f"profile path {path!r} is a directory, not a file") from None
+    if not text.strip():
+        raise ProfileError(f"{path}: the profile file is empty")
+    if text.lstrip().startswith("{"):
+        return parse_native_json(text, path, batch_size=batch_size, name=name)
+    return parse_graph_txt(text, path, batch_size=batch_size, name=name)
+
+
+def _default_name(path: str) -> str:
+    base = os.path.basename(path)
+    for suffix in (".txt", ".json"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    if base == "graph":     # PipeDream layout: <model>/graph.txt
+        base = os.path.basename(os.path.dirname(os.path.abspath(path))) or base
+    return base
+
+
+_PBS = re.compile(r"-pbs-(\d+)")
+_NODE = re.compile(r"^(\S+) -- (.*) -- (forward_compute_time=.*)$")
+_EDGE = re.compile(r"^[ \t]+(\S+)\s+--\s+(\S+)\s*$")
+_REQUIRED = ("forward_compute_time", "backward_compute_time", "activation_size",
+             "parameter_size")
+
+
+def _number(text: str, where: str, key: str) -> float:
+    text = text.strip()
+    if text.startswith("["):
+        if not text.endswith("]"):
+            raise ProfileError(f"{where}: {key}={text} has an unclosed '['")
+        items = [t for t in text[1:-1].split(";") if t.strip()]
+        if not items:
+            raise ProfileError(f"{where}: {key}=[] lists no values")
+        return sum(_number(t, where, key) for t in items)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ProfileError(f"{where}: {key}={text!r} is not a number") from None
+    if value != value or value < 0 or value == float("inf"):
+        raise ProfileError(f"{where}: {key}={text!r} must be a finite number >= 0")
+    return value
+
+
+def _parse_fields(rest: str, where: str) -> Dict[str, float]:
+    # Strip trailing " -- stage_id=N" (and anything else after another " -- ").
+    extra = {}
+    parts = rest.split(" -- ")
+    body = parts[0]
+    for p in parts[1:]:
+        if "=" in p:
+            k, v = p.split("=", 1)
+            extra[k.strip()] = v.strip()
+    # Split on commas that are not inside brackets.
+    fields, depth, cur = [], 0, ""
+    for ch in body:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            fields.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    fields.append(cur)
+    values = {}
+    for item in fields:
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise ProfileError(f"{where}: expected key=value, found {item!r}")
+        k, v = item.split("=", 1)
+        values[k.strip()] = v.strip()
+    missing = [k for k in _REQUIRED if k not in values]
+    if missing:
+        raise ProfileError(f"{where}: node line is missing {', '.join(missing)} (the line may be "
+                           f"truncated)")
+    return {k: _number(values[k], where, k) for k in _REQUIRED}
+
+
+def parse_graph_txt(text: str, path: str = "<string>", batch_size: Optional[float] = None,
+                    name: Optional[str] = None) -> Profile:
+    nodes: Dict[str, dict] = {}
+    order: List[str] = []
+    edges: List[tuple] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        if line[0] in " \t":
+            m = _EDGE.match(line)
+            if not m:
+                raise ProfileError(f"{where}: cannot read edge line {line.strip()!r}; expected "
+                                   f"'nodeA -- nodeB' indented by whitespace")
+            edges.append((m.group(1), m.group(2), lineno))
+            continue
+        m = _NODE.match(line.rstrip())
+        if not m:
+            if " -- " in line and "forward_compute_time" not in line:
+                raise ProfileError(f"{where}: node line has no forward_compute_time=...; the "
+                                   f"line may be truncated: {line[:80]!r}")
+            raise ProfileError(f"{where}: cannot read {line[:80]!r}; expected 'nodeN -- "
+                               f"description -- forward_compute_time=..., ...' or an indented "
+                               f"edge 'nodeA -- nodeB'")
+        node_id, desc, rest = m.group(1), m.group(2).strip(), m.group(3)
+        if node_id in nodes:
+            raise ProfileError(f"{where}: node {node_id} is defined twice (first on line "
+                               f"{nodes[node_id]['line']})")
+        values = _parse_fields(rest, where)
+        nodes[node_id] = dict(desc=desc, line=lineno, **values)
+        order.append(node_id)
+    if not nodes:
+        raise ProfileError(f"{path}: no node lines found; is this a PipeDream/DAPPLE graph.txt?")
+    preds: Dict[str, List[str]] = {n: [] for n in nodes}
+    succs: Dict[str, List[str]] = {n: [] for n in nodes}
+    for a, b, lineno in edges:
+        for x in (a, b):
+            if x not in nodes:
+                raise ProfileError(f"{path}:{lineno}: edge {a} -- {b} names {x}, which has no "
+                                   f"node line (truncated file?)")
+        if b not in succs[a]:
+            succs[a].append(b)
+            preds[b].append(a)
+
+    def key(n: str):
+        m = re.match(r"^node(\d+)$", n)
+        return (0, int(m.group(1)), 0) if m else (1, 0, order.index(n))
+
+    indeg = {n: len(preds[n]) for n in nodes}
+    heap = [(key(n), n) for n in nodes if indeg[n] == 0]
+    heapq.heapify(heap)
+    topo: List[str] = []
+    while heap:
+        _, n = heapq.heappop(heap)
+        topo.append(n)
+        for s in succs[n]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (key(s), s))
+    if len(topo) != len(nodes):
+        stuck = sorted((n for n in nodes if indeg[n] > 0), key=key)[:5]
+        raise ProfileError(f"{path}: the graph has a cycle through {', '.join(stuck)}; a profile "
+                           f"must be a DAG")
+    position = {n: i for i, n in enumerate(topo)}
+    layers = []
+    for n in topo:
+        v = nodes[n]
+        layers.append(Layer(name=f"{n}:{v['desc']}" if len(v["desc"]) <= 40 else
+                            f"{n}:{v['desc'][:37]}...",
+                            type=v["desc"].split("(")[0].strip() or "node",
+                            forward_ms=v["forward_compute_time"],
+                            backward_ms=v["backward_compute_time"],
+                            output_bytes=v["activation_size"],
+                            parameter_bytes=v["parameter_size"],
+                            inputs=tuple(sorted(position[p] for p in preds[n]))))
+    if batch_size is None:
+        m = _PBS.search(os.path.basename(path))
+        if not m:
+            raise ProfileError(f"{path}: the profile batch size is unknown (graph.txt does not "
+                               f"record it); name the file '...-pbs-N.txt' or pass it "
+                               f"(load_profile(path, batch_size=N), dapple plan "
+                               f"--profile_batch_size=N)")
+        batch_size = int(m.group(1))
+    return Profile(name=name or _default_name(path), batch_size=batch_size, layers=layers,
+                   source=path, device="graph.txt")
+
+
+def parse_native_json(text: str, path: str = "<string>", batch_size: Optional[float] = None,
+                      name: Optional[str] = None) -> Profile:
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the file may be "
+                           f"truncated") from None
+    if not isinstance(d, dict) or d.get("format") != "dapple-profile":
+        raise ProfileError(f"{path}: a native profile is a JSON object with \"format\": "
+                           f"\"dapple-profile\"")
+    if d.get("version") != 1:
+        raise ProfileError(f"{path}: profile version {d.get('version')!r} is not supported "
+                           f"(this dapple reads version 1)")
+    for key in ("batch_size", "layers"):
+        if key not in d:
+            raise ProfileError(f"{path}: the profile has no {key!r} field")
+    if not isinstance(d["layers"], list) or not d["layers"]:
+        raise ProfileError(f"{path}: 'layers' must be a non-empty list")
+    layers = []
+    for i, l in enumerate(d["layers"]):
+        where = f"{path}: layers[{i}]"
+        if not isinstance(l, dict):
+            raise ProfileError(f"{where} is not an object")
+        try:
+            vals = {k: _number(str(l[k]), where, k) for k in
+                    ("forward_ms", "backward_ms", "output_bytes", "parameter_bytes")}
+        except KeyError as e:
+            raise ProfileError(f"{where} ({l.get('name', '?')}) has no {e.args[0]!r}") from None
+        inputs = l.get("inputs", [i - 1] if i else [-1])
+        if not isinstance(inputs, list) or not all(isinstance(x, int) for x in inputs):
+            raise ProfileError(f"{where}: 'inputs' must be a list of layer positions")
+        for x in inputs:
+            if not -1 <= x < i:
+                raise ProfileError(f"{where} ({l.get('name', '?')}): input {x} is not an earlier "
+                                   f"layer position or -1 (a model input)")
+        layers.append(Layer(name=str(l.get("name", f"layer{i}")), type=str(l.get("type", "")),
+                            inputs=tuple(inputs), **vals))
+    return Profile(name=name or str(d.get("name") or _default_name(path)),
+                   batch_size=batch_size if batch_size is not None else
+                   _number(str(d["batch_size"]), path, "batch_size"),
+                   layers=layers, input_bytes=_number(str(d.get("input_bytes", 0)), path,
+                                                      "input_bytes"),
+                   model_signature=d.get("model_signature"), device=str(d.get("device", "")),
+                   source=path)

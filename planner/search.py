@@ -1,0 +1,403 @@
+"""The DAPPLE planner (§IV-C): the plan of least estimated latency for a profile, a topology
+and a global batch.
+
+Plan space: the layers cut into consecutive stages; each stage placed on a device set built by
+Fresh First, Append First or Scatter First (`planner.placement`) from the devices still free,
+all devices used; the number of micro-batches M a divisor of the global batch with every
+replica's slice at least one sample; every stage able to hold one micro-batch in memory. Pure
+data parallelism (one stage) and straight pipelines are points of this space.
+
+Search, for each M: depth-first over (layers planned j, occupied devices), adding one stage at a
+time, exactly as eq. 4-5 extend T_PL(j, m, g) to T_PL(j', m + m', g + g'). It is exact (tests
+compare it with brute force) and fast because of:
+
+* prefix sums over layers (`Profile`), so a stage's cost is O(1) (its allreduce overlap O(len),
+  cached);
+* a state of the partial plan that is summarised by four numbers (V, sum F, E, G) from which
+  the latency of any completion follows (`_extend`); L = max over pivots q of L(q)
+  (`cost_model.phases`) is monotone in them;
+* memoization on a canonical form of the occupied devices (hosts sorted by capacity, used
+  devices and the previous stage's devices): a state reached again with a summary no better in
+  all four numbers than one seen before is dropped (dominance), so symmetric placements are
+  solved once;
+* lower-bound pruning: a completion costs at least sum F + E + M * (the remaining work spread
+  over the remaining devices + the per-task overheads), and at least V.
+
+On topologies of more than `LARGE_TOPOLOGY_DEVICES` devices the stage sizes tried are 1..(the
+largest host) and whole multiples of it (a plan then still may be DP, straight, or hybrid).
+
+The warm-up policy and K_i are chosen afterwards (`cost_model.choose_warmup`): latency does not
+depend on K (eq. 1), memory does.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from planner import cost_model as cm
+from planner.cost_model import StageModel
+from planner.placement import POLICIES, assign_devices, canonical_state, place
+from planner.plan import Plan, PlanError, Stage
+from planner.profile import Profile
+
+LARGE_TOPOLOGY_DEVICES = 64
+_INF = math.inf
+
+
+class NoPlanFits(PlanError):
+    """No plan fits in device memory; `min_memory_bytes` is the least memory that would."""
+
+    def __init__(self, message: str, min_memory_bytes: float):
+        super().__init__(message)
+        self.min_memory_bytes = min_memory_bytes
+
+
+@dataclasses.dataclass
+class SearchStats:
+    nodes: int = 0
+    candidates: int = 0
+    pruned: int = 0
+    dominated: int = 0
+
+
+def _extend(summary, F, B, AR, M):
+    """Append one stage (F, B, AR) to a partial plan's summary (V, sumF, E, G).
+
+    V = max over pivots q so far of L(q) restricted to known stages; E = max_s AR_s + B_s..B_q
+    chain at the last stage; G = max_q base_q + B_q - sum of B after q (the s > q terms)."""
+    V, sumF, E, G = summary
+    sumF2 = sumF + F
+    E2 = max(E + B, AR + B)
+    base = sumF2 + (M - 1) * (F + B)
+    V2 = max(V, G + AR, base + E2)
+    G2 = max(G - B, base + B)
+    return (V2, sumF2, E2, G2)
+
+
+_EMPTY = (-_INF, 0.0, -_INF, -_INF)
+
+
+def _dominated(entry, entries) -> bool:
+    for e in entries:
+        if e[0] <= entry[0] and e[1] <= entry[1] and e[2] <= entry[2] and e[3] <= entry[3]:
+            return True
+    return False
+
+
+def micro_batch_choices(global_batch_size: int) -> List[int]:
+    return [m for m in range(1, global_batch_size + 1) if global_batch_size % m == 0]
+
+
+class _Search:
+    def __init__(self, profile: Profile, topology, global_batch_size: int,
+                 policies: Sequence[str] = POLICIES, stage_sizes: Optional[Sequence[int]] = None,
+                 stats: Optional[SearchStats] = None):
+        self.profile = profile
+        self.topology = topology
+        self.gbs = global_batch_size
+        self.capacity = tuple(topology.devices_per_host)
+        self.G = topology.num_devices
+        self.N = profile.num_layers
+        self.policies = tuple(policies)
+        if stage_sizes is None and self.G > LARGE_TOPOLOGY_DEVICES:
+            h = max(self.capacity)
+            stage_sizes = sorted(set(range(1, h + 1)) | set(range(h, self.G + 1, h)))
+        self.stage_sizes = None if stage_sizes is None else sorted(set(stage_sizes))
+        self.stats = stats or SearchStats()
+        self.best_value = _INF
+        self.best: Optional[Tuple[int, List[Tuple[int, int, tuple]]]] = None
+        work = [l.forward_ms + l.backward_ms for l in profile.layers]
+        self.work_suffix = [0.0] * (self.N + 1)
+        for i in range(self.N - 1, -1, -1):
+            self.work_suffix[i] = self.work_suffix[i + 1] + work[i]
+        self.neg_work_suffix = [-w for w in self.work_suffix]
+
+    # ---- one M --------------------------------------------------------------------
+    def run_micro_batches(self, M: int, max_stages: Optional[int] = None) -> None:
+        model = StageModel(self.profile, self.topology, self.gbs, M)
+        self.model, self.M = model, M
+        H = cm.SMALL_BATCH_HALF_SAMPLES
+        self.work_factor = M * (model.micro_batch + H) / (model.pbs + H)
+        self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
+        self.max_stages = max_stages or self.G
+        self.memo: Dict[tuple, list] = {}
+        self.fits: Dict[tuple, bool] = {}
+        self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
+        if self._remaining_bound(0, self.G) >= self.best_value:
+            self.stats.pruned += 1
+            return
+        self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
+
+    def _remaining_bound(self, j: int, devices_left: int) -> float:
+        if j >= self.N:
+            return 0.0
+        return self.work_suffix[j] * self.work_factor / devices_left + self.overhead
+
+    def _fits(self, first: int, last: int, m: int) -> bool:
+        key = (first, last, m)
+        hit = self.fits.get(key)
+        if hit is None:
+            hit = self.model.max_in_flight(first, last, m) >= 1
+            self.fits[key] = hit
+        return hit
+
+    def _transfer(self, last: int, prev: tuple, counts: tuple) -> Tuple[float, float]:
+        key = (last, prev, counts)
+        hit = self.transfer_cache.get(key)
+        if hit is None:
+            x = self.model.boundary_bytes(last)
+            hit = (self.model.transfer_ms(x, prev, counts), self.model.transfer_ms(x, counts, prev))
+            self.transfer_cache[key] = hit
+        return hit
+
+    def _sizes(self, free: int, mb: int) -> Iterable[int]:
+        top = min(free, mb)
+        if self.stage_sizes is None:
+            return range(1, top + 1)
+        sizes = [s for s in self.stage_sizes if s <= top]
+        if free <= mb and free not in sizes:
+            sizes.append(free)
+        return sizes
+
+    def _dfs(self, j: int, used: tuple, prev: tuple, summary, path) -> None:
+        self.stats.nodes += 1
+        if j == self.N:
+            if summary[0] < self.best_value:
+                self.best_value = summary[0]
+                self.best = (self.M, list(path))
+            return
+        free = self.G - sum(used)
+        key = (j, canonical_state(self.capacity, used, prev))
+        entries = self.memo.setdefault(key, [])
+        if _dominated(summary, entries):
+            self.stats.dominated += 1
+            return
+        entries[:] = [e for e in entries if not (summary[0] <= e[0] and summary[1] <= e[1]
+                                                 and summary[2] <= e[2] and summary[3] <= e[3])]
+        entries.append(summary)
+
+        model, M, N = self.model, self.M, self.N
+        must_finish = len(path) + 1 >= self.max_stages
+        children = []
+        seen = set()
+        for m in self._sizes(free, model.micro_batch):
+            last_stage_only = m == free
+            if must_finish and not last_stage_only:
+                continue
+            for policy in self.policies:
+                counts = place(policy, self.capacity, used, m)
+                if counts is None:
+                    continue
+                sym = tuple(sorted(zip(self.capacity, used, prev, counts)))
+                if sym in seen:
+                    continue
+                seen.add(sym)
+                new_used = tuple(u + c for u, c in zip(used, counts))
+                s0 = summary
+                if j > 0:
+                    tf, tb = self._transfer(j - 1, prev, counts)
+                    s0 = _extend(summary, tf, tb, 0.0, M)
+                if s0[0] >= self.best_value:
+                    self.stats.pruned += 1
+                    continue
+                if last_stage_only:
+                    lasts = [N - 1]
+                else:
+                    # The completion bound falls as the stage grows: skip the stage ends whose
+                    # remaining work alone already exceeds the incumbent (binary search).
+                    start = j
+                    if self.best_value < _INF:
+                        base0 = s0[1] + max(s0[2], 0.0)
+                        room = (self.best_value - base0 - self.overhead) * (free - m) \
+                            / self.work_factor
+                        i = bisect.bisect_right(self.neg_work_suffix, -room, j + 1, N)
+                        start = i - 1
+                        self.stats.pruned += start - j
+                    lasts = range(start, N - 1)
+                for last in lasts:
+                    self.stats.candidates += 1
+                    F = model.forward_ms(j, last, m)
+                    B = model.backward_ms(j, last, m)
+                    # Monotone in `last`: once the stage alone is too long, longer ones are too.
+                    if s0[1] + s0[2] + M * (F + B) >= self.best_value if s0[2] > -_INF else \
+                            s0[1] + M * (F + B) >= self.best_value:
+                        self.stats.pruned += 1
+                        break
+                    if not last_stage_only:
+                        rest = self._remaining_bound(last + 1, free - m)
+                    else:
+                        rest = 0.0
+                    if not self._fits(j, last, m):
+                        continue
+                    AR = model.exposed_allreduce_ms(j, last, counts)
+                    s1 = _extend(s0, F, B, AR, M)
+                    bound = max(s1[0], s1[1] + s1[2] + rest) if rest else s1[0]
+                    if bound >= self.best_value:
+                        self.stats.pruned += 1
+                        continue
+                    children.append((bound, last, m, counts, new_used, s1))
+        children.sort(key=lambda c: c[0])
+        for bound, last, m, counts, new_used, s1 in children:
+            if bound >= self.best_value:
+                self.stats.pruned += 1
+                continue
+            path.append((j, last, counts))
+            self._dfs(last + 1, new_used, counts, s1, path)
+            path.pop()
+
+
+def _order_micro_batches(profile: Profile, topology, gbs: int) -> List[int]:
+    """Try the micro-batch counts most likely to be best first (a good early incumbent
+    prunes the rest): M near 4x the stage count of a balanced deep pipeline, then outwards."""
+    choices = micro_batch_choices(gbs)
+    target = 4 * min(profile.num_layers, topology.num_devices)
+    return sorted(choices, key=lambda m: abs(math.log(m / target)))
+
+
+def _build_plan(search: _Search, profile: Profile, topology, gbs: int) -> Plan:
+    M, path = search.best
+    devices = assign_devices(topology, [counts for _, _, counts in path])
+    stages = [Stage(layers=[first, last], devices=devs,
+                    layer_names=profile.layer_names[first:last + 1])
+              for (first, last, _), devs in zip(path, devices)]
+    return finish_plan(Plan(stages=stages, micro_batches=M, global_batch_size=gbs),
+                       profile, topology)
+
+
+def finish_plan(plan: Plan, profile: Profile, topology, keep_warmup: bool = False) -> Plan:
+    """Fill the derived fields: warm-up policy and K_i, estimate, topology, profile."""
+    if not keep_warmup or plan.warmup is None:
+        policy, ks = cm.choose_warmup(plan, profile, topology)
+        plan.schedule, plan.warmup = policy, ks
+    plan.estimate = cm.evaluate(plan, profile, topology)
+    plan.topology = topology.to_dict()
+    plan.profile = profile.summary()
+    if not plan.stages[0].layer_names:
+        for st in plan.stages:
+            st.layer_names = profile.layer_names[st.first:st.last + 1]
+    return plan
+
+
+def _with_memory(topology, memory_limit):
+    if memory_limit is None:
+        return topology
+    if isinstance(memory_limit, str):
+        from topology.units import parse_memory
+        memory_limit = parse_memory(memory_limit)
+    return dataclasses.replace(topology, device_memory_bytes=float(memory_limit))
+
+
+def _check_inputs(profile: Profile, topology, gbs: int) -> None:
+    if not isinstance(gbs, int) or gbs < 1:
+        raise PlanError(f"global batch size must be a positive integer, got {gbs!r}")
+
+
+def minimum_memory_bytes(profile: Profile, topology, gbs: int) -> float:
+    """The least per-device memory any plan needs: a straight pipeline over
+    min(layers, devices) stages at one-sample micro-batches, cut to balance memory
+    (weights, gradients, optimizer slots, one micro-batch, the reserve)."""
+    model = StageModel(profile, topology, gbs, gbs)
+    N, S = profile.num_layers, min(profile.num_layers, topology.num_devices)
+
+    def need(a, b):
+        return model.static_bytes(a, b) + model.activation_bytes(a, b, 1)
+
+    # best[k][i]: least max-stage memory covering layers i.. with k stages.
+    best = [[_INF] * (N + 1) for _ in range(S + 1)]
+    best[0][N] = 0.0
+    for k in range(1, S + 1):
+        for i in range(N - 1, -1, -1):
+            v = _INF
+            for e in range(i, N):
+                if best[k - 1][e + 1] == _INF:
+                    continue
+                v = min(v, max(need(i, e), best[k - 1][e + 1]))
+            best[k][i] = v
+    return min(best[k][0] for k in range(1, S + 1))
+
+
+def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit=None,
+                policies: Sequence[str] = POLICIES, micro_batches: Optional[Sequence[int]] = None,
+                stage_sizes: Optional[Sequence[int]] = None,
+                stats: Optional[SearchStats] = None) -> Plan:
+    """The plan of least estimated latency (see the module docstring).
+
+    `memory_limit` (bytes or '16GB') overrides the topology's device memory. `micro_batches`
+    restricts M; `stage_sizes` the replica counts tried. Raises NoPlanFits with the least
+    memory that would fit when nothing does.
+    """
+    _check_inputs(profile, topology, global_batch_size)
+    topo = _with_memory(topology, memory_limit)
+    search = _Search(profile, topo, global_batch_size, policies, stage_sizes, stats)
+    ms = list(micro_batches) if micro_batches is not None else \
+        _order_micro_batches(profile, topo, global_batch_size)
+    for M in ms:
+        if global_batch_size % M:
+            raise PlanError(f"micro_batches {M} does not divide the global batch "
+                            f"{global_batch_size}")
+    # Two passes: plans of at most two stages first (cheap, and usually close to the best, so
+    # the full pass starts with a tight incumbent and prunes hard), then the whole space.
+    for M in ms:
+        search.run_micro_batches(M, max_stages=2)
+    for M in ms:
+        search.run_micro_batches(M)
+    if search.best is None:
+        if global_batch_size < topo.num_devices and all(
+                global_batch_size // M < 1 for M in ms):
+            pass
+        need = minimum_memory_bytes(profile, topo, global_batch_size)
+        if need > topo.device_memory_bytes:
+            raise NoPlanFits(
+                f"no plan of {profile.name} fits in {topo.device_memory_bytes / 2**30:.2f} GiB "
+                f"per device on {topo.describe()}; the smallest plan needs "
+                f"{need / 2**30:.2f} GiB per device (a straight pipeline at one-sample "
+                f"micro-batches). Use devices with more memory, more devices, or a smaller model",
+                need)
+        raise PlanError(f"no plan of {profile.name} uses all {topo.num_devices} devices with a "
+                        f"global batch of {global_batch_size}: every replica needs a slice of "
+                        f"at least one sample and every stage at least one layer; use a larger "
+                        f"global batch or fewer devices")
+    return _build_plan(search, profile, topo, global_batch_size)
+
+
+def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
+                            memory_limit=None) -> Plan:
+    """Pure data parallelism on all devices (gradient accumulation over M micro-batches,
+    allreduce overlapped with the last backward), the best M."""
+    _check_inputs(profile, topology, global_batch_size)
+    topo = _with_memory(topology, memory_limit)
+    G = topo.num_devices
+    if global_batch_size < G:
+        raise PlanError(f"global batch {global_batch_size} is smaller than the {G} replicas of "
+                        f"data parallelism: every replica needs at least one sample")
+    best = None
+    for M in micro_batch_choices(global_batch_size):
+        if global_batch_size // M < G:
+            continue
+        model = StageModel(profile, topo, global_batch_size, M)
+        if model.max_in_flight(0, profile.num_layers - 1, G) < 1:
+            continue
+        plan = Plan(stages=[Stage(layers=[0, profile.num_layers - 1], devices=list(range(G)))],
+                    micro_batches=M, global_batch_size=global_batch_size)
+        est = cm.evaluate(plan, profile, topo)
+        if best is None or est.latency_ms < best[0]:
+            best = (est.latency_ms, plan)
+    if best is None:
+        raise NoPlanFits(f"data parallelism of {profile.name} does not fit in "
+                         f"{topo.device_memory_bytes / 2**30:.2f} GiB per device even at one "
+                         f"sample per replica", minimum_memory_bytes(profile, topo,
+                                                                     global_batch_size))
+    return finish_plan(best[1], profile, topo)
+
+
+def best_straight_plan(profile: Profile, topology, global_batch_size: int,
+                       memory_limit=None) -> Plan:
+    """The best pipeline without replication over all devices (one device a stage)."""
+    _check_inputs(profile, topology, global_batch_size)
+    topo = _with_memory(topology, memory_limit)
+    if topo.num_devices > profile.num_layers:
+        raise PlanError(f"a straight pipeline over {topo.num_devices} devices needs at least "
+                        f"as many layers; {profile.name} has {profile.num_layers}")
+    return plan_dapple(profile, topo, global_batch_size, stage_sizes=[1])
