@@ -22,7 +22,6 @@ loss is not a layer); it is accepted so the call reads like Keras's and its rows
 """
 from __future__ import annotations
 
-import collections
 import json
 import os
 import statistics
@@ -33,8 +32,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from graph_rewrite.model_graph import (_nodes_in_execution_order, layer_order, model_input_ids,
-                                       model_signature)
+from graph_rewrite.model_graph import (layer_order, model_input_ids, model_signature,
+                                       node_call_arguments, nodes_in_execution_order)
 
 MIN_BACKWARD_MS = 1e-3
 
@@ -60,13 +59,7 @@ def _median_ms(fn: Callable[[], object], warmup: int, runs: int) -> float:
 
 def _node_call(node, values: Dict[str, tf.Tensor]):
     """(args, kwargs) of a Keras node's call, its inputs looked up by tensor id."""
-    lists = collections.defaultdict(list)
-    for tid in node.flat_input_ids:
-        lists[tid].append(values[tid])
-    args, kwargs = node.map_arguments(lists)
-    if getattr(node.layer, "_expects_training_arg", False) and "training" not in kwargs:
-        kwargs = dict(kwargs, training=True)
-    return args, kwargs
+    return node_call_arguments(node, values, training=True)
 
 
 def _time_node(node, args, kwargs, warmup: int, runs: int):
@@ -146,7 +139,7 @@ def _measure(model, order, values, producer, warmup, runs) -> List[dict]:
     position = {id(layer): p for p, layer in enumerate(order)}
     stats = [{"forward_ms": 0.0, "backward_ms": 0.0, "output_bytes": 0, "inputs": []}
              for _ in order]
-    for node in _nodes_in_execution_order(model):
+    for node in nodes_in_execution_order(model):
         p = position[id(node.layer)]
         args, kwargs = _node_call(node, values)
         outputs = node.layer(*args, **kwargs)

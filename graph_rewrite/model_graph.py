@@ -43,7 +43,7 @@ def _check_graph_model(model: tf.keras.Model) -> None:
                        f"tf.keras.Sequential")
 
 
-def _nodes_in_execution_order(model: tf.keras.Model):
+def nodes_in_execution_order(model: tf.keras.Model):
     """The model's non-input nodes in the order Keras's Functional runs them."""
     out = []
     for depth in sorted(model._nodes_by_depth.keys(), reverse=True):
@@ -57,7 +57,7 @@ def layer_order(model: tf.keras.Model) -> List[tf.keras.layers.Layer]:
     """The model's layers (no InputLayers) in dapple's topological order."""
     _check_graph_model(model)
     seen, order = set(), []
-    for node in _nodes_in_execution_order(model):
+    for node in nodes_in_execution_order(model):
         if id(node.layer) not in seen:
             seen.add(id(node.layer))
             order.append(node.layer)
@@ -106,16 +106,26 @@ class StageGraph:
         """Run the stage's layer calls on `tensors` (by id); return {id: tensor} of output_ids."""
         values: Dict[str, tf.Tensor] = dict(tensors)
         for node in self.nodes:
-            lists = collections.defaultdict(list)
-            for tid in node.flat_input_ids:
-                lists[tid].append(values[tid])
-            args, kwargs = node.map_arguments(lists)
-            if getattr(node.layer, "_expects_training_arg", False) and "training" not in kwargs:
-                kwargs = dict(kwargs, training=training)
+            args, kwargs = node_call_arguments(node, values, training)
             outputs = node.layer(*args, **kwargs)
             for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
                 values[tid] = y
         return {tid: values[tid] for tid in self.output_ids}
+
+
+def node_call_arguments(node, values: Dict[str, tf.Tensor], training: bool):
+    """(args, kwargs) to call a Keras node's layer with, its input tensors looked up by id.
+
+    The same mapping Keras's Functional uses (`Node.map_arguments`), plus the training flag
+    for layers that take one, unless the model's graph fixed it at that call.
+    """
+    lists = collections.defaultdict(list)
+    for tid in node.flat_input_ids:
+        lists[tid].append(values[tid])
+    args, kwargs = node.map_arguments(lists)
+    if getattr(node.layer, "_expects_training_arg", False) and "training" not in kwargs:
+        kwargs = dict(kwargs, training=training)
+    return args, kwargs
 
 
 def _spec(keras_tensor) -> tf.TensorSpec:
@@ -156,7 +166,7 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
         producer_stage[str(id(t))] = -1
     nodes_by_stage: List[list] = [[] for _ in range(S)]
     last_consumer: Dict[str, int] = {}
-    for node in _nodes_in_execution_order(model):
+    for node in nodes_in_execution_order(model):
         layer = node.layer
         s = stage_of_position[position[id(layer)]]
         for tid, kt in zip(node.flat_input_ids, node.keras_inputs):
