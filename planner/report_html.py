@@ -222,7 +222,7 @@ def _fmt(v: Optional[float], digits: int = 4) -> str:
 def table_rows(rows: Sequence[ReportRow], baseline: Optional[str] = None) -> List[List[str]]:
     """The plan table as text cells (header first), shared by the HTML and markdown forms."""
     header = ["GBS", "strategy", "shape", "stages (first, last) @ [devices]", "micro-batches",
-              "schedule", "formula ms", "simulated ms", "sim / formula", "speedup", "note"]
+              "schedule (K)", "formula ms", "simulated ms", "sim / formula", "speedup", "note"]
     out = [header]
     for row in rows:
         values = speedups(row, baseline)
@@ -235,7 +235,7 @@ def table_rows(rows: Sequence[ReportRow], baseline: Optional[str] = None) -> Lis
                         p.shape() if p is not None else "-",
                         stage_notation(p) if p is not None else "-",
                         str(p.micro_batches) if p is not None else "-",
-                        p.schedule if p is not None else "-",
+                        f"{p.schedule} {p.warmup_depths()}" if p is not None else "-",
                         _fmt(formula), _fmt(simulated), _fmt(ratio, 3),
                         _fmt(values.get(c.name), 3), c.note])
     return out
@@ -251,7 +251,10 @@ def _pictures(rows: Sequence[ReportRow], baseline, title) -> List[tuple]:
             pictures.append((f"timeline of {best.name} at global batch {row.global_batch_size}",
                              timeline_figure(best.simulation, best.plan,
                                              title=f"{best.name}, GBS {row.global_batch_size}, "
-                                                   f"plan {best.plan.shape()}")))
+                                                   f"plan {best.plan.shape()}, "
+                                                   f"{best.plan.micro_batches} micro-batches, "
+                                                   f"warm-up K = "
+                                                   f"{best.plan.warmup_depths()}")))
         if row.held:
             stages = [0] if best.plan is None or best.plan.num_stages == 1 else \
                 [0, best.plan.num_stages - 1]

@@ -131,7 +131,7 @@ def run() -> int:
     if FLAGS.output:
         from planner.timeline import save_figure, timeline_figure
         title = (f"plan {plan.shape()}, {plan.micro_batches} micro-batches, schedule "
-                 f"{plan.schedule}")
+                 f"{plan.schedule}, warm-up K = {plan.warmup_depths()}")
         save_figure(timeline_figure(result, plan, title=title), FLAGS.output)
         print(f"timeline written to {FLAGS.output}", file=sys.stderr)
     if FLAGS.held_output:
