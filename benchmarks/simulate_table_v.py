@@ -42,6 +42,22 @@ def stage_split(plan) -> str:
     return ":".join(str(st.num_layers) for st in plan.stages)
 
 
+def starvation(plan, costs) -> float:
+    """Why the pivot idles: its round trip over its warm-up depth, against its own F+B.
+
+    A micro-batch leaves stage q's forward and returns as the gradient for q's backward after
+    R_q = the F+B of every stage and transfer from q to the end. With K_q micro-batches in
+    flight, q can start at most K_q backwards per R_q, so its steady period is at least
+    max(F_q+B_q, R_q / K_q). Eq. 1 assumes F_q+B_q; a ratio above 1 means the memory-capped
+    (or policy) warm-up leaves the pivot waiting, and the formula underestimates."""
+    q = plan.estimate.pivot_stage
+    K = plan.warmup_depths()[q]
+    trip = sum(costs.forward_ms[s] + costs.backward_ms[s] for s in range(q, costs.num_stages))
+    trip += sum(costs.send_forward_ms[s] + costs.send_backward_ms[s]
+                for s in range(q, costs.num_stages - 1))
+    return (trip / K) / (costs.forward_ms[q] + costs.backward_ms[q])
+
+
 def rows(models=None, progress=None):
     out = []
     for name, path, gbs in TABLE_V:
@@ -66,7 +82,8 @@ def rows(models=None, progress=None):
                 "formula_ms": formula, "simulated_ms": full.iteration_ms,
                 "ratio": full.iteration_ms / formula,
                 "half_duplex_ratio": half.iteration_ms / formula,
-                "bubble": full.bubble_fraction, "plan_s": planned_s, "sim_s": simulated_s,
+                "bubble": full.bubble_fraction, "K": plan.warmup_depths(),
+                "starved": starvation(plan, costs), "plan_s": planned_s, "sim_s": simulated_s,
                 "plan": plan, "result": full,
             })
             if progress:
@@ -74,14 +91,15 @@ def rows(models=None, progress=None):
     return out
 
 
-HEADER = ["model (GBS)", "config", "plan", "split", "M", "sched", "pivot", "formula ms",
-          "simulated ms", "sim/formula", "half-duplex", "bubbles"]
+HEADER = ["model (GBS)", "config", "plan", "split", "M", "sched (K)", "pivot", "formula ms",
+          "simulated ms", "sim/formula", "half-duplex", "bubbles", "R/K over F+B"]
 
 
 def cells(r):
     return [f"{r['model']} ({r['gbs']})", r["config"], r["shape"], r["split"], str(r["M"]),
-            r["schedule"], str(r["pivot"]), f"{r['formula_ms']:.1f}", f"{r['simulated_ms']:.1f}",
-            f"{r['ratio']:.3f}", f"{r['half_duplex_ratio']:.3f}", f"{100 * r['bubble']:.1f}%"]
+            f"{r['schedule']} {r['K']}", str(r["pivot"]), f"{r['formula_ms']:.1f}", f"{r['simulated_ms']:.1f}",
+            f"{r['ratio']:.3f}", f"{r['half_duplex_ratio']:.3f}", f"{100 * r['bubble']:.1f}%",
+            f"{r['starved']:.2f}"]
 
 
 def main():
@@ -91,7 +109,7 @@ def main():
     args = parser.parse_args()
     table = rows([m for m in args.models.split(",") if m],
                  progress=lambda r: print("  ".join(cells(r)) + f"  (planned in "
-                                          f"{r['plan_s']:.0f} s)", file=sys.stderr, flush=True))
+                                          f"{r['plan_s']:.1f} s)", file=sys.stderr, flush=True))
     lines = [cells(r) for r in table]
     if args.markdown:
         print("| " + " | ".join(HEADER) + " |")
