@@ -89,8 +89,10 @@ def test_pictures_are_written_as_png(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "dapple.cli", "simulate", *args],
-                          capture_output=True, text=True, timeout=120)
+    # The installed console script: `dapple simulate` runs planner-only (no TensorFlow).
+    dapple = os.path.join(os.path.dirname(sys.executable), "dapple")
+    return subprocess.run([dapple, "simulate", *args], capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_simulate_command_prints_json_and_draws(tmp_path):
