@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from typing import List, Optional, Union
 
@@ -64,8 +65,32 @@ def check_plan_matches_model(plan: Plan, model: tf.keras.Model) -> None:
             f"profile this model and plan again")
 
 
+RUNTIMES = ("local", "horovod")
+
+
+def _use_horovod(runtime: Optional[str]) -> bool:
+    """`runtime="horovod"`/"local" decides; by default Horovod when horovodrun started this
+    process or the user initialized Horovod (see `dapple.horovod_model`)."""
+    if runtime not in (None,) + RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES} (or None to detect), got {runtime!r}")
+    if runtime is not None:
+        return runtime == "horovod"
+    if any(k in os.environ for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+        return True
+    hvd = sys.modules.get("horovod.tensorflow")
+    return hvd is not None and hvd.is_initialized()
+
+
 class PipelinedModel:
-    def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None):
+    def __new__(cls, model=None, plan=None, devices=None, runtime=None):
+        # One class for users; under horovodrun each rank runs its own unit (issue #5).
+        if cls is PipelinedModel and _use_horovod(runtime):
+            from dapple.horovod_model import HorovodPipelinedModel
+            cls = HorovodPipelinedModel
+        return super().__new__(cls)
+
+    def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
+                 runtime=None):
         self.model = model
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
         check_plan_matches_model(self.plan, model)
@@ -73,6 +98,7 @@ class PipelinedModel:
         self.devices = list(devices) if devices is not None else local_devices(
             max(d for s in self.plan.stages for d in s.devices) + 1)
         self._transport_factory = LocalTransport
+        self._shuffle_seed = None     # the Horovod runtime shares one across ranks
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None
         self.optimizer = None
@@ -178,7 +204,7 @@ class PipelinedModel:
                                  f"batch: pass a multiple of {batch_size} rows")
         ds = tf.data.Dataset.from_tensor_slices((x, y) if y is not None else (x,))
         if shuffle:
-            ds = ds.shuffle(n, reshuffle_each_iteration=True)
+            ds = ds.shuffle(n, seed=self._shuffle_seed, reshuffle_each_iteration=True)
         return ds.batch(batch_size, drop_remainder=True)
 
     def _unpack(self, batch, need_y: bool):
@@ -326,11 +352,15 @@ class PipelinedModel:
 
 def check_supported_model(model: tf.keras.Model) -> None:
     """Refuse what the pipelined step would silently compute differently from Keras."""
-    if model.losses:
+    # Weight regularizers are supported (graph_rewrite.pipeline adds them once per step);
+    # losses computed from activations would need the stage's forward and are refused.
+    weight_penalties = sum(len(layer._callable_losses) for layer in model._flatten_layers())
+    if len(model.losses) > weight_penalties:
         raise ValueError(
-            f"model {model.name!r} has {len(model.losses)} added loss(es) (regularizers or "
-            f"add_loss): the pipelined step does not include them yet, so it would train a "
-            f"different objective than Keras; remove them or add them to the compiled loss")
+            f"model {model.name!r} has {len(model.losses) - weight_penalties} loss(es) computed "
+            f"from activations (activity regularizers or add_loss): the pipelined step does not "
+            f"include them, so it would train a different objective than Keras; remove them or "
+            f"add them to the compiled loss")
 
 
 def _rows(x) -> int:

@@ -1,0 +1,215 @@
+"""`PipelinedModel` under horovodrun: one process per plan device, same API, same results.
+
+`dapple.PipelinedModel(model, plan)` becomes a `HorovodPipelinedModel` when the process was
+started by horovodrun or Horovod is initialized (or with `runtime="horovod"`). Every rank runs
+the same user script; rank r runs plan device r (`graph_rewrite.horovod_ranks`):
+
+* Horovod is initialized with the plan's process sets (or they are added, if the user called
+  `hvd.init()` first, which needs `HOROVOD_DYNAMIC_PROCESS_SETS=1`; `dapple launch` sets it).
+* All ranks start from rank 0's weights (a broadcast), so every stage and replica starts where
+  the plain model on rank 0 starts.
+* Each rank builds only its own (stage, replica) unit and runs its stage's task list; Horovod
+  moves boundaries and sums replica gradients (`graph_rewrite.horovod_transport`). The optimizer
+  updates only this rank's stage; the other stages' variables on this rank are left stale until
+  `save_weights` gathers them.
+* `fit` shuffles with a seed shared by all ranks, so every rank sees the same global batches.
+* Loss logs are the global batch's loss on every rank; compiled metrics are computed on
+  last-stage ranks from their own rows only (other ranks report the loss alone).
+* `save_weights`: every stage's first rank broadcasts its stage's variables, rank 0 writes the
+  plain model's Keras checkpoint once and atomically, and all ranks wait for it. It restores into
+  the plain model or any plan (`load_weights`: rank 0 reads, then broadcasts).
+* Failures: an exception prints `dapple: rank R (stage s, replica k) failed: ...` and exits
+  non-zero, and horovodrun ends the other ranks; a step that stalls beyond the watchdog's
+  deadline ends the rank (`graph_rewrite.horovod_watchdog`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import List, Optional, Union
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from graph_rewrite.horovod_ranks import RankLayout, WorldSizeError
+from graph_rewrite.horovod_transport import (HorovodPipelineStep, init_horovod,
+                                             pin_gpu_to_local_rank, rank_device)
+from graph_rewrite.horovod_watchdog import StepWatchdog
+from graph_rewrite.losses import PipelineLoss
+from planner.plan import Plan
+from dapple.pipelined_model import (PipelinedModel, check_plan_matches_model,
+                                    check_supported_model, save_weights_atomically)
+
+
+def _world_size_from_env() -> Optional[int]:
+    for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
+def _install_failure_report(who: str) -> None:
+    """Name the rank in the report of an uncaught exception (horovodrun then ends the job)."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        sys.stderr.write(f"dapple: {who} failed: {kind.__name__}: {value}\n")
+        sys.stderr.flush()
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+class HorovodPipelinedModel(PipelinedModel):
+    def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
+                 runtime=None):
+        self.model = model
+        self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
+        check_plan_matches_model(self.plan, model)
+        check_supported_model(model)
+        size = hvd.size() if hvd.is_initialized() else _world_size_from_env()
+        self.layout = RankLayout(self.plan, size if size is not None else self.plan.num_devices)
+        if not hvd.is_initialized():
+            pin_gpu_to_local_rank()
+        self.process_sets = init_horovod(self.layout.process_sets())
+        if hvd.size() != self.layout.size:
+            raise WorldSizeError(f"the plan uses {self.layout.size} devices but Horovod runs "
+                                 f"{hvd.size()} processes")
+        self.rank = hvd.rank()
+        self.stage, self.replica = self.layout.unit(self.rank)
+        self.who = f"rank {self.rank} (stage {self.stage}, replica {self.replica})"
+        _install_failure_report(self.who)
+        self.device = devices[0] if devices else rank_device(hvd.local_rank())
+        self.devices = [self.device]
+        self.watchdog = StepWatchdog(self.who)
+        self._loss: Optional[PipelineLoss] = None
+        self._step: Optional[HorovodPipelineStep] = None
+        self.optimizer = None
+        self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
+        self._traced = set()
+        with self.watchdog.step("broadcasting rank 0's initial weights", first=True):
+            hvd.broadcast_variables(model.variables, root_rank=0)
+        # One shuffle seed for all ranks: every rank must see the same global batches.
+        seed = hvd.broadcast(tf.constant(np.random.randint(0, 2**31 - 1), tf.int64), 0,
+                             name="dapple.shuffle_seed")
+        self._shuffle_seed = int(seed)
+
+    def _make_step(self, loss: Optional[PipelineLoss]) -> HorovodPipelineStep:
+        return HorovodPipelineStep(self.model, self.plan, loss, self.device,
+                                   self.process_sets, self.layout)
+
+    def _guarded(self, what: str, fn):
+        """Run the compiled `fn` under the watchdog (the first call also traces)."""
+        def call(*args):
+            first = what not in self._traced
+            self._traced.add(what)
+            with self.watchdog.step(what, first=first):
+                return fn(*args)
+        return call
+
+    # ---- training ------------------------------------------------------------------------------
+    def gradients(self, x, y) -> List[Optional[tf.Tensor]]:
+        """This rank's stage gradients (replica-summed) on the global batch; None for the
+        variables of other stages."""
+        self._require_compiled()
+        self._check_batch(_rows(x))
+        if self._grad_fn is None:
+            @tf.function
+            def grad_fn(x, y):
+                result = self._step.run(x, y)
+                return result.loss, result.gradients
+            self._grad_fn = self._guarded("gradients step", grad_fn)
+        loss, grads = self._grad_fn(x, y)
+        return grads
+
+    def _rows_of_predictions(self, y):
+        """Labels for the rows this rank predicted (last stage: micro-batch major, own rows)."""
+        step = self._step
+        S = len(step.stages)
+        rows = [step.rows(S - 1, self.replica, m) for m in range(self.plan.micro_batches)]
+        ys = tf.nest.flatten(y)
+        picked = [tf.concat([t[lo:hi] for lo, hi in rows], axis=0) for t in ys]
+        return picked[0] if len(picked) == 1 else picked
+
+    def _build_train_fn(self):
+        last = self.stage == self.plan.num_stages - 1
+
+        @tf.function
+        def train_fn(x, y):
+            result = self._step.run(x, y)
+            pairs = [(g, v) for g, v in zip(result.gradients, self.model.trainable_variables)
+                     if g is not None]
+            self.optimizer.apply_gradients(pairs)
+            if last:
+                y_pred = [tf.concat(p, axis=0) for p in result.predictions]
+                self.model.compiled_metrics.update_state(
+                    self._rows_of_predictions(y), y_pred[0] if len(y_pred) == 1 else y_pred)
+            return result.loss
+        return self._guarded("train step", train_fn)
+
+    def predict(self, x, batch_size=None, verbose=0):
+        raise NotImplementedError(
+            "predict under horovodrun is not implemented yet: predictions live on the last "
+            "stage's ranks only. Save the weights (pm.save_weights) and predict with the plain "
+            "model, or predict with the single-process runtime")
+
+    def evaluate(self, x, y=None, batch_size=None, verbose=0, return_dict=False):
+        raise NotImplementedError(
+            "evaluate under horovodrun is not implemented yet; save the weights "
+            "(pm.save_weights) and evaluate the plain model, or use the single-process runtime")
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def gather_weights(self) -> None:
+        """Make every rank's copy of the model current: each stage's first rank broadcasts the
+        stage's variables (the replicas of a stage hold equal values)."""
+        with self.watchdog.step("gathering stage weights"):
+            for s, graph in enumerate(self._stage_graphs()):
+                variables = _stage_variables(graph)
+                if variables:
+                    hvd.broadcast_variables(variables, root_rank=self.layout.rank(s, 0))
+
+    def _stage_graphs(self):
+        if self._step is None:
+            self._step = self._make_step(None)
+        return self._step.stages
+
+    def save_weights(self, path: str) -> None:
+        """The plain model's Keras checkpoint, with every stage's variables, written once by
+        rank 0 (atomically); every rank returns after it is complete."""
+        self.gather_weights()
+        error = ""
+        if self.rank == 0:
+            try:
+                save_weights_atomically(self.model, path)
+            except Exception as e:   # tell the other ranks instead of leaving them waiting
+                error = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+        with self.watchdog.step("waiting for rank 0 to write the checkpoint"):
+            failed = hvd.broadcast(tf.constant(1 if error else 0), 0, name="dapple.saved")
+        if int(failed):
+            raise RuntimeError(f"rank 0 could not write the checkpoint {path!r}"
+                               + (f": {error}" if error else " (see rank 0's output)"))
+
+    def load_weights(self, path: str):
+        """Rank 0 reads the checkpoint; all ranks then hold its weights."""
+        status = self.model.load_weights(path) if self.rank == 0 else None
+        with self.watchdog.step("broadcasting loaded weights"):
+            hvd.broadcast_variables(self.model.variables, root_rank=0)
+        return status
+
+
+def _stage_variables(graph) -> List[tf.Variable]:
+    seen, out = set(), []
+    for layer in graph.layers:
+        for v in layer.weights:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+    return out
+
+
+def _rows(x) -> int:
+    first = tf.nest.flatten(x)[0]
+    return int(first.shape[0])

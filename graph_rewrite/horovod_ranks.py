@@ -1,0 +1,138 @@
+"""Which Horovod rank runs which plan unit, and which rows each boundary transfer moves.
+
+Plain Python (no TensorFlow, no Horovod), so it can be checked on its own.
+
+* Rank r runs plan device r. Device ids are ordered host by host, and so are the ranks of
+  `horovodrun -H h1:8,h2:8`, so a plan made for that topology lands where it was planned. The
+  plan must therefore use exactly the devices 0..N-1 for a world of N ranks.
+* Process sets: every replicated stage has one (its ranks), for the gradient allreduce; every
+  boundary s -> s+1 has one (the ranks of both stages), for the transfers. A set equal to the
+  whole world is Horovod's global set (Horovod refuses to register it twice).
+* A boundary transfer is one `alltoall` inside the boundary's set: each sender replica sends
+  every receiver replica the rows of the micro-batch that both hold (DAPPLE §V-B2: split,
+  concat or both), receivers send nothing. Rows are relative to the micro-batch; replica k of
+  R holds rows [k n/R, (k+1) n/R) (`graph_rewrite.micro_batch`). Splits are listed in the
+  set's rank order (ascending global rank), which is also the order an alltoall concatenates
+  what it receives; `received_pieces` says how to put those pieces back in row order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from planner.plan import Plan, PlanError
+
+
+class WorldSizeError(PlanError):
+    """The plan's devices do not match the Horovod world it is run in."""
+
+
+def replica_rows(rows: int, replicas: int, replica: int) -> Tuple[int, int]:
+    """[start, stop) of `replica`'s share of a micro-batch of `rows` rows."""
+    if rows % replicas:
+        raise ValueError(f"a micro-batch of {rows} rows does not split evenly among "
+                         f"{replicas} replicas")
+    size = rows // replicas
+    return replica * size, (replica + 1) * size
+
+
+def _overlap(a: Tuple[int, int], b: Tuple[int, int]) -> int:
+    return max(0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of received rows: from which replica of the sending stage, how many."""
+    sender_replica: int
+    rows: int
+
+
+class RankLayout:
+    """The plan seen from a Horovod world of `size` ranks."""
+
+    def __init__(self, plan: Plan, size: int):
+        self.plan = plan
+        self.size = size
+        used = sorted(d for s in plan.stages for d in s.devices)
+        if len(used) != size:
+            raise WorldSizeError(
+                f"the plan uses {len(used)} devices but Horovod runs {size} processes: start "
+                f"one process per plan device (`dapple launch --plan=...` derives -np "
+                f"{len(used)}), or use a plan made for {size} devices")
+        if used != list(range(size)):
+            raise WorldSizeError(
+                f"the plan's device ids are {used}; under Horovod rank r runs device r, so a "
+                f"plan for {size} processes must use devices 0..{size - 1}: renumber them")
+        self._unit = {}
+        for s, stage in enumerate(plan.stages):
+            for k, d in enumerate(stage.devices):
+                self._unit[d] = (s, k)
+
+    @property
+    def num_stages(self) -> int:
+        return self.plan.num_stages
+
+    def unit(self, rank: int) -> Tuple[int, int]:
+        """(stage, replica) that `rank` runs."""
+        return self._unit[rank]
+
+    def stage_ranks(self, stage: int) -> List[int]:
+        """Ranks of a stage, in replica order."""
+        return list(self.plan.stages[stage].devices)
+
+    def rank(self, stage: int, replica: int) -> int:
+        return self.plan.stages[stage].devices[replica]
+
+    def boundary_ranks(self, boundary: int) -> List[int]:
+        """Ranks of the process set for boundary `boundary` -> `boundary + 1`, ascending."""
+        return sorted(self.stage_ranks(boundary) + self.stage_ranks(boundary + 1))
+
+    def process_sets(self) -> List[List[int]]:
+        """Every process set the plan needs besides the global one, each once, in a fixed
+        order (every rank must register the same sets in the same order)."""
+        wanted: List[List[int]] = []
+        for s in range(self.num_stages):
+            if self.plan.stages[s].replicas > 1:
+                wanted.append(sorted(self.stage_ranks(s)))
+        for b in range(self.num_stages - 1):
+            wanted.append(self.boundary_ranks(b))
+        out, seen = [], {tuple(range(self.size))}
+        for ranks in wanted:
+            if tuple(ranks) not in seen:
+                seen.add(tuple(ranks))
+                out.append(ranks)
+        return out
+
+    def is_global(self, ranks: List[int]) -> bool:
+        return sorted(ranks) == list(range(self.size))
+
+    # ---- boundary transfers ----------------------------------------------------------------
+    def send_splits(self, sender_stage: int, sender_replica: int, receiver_stage: int,
+                    rows: int) -> List[int]:
+        """Rows `sender_replica` of `sender_stage` sends to each rank of the boundary set
+        (ascending rank order), for a micro-batch of `rows` rows. Works in both directions:
+        activations go to `sender_stage + 1`, gradients to `sender_stage - 1`."""
+        if abs(receiver_stage - sender_stage) != 1:
+            raise ValueError("transfers go between consecutive stages")
+        boundary = min(sender_stage, receiver_stage)
+        mine = replica_rows(rows, self.plan.stages[sender_stage].replicas, sender_replica)
+        receivers = self.plan.stages[receiver_stage]
+        by_rank = {}
+        for j, d in enumerate(receivers.devices):
+            by_rank[d] = _overlap(mine, replica_rows(rows, receivers.replicas, j))
+        return [by_rank.get(r, 0) for r in self.boundary_ranks(boundary)]
+
+    def received_pieces(self, sender_stage: int, receiver_stage: int, receiver_replica: int,
+                        rows: int) -> List[Piece]:
+        """What an alltoall delivers to `receiver_replica`: pieces in the order they arrive
+        (ascending sender rank). Concatenating them sorted by `sender_replica` gives the
+        receiver's rows in row order (a sender with a lower replica index holds lower rows)."""
+        want = replica_rows(rows, self.plan.stages[receiver_stage].replicas, receiver_replica)
+        senders = self.plan.stages[sender_stage]
+        pieces = []
+        for rank in sorted(senders.devices):
+            k = senders.devices.index(rank)
+            n = _overlap(want, replica_rows(rows, senders.replicas, k))
+            if n:
+                pieces.append(Piece(k, n))
+        return pieces

@@ -1,0 +1,84 @@
+"""One rank of a pipelined job for the multi-process tests.
+
+Every rank builds the same tiny model from the same seed and a plain reference copy of it, runs
+`dapple.PipelinedModel(model, plan)` (which detects horovodrun), and checks itself against the
+plain single-process Keras model computed right here: its stage's gradients for 3 different
+global batches (different data in every micro-batch), the loss, and all weights after 3 Adam
+steps (gathered from every stage). It prints one `DAPPLE_RESULT <json>` line; the test asserts.
+
+`--fail_step S --fail_rank R` makes rank R raise inside step S (the failure test).
+"""
+import argparse
+import json
+
+import dapple
+import numpy as np
+import tensorflow as tf
+
+from graph_rewrite.model_graph import layer_order
+from planner.plan import straight_plan
+from tests import models
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model", default="mlp_with_skip")
+parser.add_argument("--cuts", default="2", help="first layers of stages 1.., comma separated")
+parser.add_argument("--replicas", default="1,1")
+parser.add_argument("--micro_batches", type=int, default=4)
+parser.add_argument("--schedule", default="A")
+parser.add_argument("--global_batch", type=int, default=24)
+parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--fail_step", type=int, default=-1)
+parser.add_argument("--fail_rank", type=int, default=-1)
+parser.add_argument("--checkpoint", default="")
+args = parser.parse_args()
+
+builder = getattr(models, args.model)
+model, reference = builder(seed=3), builder(seed=3)
+cuts = [int(c) for c in args.cuts.split(",") if c]
+replicas = [int(r) for r in args.replicas.split(",")]
+plan = straight_plan(cuts, len(layer_order(model)), args.micro_batches, args.global_batch,
+                     replicas=replicas, schedule=args.schedule)
+loss = models.losses_for(model)
+
+pm = dapple.PipelinedModel(model, plan)
+pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
+ref_opt = tf.keras.optimizers.Adam(1e-2)
+
+
+def plain_loss_and_grads(x, y):
+    losses = loss if isinstance(loss, list) else [loss]
+    ys = y if isinstance(y, list) else [y]
+    with tf.GradientTape() as tape:
+        preds = reference(x, training=True)
+        preds = preds if isinstance(preds, list) else [preds]
+        total = tf.add_n([l(t, p) for l, t, p in zip(losses, ys, preds)])
+    return total, tape.gradient(total, reference.trainable_variables)
+
+
+grad_diff, loss_diff, own_gradients = 0.0, 0.0, 0
+for step in range(args.steps):
+    if step == args.fail_step and pm.rank == args.fail_rank:
+        raise RuntimeError(f"injected failure in step {step}")
+    x, y = models.data_for(model, args.global_batch, seed=100 + step)
+    got = pm.gradients(x, y)
+    print(f"rank {pm.rank}: step {step} gradients done", flush=True)
+    want_loss, want = plain_loss_and_grads(x, y)
+    own_gradients = sum(g is not None for g in got)
+    for g, w in zip(got, want):
+        if g is not None:
+            grad_diff = max(grad_diff, float(np.max(np.abs(g.numpy() - w.numpy()))))
+    got_loss = pm.train_step(x, y)
+    print(f"rank {pm.rank}: step {step} train step done", flush=True)
+    ref_opt.apply_gradients(zip(want, reference.trainable_variables))
+    loss_diff = max(loss_diff, abs(float(got_loss) - float(want_loss)))
+
+pm.gather_weights()
+weight_diff = max(float(np.max(np.abs(a - b)))
+                  for a, b in zip(model.get_weights(), reference.get_weights()))
+if args.checkpoint:
+    pm.save_weights(args.checkpoint)
+stage_vars = len(pm._step.stages[pm.stage].trainable_variables)
+print("DAPPLE_RESULT " + json.dumps({
+    "rank": pm.rank, "stage": pm.stage, "replica": pm.replica, "grad_diff": grad_diff,
+    "loss_diff": loss_diff, "weight_diff": weight_diff, "own_gradients": own_gradients,
+    "stage_variables": stage_vars, "final_loss": float(got_loss)}), flush=True)
