@@ -43,6 +43,11 @@ from planner.plan import Plan, PlanError, Stage
 from planner.profile import Profile
 
 LARGE_TOPOLOGY_DEVICES = 64
+# Candidate stages evaluated before the search settles for the best plan found (about 1 s of
+# Python). Far above what small instances need (the brute-force tests never reach it); it
+# bounds the time on deep, uniform models on flat networks, where many near-equal deep
+# pipelines survive the bounds. `SearchStats.complete` reports whether it was reached.
+DEFAULT_MAX_CANDIDATES = 15000
 _INF = math.inf
 
 
@@ -60,6 +65,11 @@ class SearchStats:
     candidates: int = 0
     pruned: int = 0
     dominated: int = 0
+    complete: bool = True       # False when the candidate budget stopped the search early
+
+
+class _Budget(Exception):
+    pass
 
 
 def _extend(summary, F, B, AR, M):
@@ -106,6 +116,7 @@ class _Search:
             stage_sizes = sorted(set(range(1, h + 1)) | set(range(h, self.G + 1, h)))
         self.stage_sizes = None if stage_sizes is None else sorted(set(stage_sizes))
         self.stats = stats or SearchStats()
+        self.max_candidates = math.inf
         self.best_value = _INF
         self.best: Optional[Tuple[int, List[Tuple[int, int, tuple]]]] = None
         work = [l.forward_ms + l.backward_ms for l in profile.layers]
@@ -128,7 +139,10 @@ class _Search:
         if self._remaining_bound(0, self.G) >= self.best_value:
             self.stats.pruned += 1
             return
-        self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
+        try:
+            self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
+        except _Budget:
+            self.stats.complete = False
 
     def _remaining_bound(self, j: int, devices_left: int) -> float:
         if j >= self.N:
@@ -163,6 +177,8 @@ class _Search:
 
     def _dfs(self, j: int, used: tuple, prev: tuple, summary, path) -> None:
         self.stats.nodes += 1
+        if self.stats.candidates > self.max_candidates:
+            raise _Budget()
         if j == self.N:
             if summary[0] < self.best_value:
                 self.best_value = summary[0]
@@ -321,11 +337,13 @@ def minimum_memory_bytes(profile: Profile, topology, gbs: int) -> float:
 def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit=None,
                 policies: Sequence[str] = POLICIES, micro_batches: Optional[Sequence[int]] = None,
                 stage_sizes: Optional[Sequence[int]] = None,
-                stats: Optional[SearchStats] = None) -> Plan:
+                stats: Optional[SearchStats] = None,
+                max_candidates: Optional[int] = DEFAULT_MAX_CANDIDATES) -> Plan:
     """The plan of least estimated latency (see the module docstring).
 
     `memory_limit` (bytes or '16GB') overrides the topology's device memory. `micro_batches`
-    restricts M; `stage_sizes` the replica counts tried. Raises NoPlanFits with the least
+    restricts M; `stage_sizes` the replica counts tried. `max_candidates` caps the stages
+    evaluated (None: no cap); `stats.complete` says whether the whole space was covered. Raises NoPlanFits with the least
     memory that would fit when nothing does.
     """
     _check_inputs(profile, topology, global_batch_size)
@@ -337,10 +355,15 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
         if global_batch_size % M:
             raise PlanError(f"micro_batches {M} does not divide the global batch "
                             f"{global_batch_size}")
-    # Two passes: plans of at most two stages first (cheap, and usually close to the best, so
-    # the full pass starts with a tight incumbent and prunes hard), then the whole space.
-    for M in ms:
-        search.run_micro_batches(M, max_stages=2)
+    # Passes of growing depth: plans of at most 2, 4, 8 ... stages (cheap, and usually close to
+    # the best, so each pass starts with a tight incumbent and prunes hard), then the whole
+    # space. All passes share the candidate budget.
+    search.max_candidates = math.inf if max_candidates is None else max_candidates
+    depth = 2
+    while depth < min(topo.num_devices, profile.num_layers):
+        for M in ms:
+            search.run_micro_batches(M, max_stages=depth)
+        depth *= 2
     for M in ms:
         search.run_micro_batches(M)
     if search.best is None:
