@@ -23,7 +23,10 @@ Built inside a `tf.function`, one graph per step (the paper's §V design on TF2)
   gradient ops a tape builds `gradient_tape/<forward op name>`, so those belong to B{m}.
 
 Gradients equal the plain model's because each slice's loss term is its share of the global
-batch loss (`losses.PipelineLoss`) and everything else is exact re-association of sums.
+batch loss (`losses.PipelineLoss`) and everything else is exact re-association of sums. Weight
+regularization penalties (`kernel_regularizer` and the like) are added once per step, by the
+first unit (replica 0, micro-batch 0) of the stage that owns the weights. Losses that depend on
+activations (activity regularizers, `add_loss`) are refused by `dapple.PipelinedModel`.
 Batch-dependent layers (BatchNormalization in training mode) see micro-batch statistics, as in
 GPipe and the DAPPLE paper: such models are not bit-transparent.
 """
@@ -194,8 +197,8 @@ class PipelineStep:
                         stash[(stage, replica, m)] = (inputs, outputs, tape, term)
                         if stage == S - 1:
                             predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
-                            if term is not None:
-                                loss_terms.append(term)
+                        if term is not None:
+                            loss_terms.append(term)
                         previous[unit] = list(outputs.values()) + ([term] if term is not None
                                                                    else [])
                     else:
@@ -237,6 +240,12 @@ class PipelineStep:
                 term = self.loss.micro_batch_term(
                     self._labels(ys, stage, replica, m), [outs[t] for t in self.output_ids],
                     rows=hi - lo, global_rows=self.global_batch)
+            if ys is not None and replica == 0 and m == 0:
+                # Weight regularizers count once per step, like Keras: in the first unit of
+                # the stage that owns the weights (evaluated here, so the tape sees them).
+                penalties = [tf.cast(l, tf.float32) for layer in graph.layers for l in layer.losses]
+                if penalties:
+                    term = tf.add_n(penalties + ([term] if term is not None else []))
             return outs, term
 
         if not keep_tape or self.plan.recompute:
@@ -268,6 +277,9 @@ class PipelineStep:
             upstream = self.transport.receive_gradients(stage, replica, m, sent, float_out)
             targets = [outputs[tid] for tid in float_out]
             output_gradients = [upstream[tid] for tid in float_out]
+            if term is not None:            # this stage's weight-regularization penalty
+                targets.append(term)
+                output_gradients.append(tf.ones_like(term))
         float_in = [tid for tid in graph.input_ids if _is_float(inputs[tid])]
         variables = graph.trainable_variables
         sources = [inputs[tid] for tid in float_in] + variables

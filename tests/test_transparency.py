@@ -109,3 +109,38 @@ def test_pipeline_differs_from_plain_model_when_data_differs():
     x2, y2 = data_for(model, GLOBAL_BATCH, seed=2)
     _, want = plain_loss_and_grads(reference, loss, x2, y2)
     assert max_abs_diff(pm.gradients(x, y), want) > 1e-3
+
+
+def regularized_mlp(seed=0):
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((6,))
+    h = tf.keras.layers.Dense(12, activation="tanh", name="d1",
+                              kernel_regularizer=tf.keras.regularizers.L2(0.05))(x)
+    h = tf.keras.layers.Dense(12, activation="relu", name="d2")(h)
+    out = tf.keras.layers.Dense(5, name="out", bias_regularizer=tf.keras.regularizers.L1(0.1),
+                                kernel_regularizer=tf.keras.regularizers.L2(0.02))(h)
+    return tf.keras.Model(x, out)
+
+
+@pytest.mark.parametrize("reps,m,recompute", [([2, 1], 4, False), ([1, 2], 2, True)])
+def test_weight_regularizers_count_once_per_step(reps, m, recompute):
+    model, reference = regularized_mlp(), regularized_mlp()
+    plan = straight_plan([1], 3, m, GLOBAL_BATCH, replicas=reps)
+    plan.recompute = recompute
+    loss = losses_for(model)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer="sgd", loss=loss)
+    x, y = data_for(model, GLOBAL_BATCH, seed=3)
+    with tf.GradientTape() as tape:
+        want_loss = loss(y, reference(x, training=True)) + tf.add_n(reference.losses)
+    want = tape.gradient(want_loss, reference.trainable_variables)
+    assert max_abs_diff(pm.gradients(x, y), want) < 1e-5
+    assert abs(float(pm.train_step(x, y)) - float(want_loss)) < 1e-5
+
+
+def test_activity_regularizers_are_refused_with_the_reason():
+    x = tf.keras.Input((4,))
+    out = tf.keras.layers.Dense(2, activity_regularizer="l2", name="act")(x)
+    model = tf.keras.Model(x, out)
+    with pytest.raises(ValueError, match="computed from activations"):
+        dapple.PipelinedModel(model, straight_plan([], 1, 1, 8))
