@@ -200,12 +200,12 @@ class StageModel:
         p = self.profile
         # Layers finish their last backward from `last` down to `first`; layer k is ready at
         # tau_k = TASK_OVERHEAD + scale * backward(k..last). Allreduces run in that order:
-        # finish = max_k (tau_k + per_byte * params(first..k)).
+        # finish = max_k (tau_k + per_byte * params(k..last)).
         finish = 0.0
         b_done = 0.0
         for k in range(last, first - 1, -1):
             b_done += p.layers[k].backward_ms * scale
-            finish = max(finish, b_done + per_byte * p.parameter_bytes(first, k))
+            finish = max(finish, b_done + per_byte * p.parameter_bytes(k, last))
         exposed = TASK_OVERHEAD_MS + finish + fixed - (TASK_OVERHEAD_MS + b_done)
         exposed = max(exposed, fixed) if p.parameter_bytes(first, last) > 0 else 0.0
         self._ar_cache[key] = exposed

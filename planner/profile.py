@@ -138,7 +138,7 @@ class Profile:
     def _hash(self) -> str:
         """sha256 of the profile's content (not its file bytes), so the same measurements in
         graph.txt or JSON form, or re-indented, hash the same."""
-        canon = [self.batch_size, self.input_bytes,
+        canon = [float(self.batch_size), float(self.input_bytes),
                  [[l.name, round(l.forward_ms, 9), round(l.backward_ms, 9),
                    round(l.output_bytes, 3), round(l.parameter_bytes, 3), list(l.inputs)]
                   for l in self.layers]]
@@ -256,7 +256,8 @@ def _parse_fields(rest: str, where: str) -> Dict[str, float]:
         if not item:
             continue
         if "=" not in item:
-            raise ProfileError(f"{where}: expected key=value, found {item!r}")
+            raise ProfileError(f"{where}: expected key=value, found {item!r} (the line may be "
+                               f"truncated or missing fields)")
         k, v = item.split("=", 1)
         values[k.strip()] = v.strip()
     missing = [k for k in _REQUIRED if k not in values]

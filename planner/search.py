@@ -111,6 +111,7 @@ class _Search:
         self.G = topology.num_devices
         self.N = profile.num_layers
         self.policies = tuple(policies)
+        self.explicit_sizes = stage_sizes is not None
         if stage_sizes is None and self.G > LARGE_TOPOLOGY_DEVICES:
             h = max(self.capacity)
             stage_sizes = sorted(set(range(1, h + 1)) | set(range(h, self.G + 1, h)))
@@ -171,7 +172,7 @@ class _Search:
         if self.stage_sizes is None:
             return range(1, top + 1)
         sizes = [s for s in self.stage_sizes if s <= top]
-        if free <= mb and free not in sizes:
+        if not self.explicit_sizes and free <= mb and free not in sizes:
             sizes.append(free)
         return sizes
 

@@ -1,0 +1,169 @@
+"""`dapple plan`: plan a model on a topology (planner only; never imports TensorFlow).
+
+    dapple plan --profile=FILE --topology=SPEC --global_batch_size=N [--memory=16GB]
+                [--output=plan.json] [--format=text|json]
+    dapple plan --profile=FILE --topology=SPEC --global_batch_size=64,128,256   # one row each
+    dapple plan --evaluate=plan.json --profile=FILE --topology=SPEC [--format=json]
+
+With --format=json stdout is the Plan JSON and nothing else.
+"""
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("profile", None, "profile file: PipeDream/DAPPLE graph.txt or dapple JSON")
+flags.DEFINE_integer("profile_batch_size", None,
+                     "batch size the profile was measured at (graph.txt files without -pbs-N)")
+flags.DEFINE_string("topology", None, "preset A/B/C, spec like 2x8,net=25Gbps, or a JSON file")
+flags.DEFINE_string("global_batch_size", None, "global batch size, or a comma list of sizes")
+flags.DEFINE_string("memory", None, "device memory limit, e.g. 16GB (default: the topology's)")
+flags.DEFINE_string("output", None, "write the plan JSON here")
+flags.DEFINE_enum("format", "text", ["text", "json"], "text report or the Plan JSON on stdout")
+flags.DEFINE_string("evaluate", None, "a plan JSON to validate and estimate instead of planning")
+
+
+def _fail(message: str) -> None:
+    print(f"dapple plan: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _alternatives(profile, topo, gbs, memory):
+    from planner.pipedream import plan_pipedream
+    from planner.plan import PlanError
+    from planner.search import best_data_parallel_plan, best_straight_plan
+    out = {}
+    for name, fn in (("best data parallel", best_data_parallel_plan),
+                     ("best straight", best_straight_plan),
+                     ("PipeDream", plan_pipedream)):
+        try:
+            out[name] = fn(profile, topo, gbs, memory_limit=memory)
+        except PlanError:
+            out[name] = None
+    return out
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        _fail(f"unexpected arguments {argv[1:]}")
+    from planner.plan import Plan, PlanError
+    from planner.profile import ProfileError, load_profile
+    from planner.report import strategy_report
+    from topology import TopologyError, parse_topology
+    for name in ("profile", "topology"):
+        if not getattr(FLAGS, name):
+            _fail(f"--{name} is required")
+    try:
+        profile = load_profile(FLAGS.profile, batch_size=FLAGS.profile_batch_size)
+        topo = parse_topology(FLAGS.topology)
+        if FLAGS.memory:
+            import dataclasses
+            from topology.units import parse_memory
+            topo = dataclasses.replace(topo, device_memory_bytes=parse_memory(FLAGS.memory))
+    except (ProfileError, TopologyError) as e:
+        _fail(str(e))
+    try:
+        if FLAGS.evaluate:
+            _evaluate(profile, topo)
+        else:
+            _plan(profile, topo)
+    except (PlanError, ProfileError, TopologyError, ValueError) as e:
+        _fail(str(e))
+
+
+def _evaluate(profile, topo) -> None:
+    from planner import cost_model as cm
+    from planner.plan import Plan, PlanError
+    from planner.report import strategy_report
+    from planner.search import finish_plan
+    plan = Plan.load(FLAGS.evaluate)
+    if FLAGS.global_batch_size:
+        plan.global_batch_size = int(FLAGS.global_batch_size)
+    if plan.global_batch_size is None:
+        raise PlanError(f"{FLAGS.evaluate}: the plan has no global_batch_size; add it to the "
+                        f"file or pass --global_batch_size")
+    plan.validate(num_layers=profile.num_layers, num_devices=topo.num_devices)
+    if plan.profile and plan.profile.get("hash") not in (None, profile.content_hash):
+        raise PlanError(f"{FLAGS.evaluate} was made for profile {plan.profile.get('name')!r} "
+                        f"(hash {str(plan.profile.get('hash'))[:12]}...), not {profile.name} "
+                        f"(hash {profile.content_hash[:12]}...)")
+    finish_plan(plan, profile, topo, keep_warmup=True)
+    if FLAGS.output:
+        plan.save(FLAGS.output)
+    if FLAGS.format == "json":
+        print(plan.to_json())
+    else:
+        print(strategy_report(plan, profile, topo))
+
+
+def _plan(profile, topo) -> None:
+    from planner.plan import PlanError
+    from planner.report import strategy_report
+    from planner.search import plan_dapple
+    if not FLAGS.global_batch_size:
+        _fail("--global_batch_size is required (or --evaluate=plan.json)")
+    try:
+        sizes = [int(x) for x in FLAGS.global_batch_size.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"--global_batch_size must be integers, got {FLAGS.global_batch_size!r}")
+    for gbs in sizes:
+        if gbs < 1:
+            _fail(f"--global_batch_size must be positive, got {gbs}")
+    if len(sizes) > 1:
+        if FLAGS.format == "json":
+            _fail("--format=json takes one global batch size")
+        _table(profile, topo, sizes)
+        return
+    gbs = sizes[0]
+    plan = plan_dapple(profile, topo, gbs)
+    if FLAGS.output:
+        plan.save(FLAGS.output)
+    if FLAGS.format == "json":
+        print(plan.to_json())
+        return
+    print(strategy_report(plan, profile, topo, _alternatives(profile, topo, gbs, None)))
+    if FLAGS.output:
+        print(f"plan written to {FLAGS.output}")
+
+
+def _table(profile, topo, sizes) -> None:
+    from planner import cost_model as cm
+    from planner.plan import Plan, Stage
+    from planner.search import plan_dapple
+    print(f"{profile.name} on {topo.describe()}")
+    print(f"{'global batch':>12}  {'plan':>14}  {'M':>5}  {'latency ms':>11}  "
+          f"{'vs 1 device':>11}  {'vs best DP':>10}  {'vs PipeDream':>12}")
+    for gbs in sizes:
+        plan = plan_dapple(profile, topo, gbs)
+        lat = plan.estimate.latency_ms
+        one = _single_device_ms(profile, topo, gbs)
+        alts = _alternatives(profile, topo, gbs, None)
+
+        def ratio(p):
+            return f"{p.estimate.latency_ms / lat:.2f}x" if p is not None else "n/a"
+        print(f"{gbs:>12}  {plan.shape():>14}  {plan.micro_batches:>5}  {lat:>11.1f}  "
+              f"{(one / lat if one else float('nan')):>10.2f}x  {ratio(alts['best data parallel']):>10}  "
+              f"{ratio(alts['PipeDream']):>12}")
+
+
+def _single_device_ms(profile, topo, gbs):
+    """One device, no memory limit (the throughput reference): M micro-batches of the
+    profile batch's size or smaller, best M."""
+    import dataclasses
+    from planner import cost_model as cm
+    from planner.plan import Plan, Stage
+    from topology.model import Topology
+    one = Topology(devices_per_host=(1,), device_memory_bytes=float("inf"),
+                   intra_host_bandwidth=topo.intra_host_bandwidth,
+                   inter_host_bandwidth=topo.inter_host_bandwidth)
+    best = None
+    for M in range(1, gbs + 1):
+        if gbs % M:
+            continue
+        plan = Plan(stages=[Stage([0, profile.num_layers - 1], [0])], micro_batches=M,
+                    global_batch_size=gbs)
+        lat = cm.evaluate(plan, profile, one).latency_ms
+        best = lat if best is None else min(best, lat)
+    return best

@@ -1,0 +1,107 @@
+"""Cost model against hand-computed values: eq. 1 phases under our Te reading (and how the
+literal Te differs), pivot choice, transfers, allreduce, memory, and bad plans."""
+import json
+
+import pytest
+
+from planner import cost_model as cm
+from planner.plan import Plan, PlanError, Stage, straight_plan
+from planner.profile import parse_native_json
+from topology import parse_topology
+
+
+def test_phases_by_hand_last_stage_pivot():
+    # Two computation stages and a transfer: F = [2, 1, 3], B = [4, 1, 6], AR = [5, 0, 0], M=4.
+    F, B, AR = [2, 1, 3], [4, 1, 6], [5, 0, 0]
+    Tw, Ts, Te, Q = cm.phases(F, B, AR, 4)
+    assert Q == 2
+    assert Tw == 6 and Ts == 3 * 9
+    # Te: stage 0 finishes after B2 + B1 + B0 + AR0 = 6 + 1 + 4 + 5 = 16.
+    assert Te == 16
+    # Literal eq. 1 for s = Q would give AR_Q - B_Q = -6 for the pivot, and for s < Q the
+    # same 16: here they agree on the max; for a pivot with a large allreduce they do not.
+    assert cm.te_literal(B, AR, 2) == 16
+    assert cm.te_literal(B, [0, 0, 10], 2) == 11        # 10 - 6 + ... vs ours 10 + 6
+    assert cm.phases(F, B, [0, 0, 10], 4)[2] == 16
+
+
+def test_pivot_moves_to_the_long_stage():
+    F, B, AR = [10, 1, 1], [20, 1, 2], [0, 0, 0]
+    Tw, Ts, Te, Q = cm.phases(F, B, AR, 8)
+    assert Q == 0 and cm.pivot_stage_eq3(F, B, 8) == 0
+    assert (Tw, Ts) == (10, 7 * 30)
+    # Stage 2 after the pivot: its last backward ended before the pivot's: term AR2 + B0 - B1.
+    assert Te == max(20, 0 + 20 - 1, 0 + 20 - 1 - 2)
+
+
+def _profile():
+    layers = [{"name": f"l{i}", "type": "Dense", "forward_ms": 1.0 * (i + 1),
+               "backward_ms": 2.0 * (i + 1), "output_bytes": 1e6, "parameter_bytes": 4e6,
+               "inputs": [i - 1]} for i in range(4)]
+    return parse_native_json(json.dumps({"format": "dapple-profile", "version": 1, "name": "toy",
+                                         "batch_size": 8, "layers": layers}))
+
+
+def test_stage_times_with_overheads_by_hand():
+    p, t = _profile(), parse_topology("1x2,mem=16GB")
+    plan = straight_plan([2], 4, micro_batches=2, global_batch_size=16)
+    c = cm.pipeline_costs(plan, p, t)
+    H, TO = cm.SMALL_BATCH_HALF_SAMPLES, cm.TASK_OVERHEAD_MS
+    scale = (8 + H) / (8 + H)              # micro-batch 8 = the profile batch
+    assert c.forward_ms == pytest.approx([3 * scale + TO, 7 * scale + TO])
+    assert c.backward_ms == pytest.approx([6 * scale + TO, 14 * scale + TO])
+    # One host: the cut after layer 1 (1 MB at batch 8) moves at the in-host rate + latency.
+    bw, lat = t.intra_host_bandwidth, t.intra_host_latency
+    assert c.send_forward_ms[0] == pytest.approx(1e6 / bw * 1e3 + lat * 1e3)
+    assert c.allreduce_ms == [0.0, 0.0]
+
+
+def test_replicated_slices_and_allreduce_by_hand():
+    p, t = _profile(), parse_topology("2x1,net=8Gbps,net_latency=0us")
+    plan = Plan(stages=[Stage([0, 3], [0, 1])], micro_batches=1, global_batch_size=6)
+    c = cm.pipeline_costs(plan, p, t)
+    H, TO = cm.SMALL_BATCH_HALF_SAMPLES, cm.TASK_OVERHEAD_MS
+    scale = (3 + H) / (8 + H)              # slice of 3 samples
+    assert c.forward_ms[0] == pytest.approx(10 * scale + TO)
+    # Ring over 2 hosts: 2 (1/2) 16 MB at 1 GB/s = 16 ms, overlapped with the last backward:
+    # layer 3's 4 MB are ready after its backward (8 * scale), then 4 ms each in sequence, but
+    # each waits for its layer's backward: finish = max_k(tau_k + 4 * (#layers from 3 to k)).
+    taus = [8 * scale, 14 * scale, 18 * scale, 20 * scale]
+    finish = max(tau + 4 * (i + 1) for i, tau in enumerate(taus))
+    assert c.allreduce_ms[0] == pytest.approx(finish - 20 * scale)
+
+
+def test_transfer_split_concat_host_nic():
+    p, t = _profile(), parse_topology("2x2,net=8Gbps,net_latency=0us,nvlink=1000GB/s")
+    model = cm.StageModel(p, t, 8, 1)
+    # 2 senders on host 0 -> 1 receiver on host 1: all 8 MB leave host 0's NIC at 1 GB/s.
+    assert model.transfer_ms(8e6, (2, 0), (0, 1)) == pytest.approx(8.0, rel=1e-3)
+    # 1 sender on host 0 -> receivers one per host: half crosses.
+    assert model.transfer_ms(8e6, (1, 0), (1, 1)) == pytest.approx(4.0, rel=1e-2)
+
+
+def test_memory_per_device_by_hand():
+    p, t = _profile(), parse_topology("1x2")
+    plan = straight_plan([2], 4, micro_batches=2, global_batch_size=16)
+    mem = cm.memory_per_device(plan, p, t, warmup=[2, 1])
+    act = cm.ACTIVATION_MEMORY_FACTOR * 2e6      # two layers of 1 MB outputs at batch 8
+    assert mem[0] == pytest.approx(cm.BYTES_PER_PARAMETER_FACTOR * 8e6
+                                   + cm.DEVICE_RESERVED_BYTES + 2 * act)
+
+
+def test_evaluate_rejects_bad_plans():
+    p, t = _profile(), parse_topology("1x2")
+    twice = Plan(stages=[Stage([0, 1], [0]), Stage([2, 3], [0])], micro_batches=1,
+                 global_batch_size=4)
+    with pytest.raises(PlanError, match="device 0 is used by stage 0 and stage 1"):
+        cm.evaluate(twice, p, t)
+    gap = Plan(stages=[Stage([0, 1], [0]), Stage([3, 3], [1])], micro_batches=1,
+               global_batch_size=4)
+    with pytest.raises(PlanError, match="leaves out layers 2..2"):
+        cm.evaluate(gap, p, t)
+    short = Plan(stages=[Stage([0, 2], [0]), Stage([3, 3], [1])], micro_batches=1,
+                 global_batch_size=4)
+    cm.evaluate(short, p, t)
+    too_small = Plan(stages=[Stage([0, 3], [0, 1])], micro_batches=1, global_batch_size=1)
+    with pytest.raises(PlanError, match="at least one sample"):
+        cm.evaluate(too_small, p, t)

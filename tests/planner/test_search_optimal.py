@@ -1,0 +1,106 @@
+"""The search against brute force: on random small instances (up to 8 layers, up to 2 hosts x 2
+devices) plan_dapple's latency equals the minimum of `evaluate` over every plan of the same
+space, enumerated here independently: every cut of the layers, every sequence of placements
+(fresh / append / scatter) using all devices, every micro-batch count, memory respected."""
+import itertools
+import json
+import random
+
+import pytest
+
+from planner import cost_model as cm
+from planner.placement import POLICIES, assign_devices, place
+from planner.plan import Plan, Stage
+from planner.profile import parse_native_json
+from planner.search import best_data_parallel_plan, plan_dapple
+from topology.model import Topology
+
+
+def random_profile(rng, n):
+    layers = []
+    for i in range(n):
+        layers.append({"name": f"l{i}", "type": "X",
+                       "forward_ms": rng.uniform(0.1, 5), "backward_ms": rng.uniform(0.1, 10),
+                       "output_bytes": rng.choice([1e5, 1e6, 2e7, 1e8]),
+                       "parameter_bytes": rng.choice([0, 1e6, 5e7, 3e8]),
+                       "inputs": sorted({i - 1, rng.randrange(-1, i)}) if i else [-1]})
+    return parse_native_json(json.dumps({"format": "dapple-profile", "version": 1,
+                                         "name": "rand", "batch_size": rng.choice([1, 4, 8]),
+                                         "input_bytes": 1e5, "layers": layers}))
+
+
+def random_topology(rng):
+    hosts = rng.choice([(1,), (2,), (1, 1), (2, 2), (2, 1)])
+    return Topology(devices_per_host=hosts, device_memory_bytes=rng.choice([2e9, 8e9, 64e9]),
+                    intra_host_bandwidth=rng.choice([10e9, 100e9]),
+                    inter_host_bandwidth=rng.choice([1e9, 3e9]),
+                    intra_host_latency=1e-5, inter_host_latency=5e-5)
+
+
+def placements(capacity, used, remaining_devices, stages_left):
+    """Every sequence of host-count vectors for `stages_left` stages using all devices."""
+    free = sum(capacity) - sum(used)
+    if stages_left == 1:
+        for policy in POLICIES:
+            counts = place(policy, capacity, used, free)
+            if counts is not None:
+                yield [counts]
+        return
+    for m in range(1, free - stages_left + 2):
+        for policy in POLICIES:
+            counts = place(policy, capacity, used, m)
+            if counts is None:
+                continue
+            new_used = tuple(u + c for u, c in zip(used, counts))
+            for rest in placements(capacity, new_used, None, stages_left - 1):
+                yield [counts] + rest
+
+
+def brute_force(profile, topo, gbs):
+    N, G = profile.num_layers, topo.num_devices
+    best = None
+    for M in [m for m in range(1, gbs + 1) if gbs % m == 0]:
+        mb = gbs // M
+        for S in range(1, min(N, G) + 1):
+            for cuts in itertools.combinations(range(1, N), S - 1):
+                bounds = list(zip((0,) + cuts, [c - 1 for c in cuts] + [N - 1]))
+                for seq in set(map(tuple, placements(tuple(topo.devices_per_host),
+                                                     (0,) * topo.num_hosts, None, S))):
+                    devices = assign_devices(topo, seq)
+                    if any(len(d) > mb for d in devices):
+                        continue
+                    plan = Plan(stages=[Stage([a, b], d) for (a, b), d in zip(bounds, devices)],
+                                micro_batches=M, global_batch_size=gbs)
+                    model = cm.StageModel(profile, topo, gbs, M)
+                    if any(model.max_in_flight(a, b, len(d)) < 1
+                           for (a, b), d in zip(bounds, devices)):
+                        continue
+                    lat = cm.evaluate(plan, profile, topo).latency_ms
+                    if best is None or lat < best:
+                        best = lat
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_search_matches_brute_force(seed):
+    rng = random.Random(seed)
+    profile = random_profile(rng, rng.randint(2, 8 if seed % 3 == 0 else 5))
+    topo = random_topology(rng)
+    gbs = rng.choice([4, 8, 12])
+    expected = brute_force(profile, topo, gbs)
+    if expected is None:
+        with pytest.raises(Exception):
+            plan_dapple(profile, topo, gbs)
+        return
+    plan = plan_dapple(profile, topo, gbs, max_candidates=None)
+    assert plan.estimate.latency_ms == pytest.approx(expected, rel=1e-9)
+
+
+def test_search_latency_equals_evaluate_and_beats_data_parallel():
+    rng = random.Random(7)
+    profile, topo = random_profile(rng, 6), Topology((2, 2), 64e9, 100e9, 1e9)
+    plan = plan_dapple(profile, topo, 16)
+    again = cm.evaluate(plan, profile, topo)
+    assert again.latency_ms == pytest.approx(plan.estimate.latency_ms)
+    dp = best_data_parallel_plan(profile, topo, 16)
+    assert plan.estimate.latency_ms <= dp.estimate.latency_ms + 1e-9

@@ -1,0 +1,66 @@
+"""Topology: presets against the paper's Table III, spec strings, JSON round trip, bad input."""
+import json
+
+import pytest
+
+from topology import TopologyError, local_topology, parse_topology
+from topology.model import Topology
+
+
+def test_presets_match_table_iii():
+    a, b, c = (parse_topology(x) for x in "ABC")
+    assert a.devices_per_host == (8, 8) and b.devices_per_host == (1,) * 16
+    assert a.inter_host_bandwidth == 25e9 / 8 == b.inter_host_bandwidth
+    assert c.inter_host_bandwidth == 10e9 / 8
+    assert a.intra_host_bandwidth == 130e9
+    assert a.device_memory_bytes == 16 * 2 ** 30
+
+
+def test_device_ids_are_host_by_host():
+    t = parse_topology("8+4")
+    assert t.num_devices == 12
+    assert [t.host_of(d) for d in (0, 7, 8, 11)] == [0, 0, 1, 1]
+    assert t.devices_of_host(1) == [8, 9, 10, 11]
+
+
+def test_spec_with_all_keys():
+    t = parse_topology("4x8,nvlink=100GB/s,net=10Gbps,mem=32GB,net_latency=1ms")
+    assert t.devices_per_host == (8,) * 4
+    assert t.intra_host_bandwidth == 100e9
+    assert t.inter_host_bandwidth == 1.25e9
+    assert t.device_memory_bytes == 32 * 2 ** 30
+    assert t.inter_host_latency == pytest.approx(1e-3)
+
+
+def test_spec_defaults_and_json_round_trip(tmp_path):
+    t = parse_topology("1x3")
+    assert t.num_devices == 3 and t.device_memory_bytes == 16 * 2 ** 30
+    path = tmp_path / "topo.json"
+    path.write_text(json.dumps(t.to_dict()))
+    assert parse_topology(str(path)) == t
+    assert Topology.from_dict(t.to_dict()) == t
+
+
+def test_local_topology():
+    t = local_topology(3)
+    assert t.num_devices == 3 and t.num_hosts == 1 and t.device_memory_bytes > 0
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("D", "unknown topology preset"),
+    ("2x8,net=0Gbps", "zero"),
+    ("2x8,net=25", "unit"),
+    ("2x8,foo=1", "unknown key"),
+    ("two by eight", "cannot read topology"),
+    ("0x8", ">= 1"),
+])
+def test_bad_specs_are_clear(spec, words):
+    with pytest.raises(TopologyError, match=words):
+        parse_topology(spec)
+
+
+def test_bad_json_file(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"devices_per_host": [8, 8], "inter_host_bandwidth": 0}')
+    with pytest.raises(TopologyError, match="t.json.*positive"):
+        parse_topology(str(path))
