@@ -86,14 +86,15 @@ def tiny_profile():
 
 
 def test_single_device_reference_runs_every_micro_batch_on_one_device():
-    from planner.cost_model import TASK_OVERHEAD_MS
+    from planner.cost_model import SMALL_BATCH_HALF_SAMPLES as H, TASK_OVERHEAD_MS
     from planner.report_html import single_device_ms
     from topology.parse import parse_topology
-    # Global batch 8 in 2 micro-batches of 4 = the profile batch: each task costs the
-    # profile's time plus the fixed per-task overhead. F = 10 ms, B = 20 ms in all.
-    expected = 2 * ((10.0 + TASK_OVERHEAD_MS) + (20.0 + TASK_OVERHEAD_MS))
-    assert single_device_ms(tiny_profile(), parse_topology("1x2"), 8, 2) == pytest.approx(
-        expected)
+    # The cost model's documented task time: t(b) = T_profile (b + H) / (pbs + H) + overhead.
+    # The tiny profile (batch 4) has F = 10 ms, B = 20 ms; global batch 8 in M micro-batches
+    # of 8/M samples, M forwards and M backwards, the best M.
+    expected = min(M * ((10.0 + 20.0) * (8 / M + H) / (4 + H) + 2 * TASK_OVERHEAD_MS)
+                   for M in (1, 2, 4, 8))
+    assert single_device_ms(tiny_profile(), parse_topology("1x2"), 8) == pytest.approx(expected)
 
 
 def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
@@ -112,6 +113,9 @@ def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
     r = strategy_row(tiny_profile(), parse_topology("1x2"), 8,
                      planners=[("two stages", two_stage), ("refuses", refuses)])
     assert [c.name for c in r.candidates] == ["DAPPLE", "two stages", "refuses"]
+    default = strategy_row(tiny_profile(), parse_topology("1x2"), 8, with_held=False)
+    assert [c.name for c in default.candidates] == [
+        "DAPPLE", "best data parallel", "best straight", "PipeDream"]
     assert r.candidates[2].plan is None and r.candidates[2].note == "does not fit"
     two = r.candidates[1]
     assert two.simulation.num_stages == 2 and two.formula_ms() > 0
