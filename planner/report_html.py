@@ -10,8 +10,9 @@ data-parallel plan, a straight pipeline and PipeDream's plan) and writes
 * a bar chart of speedups, one group per global batch size, one bar per candidate.
 
 Speedup is the paper's (§VI-C): the time to run the whole global batch on one device divided
-by the candidate's latency, when `single_device_ms` is known; otherwise relative to the
-candidate named by `baseline` (Fig. 13 compares against data parallelism).
+by the candidate's time, when `single_device_ms` is known; otherwise relative to the
+candidate named by `baseline` (Fig. 13 compares against data parallelism). A candidate's time
+is its simulated iteration when it was simulated, else the formula's latency.
 
 A `.html` path gets one self-contained file (PNG pictures embedded as base64); a `.md` path gets
 markdown with the PNGs written next to it. This module computes nothing about plans: the
@@ -49,11 +50,11 @@ class Candidate:
         return None
 
     def time_ms(self) -> Optional[float]:
-        """The time speedups are computed from: the formula's, else the simulated one."""
-        t = self.formula_ms()
-        if t is None and self.simulation is not None:
-            t = self.simulation.iteration_ms
-        return t
+        """The time speedups are computed from: the simulated iteration (it includes the
+        bubbles eq. 1 leaves out), else the formula's latency."""
+        if self.simulation is not None:
+            return self.simulation.iteration_ms
+        return self.formula_ms()
 
 
 @dataclass
