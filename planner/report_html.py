@@ -249,7 +249,8 @@ def table_rows(rows: Sequence[ReportRow], baseline: Optional[str] = None) -> Lis
 def _pictures(rows: Sequence[ReportRow], baseline, title) -> List[tuple]:
     """[(caption, Figure)] in report order."""
     from planner.timeline import held_activations_figure, timeline_figure
-    pictures = [("speedups", speedup_figure(rows, baseline, title=f"{title}: speedups"))]
+    pictures = [("speedups", speedup_figure(rows, baseline, title=f"{title}: speedups "
+                                                                  f"(simulated iterations)"))]
     for row in rows:
         best = row.candidates[0]
         if best.simulation is not None and best.plan is not None:
