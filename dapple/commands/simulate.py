@@ -121,13 +121,7 @@ def run() -> int:
     plan = Plan.load(FLAGS.plan).validate()
     costs = costs_for(plan)
     result = simulate_plan(plan, costs, link_duplex=FLAGS.link_duplex)
-    if FLAGS.format == "json":
-        d = result.to_dict(with_timeline=FLAGS.timeline)
-        if plan.estimate is not None:
-            d["formula_latency_ms"] = plan.estimate.latency_ms
-        print(json.dumps(d, indent=2))
-    else:
-        print(format_text(plan, result))
+    # Pictures first: the printed results may go to a pipe that closes early (| head).
     if FLAGS.output:
         from planner.timeline import save_figure, timeline_figure
         title = (f"plan {plan.shape()}, {plan.micro_batches} micro-batches, schedule "
@@ -142,6 +136,13 @@ def run() -> int:
                                                   f"{plan.micro_batches} micro-batches"),
                     FLAGS.held_output)
         print(f"held-activations picture written to {FLAGS.held_output}", file=sys.stderr)
+    if FLAGS.format == "json":
+        d = result.to_dict(with_timeline=FLAGS.timeline)
+        if plan.estimate is not None:
+            d["formula_latency_ms"] = plan.estimate.latency_ms
+        print(json.dumps(d, indent=2))
+    else:
+        print(format_text(plan, result))
     return 0
 
 
