@@ -26,6 +26,8 @@ def _planner_only_invocation() -> bool:
 
 
 _HAS_TF = _importlib_util.find_spec("tensorflow") is not None
+if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "dapple":
+    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # the CLI's own output stays readable
 if _HAS_TF and not _planner_only_invocation():
     from dapple.devices import configure_local_devices as _configure_local_devices
     _configure_local_devices()

@@ -15,7 +15,7 @@ def build(num_classes: int = 10, image_size: int = 16, seed: int = 0) -> tf.kera
     s = tf.keras.layers.Conv2D(32, 1, name="shortcut")(h)
     h = tf.keras.layers.Add(name="residual")([r, s])
     h = tf.keras.layers.Activation("relu", name="relu")(h)
-    h = tf.keras.layers.GlobalAveragePooling2D(name="gap")(h)
+    h = tf.keras.layers.Flatten(name="flatten")(h)
     h = tf.keras.layers.Dense(64, activation="relu", name="fc1")(h)
     out = tf.keras.layers.Dense(num_classes, name="logits")(h)
     return tf.keras.Model(x, out, name="demo_cnn")

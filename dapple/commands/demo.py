@@ -11,15 +11,13 @@ from absl import flags
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("devices", 2, "local logical devices to plan for and train on")
 flags.DEFINE_integer("global_batch_size", 64, "samples per optimizer step")
-flags.DEFINE_integer("steps", 6, "training steps")
+flags.DEFINE_integer("steps", 10, "training steps")
 flags.DEFINE_string("output_dir", "out/demo", "where the profile, plan, report and weights go")
 
 
 def main(argv):
     del argv
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("DAPPLE_NUM_CPU_DEVICES", str(max(FLAGS.devices, 2)))
-    import dapple  # configures logical devices before TensorFlow initializes
+    import dapple  # configures logical devices (DAPPLE_NUM_CPU_DEVICES) before TF initializes
     import tensorflow as tf
 
     from examples import demo_model
@@ -55,7 +53,11 @@ def main(argv):
               f"({plan.estimate.latency_ms:.2f} ms estimated).")
     plan_path = os.path.join(FLAGS.output_dir, "plan.json")
     plan.save(plan_path)
-    print(f"\nplan written to {plan_path}:\n{plan.to_json()}")
+    print(f"\nplan ({plan.shape()}, {plan.micro_batches} micro-batches, schedule "
+          f"{plan.schedule}, warm-up K = {plan.warmup_depths()}) written to {plan_path}:")
+    for i, stage in enumerate(plan.stages):
+        print(f"   stage {i}: layers {stage.first}-{stage.last} ({stage.layer_names[0]} .. "
+              f"{stage.layer_names[-1]}) on devices {stage.devices}")
 
     print(f"\n== 3. train {plan.num_stages} stages x {plan.micro_batches} micro-batches "
           f"({plan.schedule} schedule) for {FLAGS.steps} steps")
