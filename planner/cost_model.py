@@ -77,7 +77,7 @@ TASK_OVERHEAD_MS = 0.5
 # Samples at which a device reaches half its per-sample throughput on a layer slice. Per-sample
 # time at b samples is (b + H) / b of the asymptote. GPUs lose efficiency below a few samples
 # of a large model (GPipe and DAPPLE both insist on "large enough micro-batches").
-SMALL_BATCH_HALF_SAMPLES = 1.0
+SMALL_BATCH_HALF_SAMPLES = 0.0
 # Bytes of training state per parameter byte: fp32 weights + gradients + 2 Adam slots = 16 bytes
 # per 4-byte parameter (DAPPLE Table VIII assumes 16 bytes a parameter with Adam).
 BYTES_PER_PARAMETER_FACTOR = 4.0
@@ -93,6 +93,21 @@ DEVICE_RESERVED_BYTES = 2 ** 30
 # boundary send time over stage compute time) reaches this; DAPPLE Table IV: B paid off for
 # GNMT (ACR 0.10, 1.31x) and VGG-19, not for BERT-48 (0.06) or XLNet-36 (0.03).
 POLICY_B_MIN_ACR = 0.08
+
+
+def minimum_slice(profile: Profile, topology, global_batch_size: int) -> int:
+    """The fewest samples a replica may get of one micro-batch in a planned plan: the profile's
+    batch size, or, when the global batch cannot give every device that many, the global batch
+    over the devices (so data parallelism at M = 1 always qualifies).
+
+    A profile is measured at its batch; below it a device's per-sample time is unknown and in
+    practice much worse (kernels too small to fill the GPU). The DAPPLE authors' planner has the
+    same rule (`min_micro_batch_size` = the profile batch in PLANNER_REPRODUCTION.md), and it
+    keeps eq. 1-5 from preferring deep pipelines of tiny micro-batches. Hand-written plans may
+    go below it: `evaluate` extrapolates with SMALL_BATCH_HALF_SAMPLES."""
+    pbs = max(1, int(math.ceil(profile.batch_size)))
+    return max(1, min(pbs, global_batch_size // topology.num_devices))
+
 
 CONSTANTS = {
     "TASK_OVERHEAD_MS": TASK_OVERHEAD_MS,

@@ -75,10 +75,8 @@ def _pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int
     return prev(0, N - 1)[1]
 
 
-def plan_pipedream(profile: Profile, topology, global_batch_size: int,
-                   memory_limit=None) -> Plan:
-    """PipeDream's partition as a synchronous DAPPLE Plan (consecutive device ids per stage,
-    best micro-batch count under DAPPLE's latency model)."""
+def pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int]]:
+    """[(first, last, replicas)] of PipeDream's plan (stages on consecutive devices)."""
     if len(set(topology.devices_per_host)) != 1:
         raise PlanError("the PipeDream baseline needs hosts of equal size (its topology is a "
                         "hierarchy of equal components)")
@@ -86,9 +84,16 @@ def plan_pipedream(profile: Profile, topology, global_batch_size: int,
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 10000))
     try:
-        part = _pipedream_partition(profile, topology)
+        return _pipedream_partition(profile, topology)
     finally:
         sys.setrecursionlimit(limit)
+
+
+def plan_pipedream(profile: Profile, topology, global_batch_size: int,
+                   memory_limit=None) -> Plan:
+    """PipeDream's partition as a synchronous DAPPLE Plan (consecutive device ids per stage,
+    best micro-batch count under DAPPLE's latency model)."""
+    part = pipedream_partition(profile, topology)
     stages, next_device = [], 0
     for first, last, r in part:
         stages.append(Stage(layers=[first, last], devices=list(range(next_device, next_device + r)),
@@ -96,7 +101,12 @@ def plan_pipedream(profile: Profile, topology, global_batch_size: int,
         next_device += r
     best = None
     max_r = max(r for _, _, r in part)
-    for M in micro_batch_choices(global_batch_size):
+    # The same micro-batch rule as DAPPLE's search (`cost_model.minimum_slice`), so the two
+    # are compared on the same plan space; below it only if nothing else is possible.
+    floor = cm.minimum_slice(profile, topology, global_batch_size)
+    choices = [M for M in micro_batch_choices(global_batch_size)
+               if global_batch_size // M // max_r >= floor] or micro_batch_choices(global_batch_size)
+    for M in choices:
         if global_batch_size // M < max_r:
             continue
         plan = Plan(stages=[Stage(list(s.layers), list(s.devices), list(s.layer_names))

@@ -65,6 +65,7 @@ class SearchStats:
     candidates: int = 0
     pruned: int = 0
     dominated: int = 0
+    seeds: int = 0              # known plans (DP, uniform pipelines, PipeDream) offered first
     complete: bool = True       # False when the candidate budget stopped the search early
 
 
@@ -89,6 +90,14 @@ def _extend(summary, F, B, AR, M):
 _EMPTY = (-_INF, 0.0, -_INF, -_INF)
 
 
+def _dominance_key(summary):
+    """What a completion's latency depends on: it is max(V, G + a, sumF + b, sumF + E + c) for
+    constants a, b, c fixed by the completion (induction over `_extend`), so a partial plan
+    no larger in (V, G, sumF, sumF + E) than another is never worse after any completion."""
+    V, sumF, E, G = summary
+    return (V, G, sumF, sumF + E)
+
+
 def _dominated(entry, entries) -> bool:
     for e in entries:
         if e[0] <= entry[0] and e[1] <= entry[1] and e[2] <= entry[2] and e[3] <= entry[3]:
@@ -103,8 +112,9 @@ def micro_batch_choices(global_batch_size: int) -> List[int]:
 class _Search:
     def __init__(self, profile: Profile, topology, global_batch_size: int,
                  policies: Sequence[str] = POLICIES, stage_sizes: Optional[Sequence[int]] = None,
-                 stats: Optional[SearchStats] = None):
+                 stats: Optional[SearchStats] = None, even_slices: bool = False):
         self.profile = profile
+        self.even_slices = even_slices
         self.topology = topology
         self.gbs = global_batch_size
         self.capacity = tuple(topology.devices_per_host)
@@ -117,6 +127,7 @@ class _Search:
             stage_sizes = sorted(set(range(1, h + 1)) | set(range(h, self.G + 1, h)))
         self.stage_sizes = None if stage_sizes is None else sorted(set(stage_sizes))
         self.stats = stats or SearchStats()
+        self.min_slice = cm.minimum_slice(profile, topology, global_batch_size)
         self.max_candidates = math.inf
         self.best_value = _INF
         self.best: Optional[Tuple[int, List[Tuple[int, int, tuple]]]] = None
@@ -130,8 +141,11 @@ class _Search:
     def run_micro_batches(self, M: int, max_stages: Optional[int] = None) -> None:
         model = StageModel(self.profile, self.topology, self.gbs, M)
         self.model, self.M = model, M
+        # A replica's slice time is at least T * (slice / pbs) (the affine scale is never
+        # below the linear one for slices under the profile batch): a valid lower bound.
         H = cm.SMALL_BATCH_HALF_SAMPLES
-        self.work_factor = M * (model.micro_batch + H) / (model.pbs + H)
+        self.work_factor = M * min(model.micro_batch / model.pbs,
+                                   (model.micro_batch + H) / (model.pbs + H))
         self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
         self.max_stages = max_stages or self.G
         self.memo: Dict[tuple, list] = {}
@@ -144,6 +158,42 @@ class _Search:
             self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
         except _Budget:
             self.stats.complete = False
+
+    def seed(self, M: int, stages: Sequence[Tuple[int, int, int]]) -> None:
+        """Offer a known plan [(first, last, replicas)] at M as the incumbent if it lies in the
+        plan space (devices placed by the append policy, i.e. consecutive ids; replica counts
+        allowed; every stage fits). Its value is computed by the search's own summaries, so
+        the search still returns the exact minimum; a good seed only prunes earlier."""
+        if self.gbs % M or not stages or stages[-1][1] != self.N - 1:
+            return
+        if self.stage_sizes is not None and any(r not in self.stage_sizes for _, _, r in stages):
+            return
+        model = StageModel(self.profile, self.topology, self.gbs, M)
+        used = (0,) * len(self.capacity)
+        prev, summary, path = None, _EMPTY, []
+        for first, last, r in stages:
+            if not self.replicas_allowed(r, model.micro_batch) or \
+                    model.max_in_flight(first, last, r) < 1:
+                return
+            counts = place("append", self.capacity, used, r)
+            if counts is None or "append" not in self.policies:
+                return
+            if prev is not None:
+                x = model.boundary_bytes(first - 1)
+                summary = _extend(summary, model.transfer_ms(x, prev, counts),
+                                  model.transfer_ms(x, counts, prev), 0.0, M)
+            summary = _extend(summary, model.forward_ms(first, last, r),
+                              model.backward_ms(first, last, r),
+                              model.exposed_allreduce_ms(first, last, counts), M)
+            used = tuple(u + c for u, c in zip(used, counts))
+            prev = counts
+            path.append((first, last, counts))
+        if sum(used) != self.G:
+            return
+        self.stats.seeds += 1
+        if summary[0] < self.best_value:
+            self.best_value = summary[0]
+            self.best = (M, path)
 
     def _remaining_bound(self, j: int, devices_left: int) -> float:
         if j >= self.N:
@@ -167,12 +217,18 @@ class _Search:
             self.transfer_cache[key] = hit
         return hit
 
+    def replicas_allowed(self, m: int, mb: int) -> bool:
+        """A stage of m replicas is in the plan space at micro-batch mb: every slice at least
+        the minimum slice, and equal slices when `even_slices`."""
+        return mb // m >= self.min_slice and (not self.even_slices or mb % m == 0)
+
     def _sizes(self, free: int, mb: int) -> Iterable[int]:
-        top = min(free, mb)
+        top = min(free, mb // self.min_slice)
         if self.stage_sizes is None:
-            return range(1, top + 1)
-        sizes = [s for s in self.stage_sizes if s <= top]
-        if not self.explicit_sizes and free <= mb and free not in sizes:
+            return [m for m in range(1, top + 1) if self.replicas_allowed(m, mb)]
+        sizes = [s for s in self.stage_sizes if s <= top and self.replicas_allowed(s, mb)]
+        if not self.explicit_sizes and free <= top and free not in sizes \
+                and self.replicas_allowed(free, mb):
             sizes.append(free)
         return sizes
 
@@ -188,12 +244,13 @@ class _Search:
         free = self.G - sum(used)
         key = (j, canonical_state(self.capacity, used, prev))
         entries = self.memo.setdefault(key, [])
-        if _dominated(summary, entries):
+        dkey = _dominance_key(summary)
+        if _dominated(dkey, entries):
             self.stats.dominated += 1
             return
-        entries[:] = [e for e in entries if not (summary[0] <= e[0] and summary[1] <= e[1]
-                                                 and summary[2] <= e[2] and summary[3] <= e[3])]
-        entries.append(summary)
+        entries[:] = [e for e in entries if not (dkey[0] <= e[0] and dkey[1] <= e[1]
+                                                 and dkey[2] <= e[2] and dkey[3] <= e[3])]
+        entries.append(dkey)
 
         model, M, N = self.model, self.M, self.N
         must_finish = len(path) + 1 >= self.max_stages
@@ -273,6 +330,63 @@ def _order_micro_batches(profile: Profile, topology, gbs: int) -> List[int]:
     return sorted(choices, key=lambda m: abs(math.log(m / target)))
 
 
+def balanced_cuts(profile: Profile, stages: int) -> List[Tuple[int, int]]:
+    """[(first, last)] of `stages` consecutive layer ranges whose largest forward+backward time
+    is least (binary search on that time, greedy packing; every range non-empty)."""
+    N = profile.num_layers
+    work = [l.forward_ms + l.backward_ms for l in profile.layers]
+
+    def pack(limit):
+        parts, first, acc = [], 0, 0.0
+        for k in range(N):
+            # cut before k if it would overflow, or if the layers left are just enough to
+            # give every remaining stage one
+            must_cut = N - k == stages - len(parts) - 1 and k > first
+            if k > first and (acc + work[k] > limit or must_cut):
+                parts.append((first, k - 1))
+                first, acc = k, 0.0
+            acc += work[k]
+        parts.append((first, N - 1))
+        return parts
+
+    lo, hi = max(work), sum(work)
+    best = pack(hi)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        parts = pack(mid)
+        if len(parts) <= stages:
+            hi, best = mid, parts
+        else:
+            lo = mid
+    # split the largest ranges until there are exactly `stages`
+    while len(best) < stages:
+        i = max(range(len(best)), key=lambda t: best[t][1] - best[t][0])
+        a, b = best[i]
+        if a == b:
+            break
+        best[i:i + 1] = [(a, (a + b) // 2), ((a + b) // 2 + 1, b)]
+    return best
+
+
+def _seed_search(search: "_Search", ms: Sequence[int]) -> None:
+    """Known plans as first incumbents: every uniform pipeline (G/r stages of r devices, layers
+    balanced; r = G is data parallelism, r = 1 the straight pipeline) and PipeDream's plan,
+    each at every M tried. They prune most of the space before the exact search starts."""
+    G, N = search.G, search.N
+    shapes = []
+    for r in range(1, G + 1):
+        if G % r == 0 and G // r <= N:
+            shapes.append([(a, b, r) for a, b in balanced_cuts(search.profile, G // r)])
+    try:
+        from planner.pipedream import pipedream_partition
+        shapes.append(pipedream_partition(search.profile, search.topology))
+    except PlanError:
+        pass
+    for M in ms:
+        for stages in shapes:
+            search.seed(M, stages)
+
+
 def _build_plan(search: _Search, profile: Profile, topology, gbs: int) -> Plan:
     M, path = search.best
     devices = assign_devices(topology, [counts for _, _, counts in path])
@@ -339,7 +453,8 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
                 policies: Sequence[str] = POLICIES, micro_batches: Optional[Sequence[int]] = None,
                 stage_sizes: Optional[Sequence[int]] = None,
                 stats: Optional[SearchStats] = None,
-                max_candidates: Optional[int] = DEFAULT_MAX_CANDIDATES) -> Plan:
+                max_candidates: Optional[int] = DEFAULT_MAX_CANDIDATES,
+                even_slices: bool = False) -> Plan:
     """The plan of least estimated latency (see the module docstring).
 
     `memory_limit` (bytes or '16GB') overrides the topology's device memory. `micro_batches`
@@ -349,22 +464,17 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     """
     _check_inputs(profile, topology, global_batch_size)
     topo = _with_memory(topology, memory_limit)
-    search = _Search(profile, topo, global_batch_size, policies, stage_sizes, stats)
+    search = _Search(profile, topo, global_batch_size, policies, stage_sizes, stats,
+                     even_slices=even_slices)
     ms = list(micro_batches) if micro_batches is not None else \
         _order_micro_batches(profile, topo, global_batch_size)
     for M in ms:
         if global_batch_size % M:
             raise PlanError(f"micro_batches {M} does not divide the global batch "
                             f"{global_batch_size}")
-    # Passes of growing depth: plans of at most 2, 4, 8 ... stages (cheap, and usually close to
-    # the best, so each pass starts with a tight incumbent and prunes hard), then the whole
-    # space. All passes share the candidate budget.
     search.max_candidates = math.inf if max_candidates is None else max_candidates
-    depth = 2
-    while depth < min(topo.num_devices, profile.num_layers):
-        for M in ms:
-            search.run_micro_batches(M, max_stages=depth)
-        depth *= 2
+    ms = [M for M in ms if search.min_slice * 1 <= global_batch_size // M]
+    _seed_search(search, ms)
     for M in ms:
         search.run_micro_batches(M)
     if search.best is None:
@@ -387,7 +497,7 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
 
 
 def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
-                            memory_limit=None) -> Plan:
+                            memory_limit=None, even_slices: bool = False) -> Plan:
     """Pure data parallelism on all devices (gradient accumulation over M micro-batches,
     allreduce overlapped with the last backward), the best M."""
     _check_inputs(profile, topology, global_batch_size)
@@ -396,9 +506,14 @@ def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
     if global_batch_size < G:
         raise PlanError(f"global batch {global_batch_size} is smaller than the {G} replicas of "
                         f"data parallelism: every replica needs at least one sample")
+    if even_slices and global_batch_size % G:
+        raise PlanError(f"even slices need the global batch {global_batch_size} to divide by "
+                        f"the {G} replicas of data parallelism; use a multiple of {G}")
     best = None
+    floor = cm.minimum_slice(profile, topo, global_batch_size)
     for M in micro_batch_choices(global_batch_size):
-        if global_batch_size // M < G:
+        mb = global_batch_size // M
+        if mb // G < floor or (even_slices and mb % G):
             continue
         model = StageModel(profile, topo, global_batch_size, M)
         if model.max_in_flight(0, profile.num_layers - 1, G) < 1:
@@ -410,18 +525,20 @@ def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
             best = (est.latency_ms, plan)
     if best is None:
         raise NoPlanFits(f"data parallelism of {profile.name} does not fit in "
-                         f"{topo.device_memory_bytes / 2**30:.2f} GiB per device even at one "
-                         f"sample per replica", minimum_memory_bytes(profile, topo,
+                         f"{topo.device_memory_bytes / 2**30:.2f} GiB per device even at the "
+                         f"smallest allowed slice ({floor} samples a replica)", minimum_memory_bytes(profile, topo,
                                                                      global_batch_size))
     return finish_plan(best[1], profile, topo)
 
 
 def best_straight_plan(profile: Profile, topology, global_batch_size: int,
-                       memory_limit=None) -> Plan:
+                       memory_limit=None, even_slices: bool = False) -> Plan:
     """The best pipeline without replication over all devices (one device a stage)."""
     _check_inputs(profile, topology, global_batch_size)
     topo = _with_memory(topology, memory_limit)
     if topo.num_devices > profile.num_layers:
         raise PlanError(f"a straight pipeline over {topo.num_devices} devices needs at least "
                         f"as many layers; {profile.name} has {profile.num_layers}")
-    return plan_dapple(profile, topo, global_batch_size, stage_sizes=[1])
+    plan = plan_dapple(profile, topo, global_batch_size, stage_sizes=[1], even_slices=even_slices)
+    assert all(st.replicas == 1 for st in plan.stages) and plan.num_stages == topo.num_devices
+    return plan

@@ -4,6 +4,7 @@ space, enumerated here independently: every cut of the layers, every sequence of
 (fresh / append / scatter) using all devices, every micro-batch count, memory respected."""
 import itertools
 import json
+import math
 import random
 
 import pytest
@@ -12,7 +13,8 @@ from planner import cost_model as cm
 from planner.placement import POLICIES, assign_devices, place
 from planner.plan import Plan, Stage
 from planner.profile import parse_native_json
-from planner.search import best_data_parallel_plan, plan_dapple
+from planner.plan import PlanError
+from planner.search import SearchStats, best_data_parallel_plan, plan_dapple
 from topology.model import Topology
 
 
@@ -56,8 +58,11 @@ def placements(capacity, used, remaining_devices, stages_left):
                 yield [counts] + rest
 
 
-def brute_force(profile, topo, gbs):
+def brute_force(profile, topo, gbs, even_slices=False):
     N, G = profile.num_layers, topo.num_devices
+    # The plan space's micro-batch rule, restated: a replica's slice is at least the profile
+    # batch, or gbs // G when the global batch cannot give every device that much.
+    min_slice = max(1, min(math.ceil(profile.batch_size), gbs // G))
     best = None
     for M in [m for m in range(1, gbs + 1) if gbs % m == 0]:
         mb = gbs // M
@@ -67,7 +72,9 @@ def brute_force(profile, topo, gbs):
                 for seq in set(map(tuple, placements(tuple(topo.devices_per_host),
                                                      (0,) * topo.num_hosts, None, S))):
                     devices = assign_devices(topo, seq)
-                    if any(len(d) > mb for d in devices):
+                    if any(mb // len(d) < min_slice for d in devices):
+                        continue
+                    if even_slices and any(mb % len(d) for d in devices):
                         continue
                     plan = Plan(stages=[Stage([a, b], d) for (a, b), d in zip(bounds, devices)],
                                 micro_batches=M, global_batch_size=gbs)
@@ -86,14 +93,19 @@ def test_search_matches_brute_force(seed):
     rng = random.Random(seed)
     profile = random_profile(rng, rng.randint(2, 8 if seed % 3 == 0 else 5))
     topo = random_topology(rng)
-    gbs = rng.choice([4, 8, 12])
-    expected = brute_force(profile, topo, gbs)
+    gbs = rng.choice([4, 8, 12, 24])
+    even = seed % 4 == 1
+    expected = brute_force(profile, topo, gbs, even_slices=even)
     if expected is None:
-        with pytest.raises(Exception):
-            plan_dapple(profile, topo, gbs)
+        with pytest.raises(PlanError):
+            plan_dapple(profile, topo, gbs, even_slices=even)
         return
-    plan = plan_dapple(profile, topo, gbs, max_candidates=None)
+    stats = SearchStats()
+    plan = plan_dapple(profile, topo, gbs, max_candidates=None, stats=stats, even_slices=even)
+    assert stats.complete
     assert plan.estimate.latency_ms == pytest.approx(expected, rel=1e-9)
+    if even:
+        assert all(len(set(plan.slice_sizes(i))) == 1 for i in range(plan.num_stages))
 
 
 def test_search_latency_equals_evaluate_and_beats_data_parallel():
