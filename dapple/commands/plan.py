@@ -1,7 +1,7 @@
 """`dapple plan`: plan a model on a topology (planner only; never imports TensorFlow).
 
     dapple plan --profile=FILE --topology=SPEC --global_batch_size=N [--memory=16GB]
-                [--output=plan.json] [--format=text|json]
+                [--output=plan.json] [--format=text|json] [--even_slices]
     dapple plan --profile=FILE --topology=SPEC --global_batch_size=64,128,256   # one row each
     dapple plan --evaluate=plan.json --profile=FILE --topology=SPEC [--format=json]
 
@@ -23,6 +23,9 @@ flags.DEFINE_string("memory", None, "device memory limit, e.g. 16GB (default: th
 flags.DEFINE_string("output", None, "write the plan JSON here")
 flags.DEFINE_enum("format", "text", ["text", "json"], "text report or the Plan JSON on stdout")
 flags.DEFINE_string("evaluate", None, "a plan JSON to validate and estimate instead of planning")
+flags.DEFINE_bool("even_slices", False,
+                  "consider only plans whose every stage splits a micro-batch into equal slices "
+                  "(what the dapple runtime needs: the global batch divisible by M x replicas)")
 
 
 def _fail(message: str) -> None:
@@ -30,7 +33,7 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _alternatives(profile, topo, gbs, memory):
+def _alternatives(profile, topo, gbs, memory, even_slices=False):
     from planner.pipedream import plan_pipedream
     from planner.plan import PlanError
     from planner.search import best_data_parallel_plan, best_straight_plan
@@ -39,7 +42,10 @@ def _alternatives(profile, topo, gbs, memory):
                      ("best straight", best_straight_plan),
                      ("PipeDream", plan_pipedream)):
         try:
-            out[name] = fn(profile, topo, gbs, memory_limit=memory)
+            if fn is plan_pipedream:
+                out[name] = fn(profile, topo, gbs, memory_limit=memory)
+            else:
+                out[name] = fn(profile, topo, gbs, memory_limit=memory, even_slices=even_slices)
         except PlanError:
             out[name] = None
     return out
@@ -117,13 +123,20 @@ def _plan(profile, topo) -> None:
         _table(profile, topo, sizes)
         return
     gbs = sizes[0]
-    plan = plan_dapple(profile, topo, gbs)
+    plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices)
     if FLAGS.output:
         plan.save(FLAGS.output)
     if FLAGS.format == "json":
         print(plan.to_json())
         return
-    print(strategy_report(plan, profile, topo, _alternatives(profile, topo, gbs, None)))
+    print(strategy_report(plan, profile, topo,
+                          _alternatives(profile, topo, gbs, None, FLAGS.even_slices)))
+    uneven = [i for i in range(plan.num_stages) if len(set(plan.slice_sizes(i))) > 1]
+    if uneven:
+        print(f"Note: stage(s) {uneven} split each micro-batch of {plan.micro_batch_size()} "
+              f"samples into uneven slices; the dapple runtime needs even ones (the global "
+              f"batch divisible by micro-batches x replicas of every stage). Re-run with "
+              f"--even_slices, or pick a global batch that divides evenly.")
     if FLAGS.output:
         print(f"plan written to {FLAGS.output}")
 
@@ -136,10 +149,10 @@ def _table(profile, topo, sizes) -> None:
     print(f"{'global batch':>12}  {'plan':>14}  {'M':>5}  {'latency ms':>11}  "
           f"{'vs 1 device':>11}  {'vs best DP':>10}  {'vs PipeDream':>12}")
     for gbs in sizes:
-        plan = plan_dapple(profile, topo, gbs)
+        plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices)
         lat = plan.estimate.latency_ms
         one = _single_device_ms(profile, topo, gbs)
-        alts = _alternatives(profile, topo, gbs, None)
+        alts = _alternatives(profile, topo, gbs, None, FLAGS.even_slices)
 
         def ratio(p):
             return f"{p.estimate.latency_ms / lat:.2f}x" if p is not None else "n/a"
