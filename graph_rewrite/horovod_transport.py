@@ -31,10 +31,13 @@ Decisions a newcomer needs (each checked on Horovod 0.28.1 + TF 2.15, see tests/
   input gets an exact zero that is neither constant nor shared: a variable read worth 0 times
   the transfer's number (from 1), added to a send's data, and used as the row count of a
   receive's empty tensor. Tests use different data in every micro-batch and several calls.
-* Keeping sends. A sender's alltoall returns an empty tensor that nothing reads. Horovod ops
-  are not stateful, so TF drops them; a control dependency on them did not keep them either
-  (the probe hung). The step's loss adds the sum of every send's (empty) output: an exact 0
-  and a data dependency.
+* Keeping transfers. A sender's alltoall returns an empty tensor that nothing reads, and a
+  received gradient can be unused too (the gradient of a model input relayed by stage 0).
+  Horovod ops are not stateful, so TF drops such ops and the peers wait forever; a control
+  dependency on them did not keep them either (the probe hung), nor did size(output) * salt
+  (Grappler knew the size). The step's loss adds sum(output) * salt for every transfer: an
+  exact 0 for finite values, and a data dependency Grappler cannot drop. (A non-finite
+  received gradient therefore makes the reported loss NaN; training has diverged anyway.)
 """
 from __future__ import annotations
 
@@ -150,14 +153,17 @@ class HorovodTransport:
     def _micro_batch_rows(self) -> int:
         return self.p.global_batch // self.p.plan.micro_batches
 
+    def salt(self) -> tf.Tensor:
+        if self._salt is None:
+            self._salt = self._salt_variable.read_value()
+        return self._salt
+
     def _zero(self) -> tf.Tensor:
         """An exact 0.0 that Grappler can neither fold nor share with another transfer of the
         step: the salt (a variable read worth 0) times the transfer's number, counted from 1
         (Grappler rewrites x * 0 to a constant)."""
-        if self._salt is None:
-            self._salt = self._salt_variable.read_value()
         self._transfers += 1
-        return self._salt * float(self._transfers)
+        return self.salt() * float(self._transfers)
 
     def _distinct(self, tensor: tf.Tensor) -> tf.Tensor:
         zero = self._zero()
@@ -185,6 +191,7 @@ class HorovodTransport:
         out, _ = hvd.alltoall(self._empty(shape, spec.dtype),
                               splits=tf.constant([0] * process_set.size(), tf.int32),
                               name=name, ignore_name_scope=True, process_set=process_set)
+        self.pending.append(out)     # a received gradient may be unused (a relayed model input)
         if [p.sender_replica for p in pieces] != sorted(p.sender_replica for p in pieces):
             # Pieces arrive in sender rank order; rows are in sender replica order.
             parts = tf.split(out, [p.rows for p in pieces], axis=0)
@@ -262,7 +269,9 @@ class HorovodPipelineStep(PipelineStep):
         # (a control dependency alone did not: the job hung, see the module docstring).
         kept = result.loss
         for out in self.transport.pending:
-            kept = kept + tf.reduce_sum(tf.cast(out, kept.dtype))
+            # sum * salt: an exact 0 that depends on the transfer's values, which Grappler
+            # cannot fold (the salt is a variable read)
+            kept = kept + tf.reduce_sum(tf.cast(out, kept.dtype)) * self.transport.salt()
         loss = hvd.allreduce(kept, op=hvd.Sum, name="dapple.loss", ignore_name_scope=True)
         # Gradients are read after the loss: every rank's step ends with the global collective.
         with tf.control_dependencies([loss]):

@@ -27,6 +27,9 @@ LIGHT_RANK_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
     "DAPPLE_NUM_CPU_DEVICES": "1",
     "PYTHONUNBUFFERED": "1",
+    # A hang ends the job well before the test's own deadline, with the rank named.
+    "DAPPLE_FIRST_STEP_TIMEOUT_SECONDS": "120",
+    "DAPPLE_STEP_TIMEOUT_SECONDS": "60",
 }
 
 
@@ -68,8 +71,9 @@ def horovodrun(np: int, argv: Sequence[str], timeout: float = 180,
     try:
         out, _ = proc.communicate(timeout=timeout)
         code: Optional[int] = proc.returncode
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
         os.killpg(proc.pid, signal.SIGKILL)     # horovodrun leads its own session
-        out, _ = proc.communicate()
+        rest, _ = proc.communicate()
+        out = (e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")) + rest
         code = None
     return RunResult(command, code, out, time.monotonic() - start)
