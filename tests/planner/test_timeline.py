@@ -125,3 +125,23 @@ def test_simulate_command_explains_missing_inputs(tmp_path):
     assert "pass --profile and --topology" in done.stderr
     done = run_cli(f"--plan={tmp_path / 'nope.json'}")
     assert done.returncode == 2 and "nope.json" in done.stderr
+
+
+def test_simulate_command_with_profile_and_topology_matches_the_library(tmp_path):
+    # The command must simulate the plan with the cost model's durations, nothing else.
+    from planner.cost_model import pipeline_costs
+    from planner.profile import load_profile
+    from topology.parse import parse_topology
+    profile_path = "/work/shared/profiles/dapple/bert-48-pbs-2.txt"
+    profile, topology = load_profile(profile_path), parse_topology("A")
+    plan = straight_plan([20], num_layers=profile.num_layers, micro_batches=4,
+                         global_batch_size=64, replicas=[8, 8])
+    plan_path = str(tmp_path / "plan.json")
+    plan.save(plan_path)
+    done = run_cli(f"--plan={plan_path}", f"--profile={profile_path}", "--topology=A",
+                   "--format=json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    expected = simulate_plan(plan, pipeline_costs(plan, profile, topology))
+    assert out["iteration_ms"] == pytest.approx(expected.iteration_ms)
+    assert [s["peak_held_micro_batches"] for s in out["stages"]] == [2, 1]
