@@ -1,0 +1,49 @@
+"""`dapple launch`: run a training script under horovodrun, one process per plan device.
+
+    dapple launch --plan=plan.json [--hosts=h1:8,h2:8] -- python train.py --epochs=3
+
+Prints the horovodrun command (with the environment it adds), then runs it and exits with its
+status. `-np` and `-H` come from the plan (see `dapple.launch`); `--dry_run` only prints.
+"""
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("plan", None, "plan JSON file (its device count gives -np)")
+flags.DEFINE_string("hosts", None, "host:slots,host:slots in device order (default: localhost "
+                    "for a plan made for one host)")
+flags.DEFINE_string("horovodrun", None, "horovodrun executable (default: the one beside this "
+                    "Python, else on PATH)")
+flags.DEFINE_enum("controller", "gloo", ["gloo", "mpi"], "horovodrun controller")
+flags.DEFINE_string("network_interface", None, "network interface(s) for horovodrun, e.g. eth0")
+flags.DEFINE_float("step_timeout", None, "seconds a training step may take before the job is "
+                   "ended (DAPPLE_STEP_TIMEOUT_SECONDS; default 600)")
+flags.DEFINE_float("first_step_timeout", None, "the same for a function's first step, which "
+                   "also compiles (DAPPLE_FIRST_STEP_TIMEOUT_SECONDS; default 1800)")
+flags.DEFINE_bool("dry_run", False, "print the command without running it")
+
+
+def main(argv):
+    from dapple import launch
+
+    program = list(argv[1:])
+    try:
+        if not FLAGS.plan:
+            raise launch.LaunchError("--plan=plan.json is required")
+        plan = launch.load_plan(FLAGS.plan)
+        hosts = launch.parse_hosts(FLAGS.hosts) if FLAGS.hosts else None
+        command = launch.horovodrun_command(
+            plan, program, hosts=hosts,
+            horovodrun=FLAGS.horovodrun or launch.default_horovodrun(),
+            controller=FLAGS.controller, network_interface=FLAGS.network_interface)
+        env = launch.launch_env(FLAGS.plan, FLAGS.step_timeout, FLAGS.first_step_timeout)
+        print(launch.shell_line(command, env), flush=True)
+        if FLAGS.dry_run:
+            return 0
+        return launch.run(command, env)
+    except launch.LaunchError as e:
+        print(f"dapple launch: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,97 @@
+"""`dapple launch` builds the horovodrun command from the plan (without running it), and refuses
+host lists that disagree with the plan. Expected commands are written out by hand."""
+import subprocess
+import sys
+
+import pytest
+
+from dapple import launch
+from planner.plan import straight_plan
+
+HVD = "horovodrun"
+
+
+def plan_for(replicas, per_host=None):
+    plan = straight_plan(list(range(1, len(replicas))), len(replicas), 2, replicas=replicas)
+    if per_host is not None:
+        plan.topology = {"name": "t", "devices_per_host": per_host}
+    return plan
+
+
+def test_one_host_plan_runs_on_localhost():
+    cmd = launch.horovodrun_command(plan_for([1, 2]), ["python", "train.py", "--epochs=2"],
+                                    horovodrun=HVD)
+    assert cmd == [HVD, "-np", "3", "-H", "localhost:3", "--gloo", "python", "train.py",
+                   "--epochs=2"]
+
+
+def test_two_servers_of_eight_gpus():
+    plan = plan_for([8, 8], per_host=[8, 8])
+    cmd = launch.horovodrun_command(plan, ["python", "t.py"], horovodrun=HVD,
+                                    hosts=launch.parse_hosts("h1:8,h2:8"), controller="mpi",
+                                    network_interface="eth0")
+    assert cmd == [HVD, "-np", "16", "-H", "h1:8,h2:8", "--mpi", "--network-interface", "eth0",
+                   "python", "t.py"]
+
+
+def test_multi_host_plan_needs_host_names():
+    with pytest.raises(launch.LaunchError, match=r"--hosts=host1:8,host2:8"):
+        launch.horovodrun_command(plan_for([8, 8], per_host=[8, 8]), ["python", "t.py"])
+
+
+def test_hosts_and_plan_device_count_disagree():
+    with pytest.raises(launch.LaunchError, match=r"provide 12 slots .* plan uses 16 devices"):
+        launch.horovodrun_command(plan_for([8, 8]), ["python", "t.py"],
+                                  hosts=launch.parse_hosts("a:8,b:4"))
+
+
+def test_hosts_with_other_slots_per_host_than_planned():
+    with pytest.raises(launch.LaunchError, match=r"\[12, 4\] slots per host .* \[8, 8\]"):
+        launch.horovodrun_command(plan_for([8, 8], per_host=[8, 8]), ["python", "t.py"],
+                                  hosts=launch.parse_hosts("a:12,b:4"))
+
+
+@pytest.mark.parametrize("text, message", [("a:8,,b:8", "empty entry"), ("a:x", "whole number"),
+                                           ("a:0", "at least one slot"), ("a:2,a:2", "twice"),
+                                           (":4", "no host name")])
+def test_bad_host_lists(text, message):
+    with pytest.raises(launch.LaunchError, match=message):
+        launch.parse_hosts(text)
+
+
+def test_host_without_slots_has_one():
+    assert launch.parse_hosts("a,b:3") == [("a", 1), ("b", 3)]
+
+
+def test_nothing_to_run():
+    with pytest.raises(launch.LaunchError, match="after `--`"):
+        launch.horovodrun_command(plan_for([1, 1]), [])
+
+
+def test_environment_and_printed_line(tmp_path):
+    env = launch.launch_env(str(tmp_path / "p.json"), step_timeout=30, first_step_timeout=90)
+    assert env == {"HOROVOD_DYNAMIC_PROCESS_SETS": "1", "DAPPLE_PLAN": str(tmp_path / "p.json"),
+                   "DAPPLE_STEP_TIMEOUT_SECONDS": "30", "DAPPLE_FIRST_STEP_TIMEOUT_SECONDS": "90"}
+    line = launch.shell_line([HVD, "-np", "2", "python", "a b.py"], {"X": "1"})
+    assert line == "X=1 horovodrun -np 2 python 'a b.py'"
+
+
+def test_cli_dry_run_prints_the_command(tmp_path):
+    path = tmp_path / "plan.json"
+    plan_for([1, 1]).save(str(path))
+    out = subprocess.run([sys.executable, "-m", "dapple.cli", "launch", f"--plan={path}",
+                          "--horovodrun=hvdrun", "--dry_run", "--", "python", "train.py"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("hvdrun -np 2 -H localhost:2 --gloo python train.py")
+    assert f"DAPPLE_PLAN={path}" in out.stdout
+
+
+def test_cli_refuses_disagreeing_hosts(tmp_path):
+    path = tmp_path / "plan.json"
+    plan_for([1, 1]).save(str(path))
+    out = subprocess.run([sys.executable, "-m", "dapple.cli", "launch", f"--plan={path}",
+                          "--hosts=a:3", "--dry_run", "--", "python", "train.py"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "3 slots" in out.stderr and "2 devices" in out.stderr
