@@ -166,7 +166,7 @@ def single_device_ms(profile, topology, global_batch_size: int) -> float:
 
 def strategy_row(profile, topology, global_batch_size: int, best_plan=None,
                  planners: Optional[Sequence[tuple]] = None, memory_limit=None,
-                 with_held: bool = True) -> ReportRow:
+                 with_held: bool = True, even_slices: bool = False) -> ReportRow:
     """One report row: the DAPPLE plan (`best_plan`, or planned here), then each of `planners`
     ((name, function(profile, topology, global_batch_size) -> Plan) pairs; default: the best
     data-parallel plan, the best straight pipeline and PipeDream's plan), each simulated with
@@ -178,9 +178,9 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan=None,
     from planner.simulator import simulate_plan
     if best_plan is None:
         best_plan = search.plan_dapple(profile, topology, global_batch_size,
-                                       memory_limit=memory_limit)
+                                       memory_limit=memory_limit, even_slices=even_slices)
     if planners is None:
-        planners = default_baselines(memory_limit)
+        planners = default_baselines(memory_limit, even_slices)
     candidates = [("DAPPLE", best_plan, "")]
     for name, planner in planners:
         try:
@@ -205,17 +205,19 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan=None,
                      held=held)
 
 
-def default_baselines(memory_limit=None) -> List[tuple]:
+def default_baselines(memory_limit=None, even_slices: bool = False) -> List[tuple]:
     """(name, planner) pairs of the paper's comparisons (Fig. 12 and 13), named as in
-    `dapple plan`'s report."""
+    `dapple plan`'s report. PipeDream's partition is its own (no even-slices option)."""
     from planner import search
     from planner.pipedream import plan_pipedream
+    options = {"memory_limit": memory_limit, "even_slices": even_slices}
     out = []
-    for name, planner in (("best data parallel", search.best_data_parallel_plan),
-                          ("best straight", search.best_straight_plan),
-                          ("PipeDream", plan_pipedream)):
-        out.append((name, lambda profile, topology, gbs, planner=planner:
-                    planner(profile, topology, gbs, memory_limit=memory_limit)))
+    for name, planner, kwargs in (
+            ("best data parallel", search.best_data_parallel_plan, options),
+            ("best straight", search.best_straight_plan, options),
+            ("PipeDream", plan_pipedream, {"memory_limit": memory_limit})):
+        out.append((name, lambda profile, topology, gbs, planner=planner, kwargs=kwargs:
+                    planner(profile, topology, gbs, **kwargs)))
     return out
 
 
