@@ -58,3 +58,17 @@ def test_skip_connection_relayed_and_two_outputs():
                             "--replicas=1,2,1", "--micro_batches=2", "--schedule=B"],
                         timeout=240)
     check_ranks(result, 4)
+
+
+@pytest.mark.horovod
+def test_checkpoint_written_once_restores_into_the_plain_model(tmp_path):
+    """save_weights under horovodrun: one Keras-format file with every stage's variables,
+    written by one rank (no temporary files left); a fresh plain model loads it and holds the
+    plain reference's trained weights."""
+    path = tmp_path / "ckpt.h5"
+    result = horovodrun(4, ["pipelined_rank.py", "--cuts=2", "--replicas=2,2",
+                            "--micro_batches=2", f"--checkpoint={path}"], timeout=240)
+    reports = check_ranks(result, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.h5"]
+    for rep in reports.values():
+        assert rep["checkpoint_diff"] is not None and rep["checkpoint_diff"] < TOLERANCE, rep

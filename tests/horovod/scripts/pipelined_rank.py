@@ -6,10 +6,12 @@ plain single-process Keras model computed right here: its stage's gradients for 
 global batches (different data in every micro-batch), the loss, and all weights after 3 Adam
 steps (gathered from every stage). It prints one `DAPPLE_RESULT <json>` line; the test asserts.
 
-`--fail_step S --fail_rank R` makes rank R raise inside step S (the failure test).
+`--fail_step S --fail_rank R` makes rank R raise at the start of step S, and `--stall_step S
+--stall_rank R` makes it hang there (the failure tests).
 """
 import argparse
 import json
+import time
 
 import dapple
 import numpy as np
@@ -29,6 +31,8 @@ parser.add_argument("--global_batch", type=int, default=24)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--fail_step", type=int, default=-1)
 parser.add_argument("--fail_rank", type=int, default=-1)
+parser.add_argument("--stall_step", type=int, default=-1)
+parser.add_argument("--stall_rank", type=int, default=-1)
 parser.add_argument("--checkpoint", default="")
 args = parser.parse_args()
 
@@ -59,6 +63,8 @@ grad_diff, loss_diff, own_gradients = 0.0, 0.0, 0
 for step in range(args.steps):
     if step == args.fail_step and pm.rank == args.fail_rank:
         raise RuntimeError(f"injected failure in step {step}")
+    if step == args.stall_step and pm.rank == args.stall_rank:
+        time.sleep(3600)      # a rank that hangs outside any collective
     x, y = models.data_for(model, args.global_batch, seed=100 + step)
     got = pm.gradients(x, y)
     print(f"rank {pm.rank}: step {step} gradients done", flush=True)
@@ -75,10 +81,17 @@ for step in range(args.steps):
 pm.gather_weights()
 weight_diff = max(float(np.max(np.abs(a - b)))
                   for a, b in zip(model.get_weights(), reference.get_weights()))
+checkpoint_diff = None
 if args.checkpoint:
     pm.save_weights(args.checkpoint)
+    # Every rank reads it back into a fresh plain model (other initial weights).
+    fresh = builder(seed=11)
+    fresh.load_weights(args.checkpoint)
+    checkpoint_diff = max(float(np.max(np.abs(a - b)))
+                          for a, b in zip(fresh.get_weights(), reference.get_weights()))
 stage_vars = len(pm._step.stages[pm.stage].trainable_variables)
 print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.stage, "replica": pm.replica, "grad_diff": grad_diff,
     "loss_diff": loss_diff, "weight_diff": weight_diff, "own_gradients": own_gradients,
-    "stage_variables": stage_vars, "final_loss": float(got_loss)}), flush=True)
+    "stage_variables": stage_vars, "final_loss": float(got_loss),
+    "checkpoint_diff": checkpoint_diff}), flush=True)
