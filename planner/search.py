@@ -377,11 +377,13 @@ def _seed_search(search: "_Search", ms: Sequence[int]) -> None:
     for r in range(1, G + 1):
         if G % r == 0 and G // r <= N:
             shapes.append([(a, b, r) for a, b in balanced_cuts(search.profile, G // r)])
-    try:
-        from planner.pipedream import pipedream_partition
-        shapes.append(pipedream_partition(search.profile, search.topology))
-    except PlanError:
-        pass
+    # PipeDream's DP is cubic in the hosts: seed with it on ordinary topologies only.
+    if G <= LARGE_TOPOLOGY_DEVICES:
+        try:
+            from planner.pipedream import pipedream_partition
+            shapes.append(pipedream_partition(search.profile, search.topology))
+        except PlanError:
+            pass
     for M in ms:
         for stages in shapes:
             search.seed(M, stages)
