@@ -75,8 +75,11 @@ from planner.schedule import warmup_depths
 # overheads are commonly 10s of microseconds per op; a task is dozens of ops: 0.5 ms.
 TASK_OVERHEAD_MS = 0.5
 # Samples at which a device reaches half its per-sample throughput on a layer slice. Per-sample
-# time at b samples is (b + H) / b of the asymptote. GPUs lose efficiency below a few samples
-# of a large model (GPipe and DAPPLE both insist on "large enough micro-batches").
+# time at b samples is (b + H) / b of the asymptote. 0: time is linear in the slice, as the
+# profile measured at its batch; the planner never goes below the profile batch
+# (`minimum_slice`, the DAPPLE planner's own rule), so small-batch inefficiency is excluded by
+# the plan space rather than modelled (with H = 1 deeper replicated plans won on every flat
+# config; the fixed TASK_OVERHEAD_MS still charges small tasks).
 SMALL_BATCH_HALF_SAMPLES = 0.0
 # Bytes of training state per parameter byte: fp32 weights + gradients + 2 Adam slots = 16 bytes
 # per 4-byte parameter (DAPPLE Table VIII assumes 16 bytes a parameter with Adam).

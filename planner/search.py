@@ -4,7 +4,9 @@ and a global batch.
 Plan space: the layers cut into consecutive stages; each stage placed on a device set built by
 Fresh First, Append First or Scatter First (`planner.placement`) from the devices still free,
 all devices used; the number of micro-batches M a divisor of the global batch with every
-replica's slice at least one sample; every stage able to hold one micro-batch in memory. Pure
+replica's slice at least `cost_model.minimum_slice` samples (the profile batch: the DAPPLE
+authors' `min_micro_batch_size`); with `even_slices` every stage's replicas get equal slices
+(what the runtime needs); every stage able to hold one micro-batch in memory. Pure
 data parallelism (one stage) and straight pipelines are points of this space.
 
 Search, for each M: depth-first over (layers planned j, occupied devices), adding one stage at a
@@ -19,7 +21,9 @@ compare it with brute force) and fast because of:
 * memoization on a canonical form of the occupied devices (hosts sorted by capacity, used
   devices and the previous stage's devices): a state reached again with a summary no better in
   all four numbers than one seen before is dropped (dominance), so symmetric placements are
-  solved once;
+  solved once (dominance compares (V, G, sumF, sumF + E), see `_dominance_key`);
+* seeds: before searching, every uniform pipeline (G/r stages of r devices, balanced cuts;
+  DP and straight included) and PipeDream's partition are evaluated at every M as incumbents;
 * lower-bound pruning: a completion costs at least sum F + E + M * (the remaining work spread
   over the remaining devices + the per-task overheads), and at least V.
 
