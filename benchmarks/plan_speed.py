@@ -11,7 +11,7 @@ from planner.profile import load_profile          # noqa: E402
 from planner.search import SearchStats, plan_dapple  # noqa: E402
 from topology import parse_topology                 # noqa: E402
 
-PROFILES = "/work/shared/profiles"
+PROFILES = os.environ.get("DAPPLE_PROFILES", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "profiles"))
 # PipeDream files do not record their batch (profiles README): image models from Input bytes.
 PIPEDREAM_BATCH = {"vgg16": 128, "resnet50": 128, "alexnet": 256, "resnet18": 256,
                    "densenet121": 64, "inception_v3": 128, "gnmt16": 64, "gnmt8": 64}

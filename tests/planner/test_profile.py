@@ -5,6 +5,7 @@ import json
 import pytest
 
 from planner.profile import ProfileError, load_profile, parse_graph_txt
+from tests.paths import published_profile
 
 DAG = """node3 -- Add -- forward_compute_time=3.0, backward_compute_time=6.0, activation_size=30.0, parameter_size=0.0
 node1 -- Input -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=10.0, parameter_size=0.0
@@ -64,9 +65,9 @@ def test_native_json_model_input_crossing_a_cut(tmp_path):
 
 
 def test_real_profiles_load():
-    p = load_profile("/work/shared/profiles/dapple/gnmt-16-pbs-64.txt")
+    p = load_profile(published_profile("dapple/gnmt-16-pbs-64.txt"))
     assert p.num_layers == 96 and p.batch_size == 64
-    q = load_profile("/work/shared/profiles/pipedream/resnet50.txt", batch_size=128)
+    q = load_profile(published_profile("pipedream/resnet50.txt"), batch_size=128)
     assert q.num_layers == 177 and max(q.cut_bytes) > 0
 
 
