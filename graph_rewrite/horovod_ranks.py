@@ -13,7 +13,9 @@ Plain Python (no TensorFlow, no Horovod), so it can be checked on its own.
   concat or both), receivers send nothing. Rows are relative to the micro-batch; replica k of
   R holds rows [k n/R, (k+1) n/R) (`graph_rewrite.micro_batch`). Splits are listed in the
   set's rank order (ascending global rank), which is also the order an alltoall concatenates
-  what it receives; `received_pieces` says how to put those pieces back in row order.
+  what it receives. A stage may list its devices out of replica order (a hand-made plan), so a
+  sender orders its rows by destination rank (`send_row_order`), and a receiver puts the pieces
+  back in row order (`received_pieces`).
 """
 from __future__ import annotations
 
@@ -121,6 +123,24 @@ class RankLayout:
         for j, d in enumerate(receivers.devices):
             by_rank[d] = _overlap(mine, replica_rows(rows, receivers.replicas, j))
         return [by_rank.get(r, 0) for r in self.boundary_ranks(boundary)]
+
+    def send_row_order(self, sender_stage: int, sender_replica: int, receiver_stage: int,
+                       rows: int) -> List[Tuple[int, int]]:
+        """[start, stop) ranges of the sender's own rows (relative to its share), in the
+        order the alltoall must receive them: by destination rank, which is not replica order
+        when a stage's devices are listed out of order. Matches `send_splits`."""
+        boundary = min(sender_stage, receiver_stage)
+        mine = replica_rows(rows, self.plan.stages[sender_stage].replicas, sender_replica)
+        receivers = self.plan.stages[receiver_stage]
+        ranges = []
+        for rank in self.boundary_ranks(boundary):
+            if rank not in receivers.devices:
+                continue
+            want = replica_rows(rows, receivers.replicas, receivers.devices.index(rank))
+            lo, hi = max(mine[0], want[0]), min(mine[1], want[1])
+            if lo < hi:
+                ranges.append((lo - mine[0], hi - mine[0]))
+        return ranges
 
     def received_pieces(self, sender_stage: int, receiver_stage: int, receiver_replica: int,
                         rows: int) -> List[Piece]:

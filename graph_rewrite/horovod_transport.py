@@ -177,7 +177,11 @@ class HorovodTransport:
         rows = tf.cast(self._zero(), tf.int32)
         return tf.zeros(tf.stack([rows] + [tf.constant(d) for d in shape]), dtype=dtype)
 
-    def _send(self, tensor: tf.Tensor, splits: List[int], name: str, process_set) -> None:
+    def _send(self, tensor: tf.Tensor, splits: List[int], name: str, process_set,
+              row_order: List[Tuple[int, int]]) -> None:
+        if [r for pair in row_order for r in pair] != sorted(r for pair in row_order for r in pair):
+            # Destinations in rank order are not in replica (row) order: reorder the rows.
+            tensor = tf.concat([tensor[lo:hi] for lo, hi in row_order], axis=0)
         out, _ = hvd.alltoall(self._distinct(tensor), splits=tf.constant(splits, tf.int32),
                               name=name, ignore_name_scope=True, process_set=process_set)
         self.pending.append(out)
@@ -204,9 +208,10 @@ class HorovodTransport:
     def send_activations(self, stage: int, replica: int, micro_batch: int, outputs: Tensors) -> None:
         rows = self._micro_batch_rows()
         splits = self.layout.send_splits(stage, replica, stage + 1, rows)
+        order = self.layout.send_row_order(stage, replica, stage + 1, rows)
         ps = self._boundary_set(stage)
         for i, tid in enumerate(self.p.stages[stage + 1].input_ids):
-            self._send(outputs[tid], splits, f"dapple.f{stage}.{micro_batch}.{i}", ps)
+            self._send(outputs[tid], splits, f"dapple.f{stage}.{micro_batch}.{i}", ps, order)
 
     def receive_activations(self, stage: int, replica: int, micro_batch: int,
                             sent: Dict[int, Tensors]) -> Tensors:
@@ -221,10 +226,12 @@ class HorovodTransport:
     def send_gradients(self, stage: int, replica: int, micro_batch: int, grads: Tensors) -> None:
         rows = self._micro_batch_rows()
         splits = self.layout.send_splits(stage, replica, stage - 1, rows)
+        order = self.layout.send_row_order(stage, replica, stage - 1, rows)
         ps = self._boundary_set(stage - 1)
         for i, tid in enumerate(self.p.stages[stage].input_ids):
             if tid in grads:
-                self._send(grads[tid], splits, f"dapple.b{stage - 1}.{micro_batch}.{i}", ps)
+                self._send(grads[tid], splits, f"dapple.b{stage - 1}.{micro_batch}.{i}", ps,
+                           order)
 
     def receive_gradients(self, stage: int, replica: int, micro_batch: int,
                           sent: Dict[int, Tensors], ids: Sequence[str]) -> Tensors:

@@ -25,6 +25,9 @@ CASES = [
     ("2:2", 4, ["--cuts=2", "--replicas=2,2", "--micro_batches=2", "--schedule=A"]),
     ("dp2", 2, ["--cuts=", "--replicas=2", "--micro_batches=2"]),
     ("dp4", 4, ["--cuts=", "--replicas=4", "--micro_batches=2"]),
+    # a hand-made plan listing devices out of replica order: rows reordered on both sides
+    ("2:1-devices-2,0/1", 3, ["--cuts=2", "--replicas=2,1", "--micro_batches=2",
+                              "--stage_devices=2,0/1"]),
 ]
 
 

@@ -31,6 +31,8 @@ parser.add_argument("--global_batch", type=int, default=24)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--fail_step", type=int, default=-1)
 parser.add_argument("--fail_rank", type=int, default=-1)
+parser.add_argument("--stage_devices", default="",
+                    help="devices per stage, e.g. 2,0/1 (default: consecutive)")
 parser.add_argument("--stall_step", type=int, default=-1)
 parser.add_argument("--stall_rank", type=int, default=-1)
 parser.add_argument("--checkpoint", default="")
@@ -42,6 +44,10 @@ cuts = [int(c) for c in args.cuts.split(",") if c]
 replicas = [int(r) for r in args.replicas.split(",")]
 plan = straight_plan(cuts, len(layer_order(model)), args.micro_batches, args.global_batch,
                      replicas=replicas, schedule=args.schedule)
+if args.stage_devices:
+    for stage, devices in zip(plan.stages, args.stage_devices.split("/")):
+        stage.devices = [int(d) for d in devices.split(",")]
+    plan.validate()
 loss = models.losses_for(model)
 
 pm = dapple.PipelinedModel(model, plan)
