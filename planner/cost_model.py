@@ -49,6 +49,15 @@ eq. 1's s >= Q branch is AR_s - sum_{a=Q..s} B_a, which for s = Q is AR_Q - B_Q 
 branch would give AR_Q + B_Q: it drops the pivot's last backward and subtracts stage s's own.
 `te_literal` keeps the literal form for comparison (tests show the difference).
 
+Round trip (what we plan with; `round_trip_phases`): eq. 1 assumes the pivot never idles. After
+its K_q warm-up forwards it needs the gradient of its first micro-batch, back only after every
+later stage and transfer has run that micro-batch (R_q = sum_{s>q} F_s + B_s): it waits
+W_q = max(0, R_q - (K_q - 1) F_q), and with K_q micro-batches in flight the steady period is
+max(F_q + B_q, (F_q + B_q + R_q) / K_q). So latency depends on K (policy by ACR, capped by
+memory: `warmup_for`); e.g. VGG-19's 15:1 at K = 1 pays the whole round trip per micro-batch.
+The simulator engineer measured it: the planner's Table V plans are within 5% of the
+discrete-event simulator with it, up to 1.9x off without it (docs/simulator.md).
+
 Pivot (eq. 3): the printed rule starts Q at the last stage and, walking s from S-2 down to 0,
 moves Q to s when (M-1)(F_s+B_s) > (M-1)(F_Q+B_Q) + sum_{s'=s+1..Q-1} (F_s'+B_s'): the stage
 whose bubble-free run is longest. We take Q = argmax_q L(q), with L(q) = Tw+Ts+Te computed
@@ -301,6 +310,36 @@ def phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int
     return best[1], best[2], best[3], best[4]
 
 
+def round_trip_phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int,
+                      K: Sequence[int]) -> Tuple[float, float, float, int]:
+    """(Tw, Ts, Te, Q) of eq. 1 with the pivot's round-trip wait, the latency we plan with.
+
+    `K` holds K_i per computation stage (interleaved index q uses K[q // 2], a transfer the
+    K of the stage that sends it). After its K_q warm-up forwards, pivot q needs the gradient of
+    its first micro-batch, which comes back only after every later stage and transfer ran that
+    micro-batch's forward and backward: R_q = sum_{s>q} (F_s + B_s). It idles
+    W_q = max(0, R_q - (K_q - 1) F_q) (added to Tw), and with at most K_q micro-batches in
+    flight around a loop of F_q + B_q + R_q the steady period is
+    max(F_q + B_q, (F_q + B_q + R_q) / K_q). Eq. 1 leaves both out; the discrete-event
+    simulator (`planner.simulator`) shows them, and with them the formula is within 5% of the
+    simulator on all 15 Table V cells (docs/simulator.md). Each term is at least eq. 1's, so
+    eq. 1 (`phases`) is a lower bound, which the search uses for pruning. Q = argmax as in
+    `phases`."""
+    best = None
+    trip = 0.0
+    for q in range(len(F) - 1, -1, -1):
+        k = max(1, K[q // 2])
+        Tw, Ts, Te = latency_with_pivot(F, B, AR, M, q)
+        wait = max(0.0, trip - (k - 1) * F[q])
+        period = max(F[q] + B[q], (F[q] + B[q] + trip) / k)
+        Tw, Ts = Tw + wait, (M - 1) * period
+        total = Tw + Ts + Te
+        if best is None or total > best[0] + 1e-12 * max(1.0, abs(total)):
+            best = (total, Tw, Ts, Te, q)
+        trip += F[q] + B[q]
+    return best[1], best[2], best[3], best[4]
+
+
 def te_literal(B: Sequence[float], AR: Sequence[float], Q: int) -> float:
     """Eq. 1's Te exactly as printed (for comparison; not used for planning)."""
     terms = []
@@ -376,17 +415,27 @@ def memory_per_device(plan: Plan, profile: Profile, topology,
             for i, st in enumerate(plan.stages)]
 
 
+def warmup_for(costs: PipelineCosts, caps: Sequence[int], M: int) -> Tuple[str, List[int]]:
+    """(policy, K_i) from a plan's costs and each stage's memory cap D_i (micro-batches that
+    fit; values below 1 count as 1): policy B when the ACR is notable (>= POLICY_B_MIN_ACR),
+    else A; K_i = min(the policy's depth, D_i), kept non-increasing. The search and
+    `choose_warmup` share it, so a plan's latency (which depends on K, see
+    `round_trip_phases`) is the same whoever computes it."""
+    S = costs.num_stages
+    policy = "B" if S > 1 and activation_communication_ratio(costs) >= POLICY_B_MIN_ACR else "A"
+    capped, running = [], M
+    for k, d in zip(warmup_depths(policy, S, M), caps):
+        running = min(running, k, max(1, d))
+        capped.append(running)
+    return policy, capped
+
+
 def choose_warmup(plan: Plan, profile: Profile, topology) -> Tuple[str, List[int]]:
-    """(policy, K_i): policy B when the ACR is notable (>= POLICY_B_MIN_ACR), else A; K_i capped
-    by the micro-batches that fit (D) and kept non-increasing. Raises PlanError when a stage
-    cannot hold even one micro-batch."""
+    """(policy, K_i) for `plan` (`warmup_for` with each stage's memory cap D). Raises PlanError
+    when a stage cannot hold even one micro-batch."""
     gbs = _check(plan, profile, topology)
     model = StageModel(profile, topology, gbs, plan.micro_batches)
-    S, M = plan.num_stages, plan.micro_batches
-    acr = activation_communication_ratio(pipeline_costs(plan, profile, topology))
-    policy = "B" if acr >= POLICY_B_MIN_ACR and S > 1 else "A"
-    ks = warmup_depths(policy, S, M)
-    capped, running = [], M
+    caps = []
     for i, st in enumerate(plan.stages):
         d = model.max_in_flight(st.first, st.last, st.replicas)
         if d < 1:
@@ -395,9 +444,8 @@ def choose_warmup(plan: Plan, profile: Profile, topology) -> Tuple[str, List[int
             raise PlanError(f"stage {i} (layers {st.first}..{st.last}, {st.replicas} replicas) "
                             f"needs {need / 2**30:.2f} GiB per device for one micro-batch; "
                             f"devices have {topology.device_memory_bytes / 2**30:.2f} GiB")
-        running = min(running, ks[i], d)
-        capped.append(running)
-    return policy, capped
+        caps.append(d)
+    return warmup_for(pipeline_costs(plan, profile, topology), caps, plan.micro_batches)
 
 
 def evaluate(plan: Plan, profile: Profile, topology, check_memory: bool = False) -> Estimate:
@@ -407,7 +455,12 @@ def evaluate(plan: Plan, profile: Profile, topology, check_memory: bool = False)
     stage, it names the computation stage that sends it (the report says so)."""
     costs = pipeline_costs(plan, profile, topology)
     F, B, AR = interleave(costs)
-    Tw, Ts, Te, Q = phases(F, B, AR, plan.micro_batches)
+    ks = plan.warmup
+    if ks is None or len(ks) != plan.num_stages:
+        model = StageModel(profile, topology, plan.global_batch_size, plan.micro_batches)
+        caps = [model.max_in_flight(st.first, st.last, st.replicas) for st in plan.stages]
+        ks = warmup_for(costs, caps, plan.micro_batches)[1]
+    Tw, Ts, Te, Q = round_trip_phases(F, B, AR, plan.micro_batches, ks)
     memory = memory_per_device(plan, profile, topology)
     if check_memory:
         for i, m in enumerate(memory):

@@ -9,29 +9,30 @@ authors' `min_micro_batch_size`); with `even_slices` every stage's replicas get 
 (what the runtime needs); every stage able to hold one micro-batch in memory. Pure
 data parallelism (one stage) and straight pipelines are points of this space.
 
+Objective: the latency of `cost_model.evaluate`, i.e. eq. 1 with the pivot's round-trip wait
+(`cost_model.round_trip_phases`), which depends on the warm-up depths K_i the plan will run
+(policy by ACR, capped by memory: `cost_model.warmup_for`). A complete plan is valued exactly
+that way (`_Search.plan_value`); eq. 1 is a lower bound of it and drives the pruning.
+
 Search, for each M: depth-first over (layers planned j, occupied devices), adding one stage at a
 time, exactly as eq. 4-5 extend T_PL(j, m, g) to T_PL(j', m + m', g + g'). It is exact (tests
-compare it with brute force) and fast because of:
+compare it with brute force) because every pruning test uses a lower bound:
 
 * prefix sums over layers (`Profile`), so a stage's cost is O(1) (its allreduce overlap O(len),
   cached);
-* a state of the partial plan that is summarised by four numbers (V, sum F, E, G) from which
-  the latency of any completion follows (`_extend`); L = max over pivots q of L(q)
-  (`cost_model.phases`) is monotone in them;
-* memoization on a canonical form of the occupied devices (hosts sorted by capacity, used
-  devices and the previous stage's devices): a state reached again with a summary no better in
-  all four numbers than one seen before is dropped (dominance), so symmetric placements are
-  solved once (dominance compares (V, G, sumF, sumF + E), see `_dominance_key`);
+* a 4-number summary of the partial plan (V, sum F, E, G) from which eq. 1 of any completion
+  follows (`_extend`); V is eq. 1 of the known stages, a lower bound of every completion;
 * seeds: before searching, every uniform pipeline (G/r stages of r devices, balanced cuts;
-  DP and straight included) and PipeDream's partition are evaluated at every M as incumbents;
+  DP and straight included), every two-stage plan (each cut, each r : G - r, as the DAPPLE
+  authors' planner enumerates them) and PipeDream's partition are valued at every M;
 * lower-bound pruning: a completion costs at least sum F + E + M * (the remaining work spread
   over the remaining devices + the per-task overheads), and at least V.
+No dominance between partial plans: with K depending on the whole plan (stage count, ACR,
+memory caps) a partial plan worse in eq. 1's summary can still complete better, so the old
+dominance test on (V, G, sumF, sumF + E) is not exact any more.
 
 On topologies of more than `LARGE_TOPOLOGY_DEVICES` devices the stage sizes tried are 1..(the
 largest host) and whole multiples of it (a plan then still may be DP, straight, or hybrid).
-
-The warm-up policy and K_i are chosen afterwards (`cost_model.choose_warmup`): latency does not
-depend on K (eq. 1), memory does.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from planner import cost_model as cm
 from planner.cost_model import StageModel
-from planner.placement import POLICIES, assign_devices, canonical_state, place
+from planner.placement import POLICIES, assign_devices, place
+from planner.costs import PipelineCosts
 from planner.plan import Plan, PlanError, Stage
 from planner.profile import Profile
 
@@ -94,21 +96,6 @@ def _extend(summary, F, B, AR, M):
 _EMPTY = (-_INF, 0.0, -_INF, -_INF)
 
 
-def _dominance_key(summary):
-    """What a completion's latency depends on: it is max(V, G + a, sumF + b, sumF + E + c) for
-    constants a, b, c fixed by the completion (induction over `_extend`), so a partial plan
-    no larger in (V, G, sumF, sumF + E) than another is never worse after any completion."""
-    V, sumF, E, G = summary
-    return (V, G, sumF, sumF + E)
-
-
-def _dominated(entry, entries) -> bool:
-    for e in entries:
-        if e[0] <= entry[0] and e[1] <= entry[1] and e[2] <= entry[2] and e[3] <= entry[3]:
-            return True
-    return False
-
-
 def micro_batch_choices(global_batch_size: int) -> List[int]:
     return [m for m in range(1, global_batch_size + 1) if global_batch_size % m == 0]
 
@@ -152,7 +139,6 @@ class _Search:
                                    (model.micro_batch + H) / (model.pbs + H))
         self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
         self.max_stages = max_stages or self.G
-        self.memo: Dict[tuple, list] = {}
         self.fits: Dict[tuple, bool] = {}
         self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
         if self._remaining_bound(0, self.G) >= self.best_value:
@@ -163,7 +149,8 @@ class _Search:
         except _Budget:
             self.stats.complete = False
 
-    def seed(self, M: int, stages: Sequence[Tuple[int, int, int]]) -> None:
+    def seed(self, M: int, stages: Sequence[Tuple[int, int, int]],
+             model: Optional[StageModel] = None) -> None:
         """Offer a known plan [(first, last, replicas)] at M as the incumbent if it lies in the
         plan space (devices placed by the append policy, i.e. consecutive ids; replica counts
         allowed; every stage fits). Its value is computed by the search's own summaries, so
@@ -172,7 +159,8 @@ class _Search:
             return
         if self.stage_sizes is not None and any(r not in self.stage_sizes for _, _, r in stages):
             return
-        model = StageModel(self.profile, self.topology, self.gbs, M)
+        if model is None or model.M != M:
+            model = StageModel(self.profile, self.topology, self.gbs, M)
         used = (0,) * len(self.capacity)
         prev, summary, path = None, _EMPTY, []
         for first, last, r in stages:
@@ -196,8 +184,10 @@ class _Search:
             return
         self.stats.seeds += 1
         if summary[0] < self.best_value:
-            self.best_value = summary[0]
-            self.best = (M, path)
+            value = self.plan_value(model, path)
+            if value < self.best_value:
+                self.best_value = value
+                self.best = (M, path)
 
     def _remaining_bound(self, j: int, devices_left: int) -> float:
         if j >= self.N:
@@ -226,6 +216,29 @@ class _Search:
         the minimum slice, and equal slices when `even_slices`."""
         return mb // m >= self.min_slice and (not self.even_slices or mb % m == 0)
 
+    def plan_value(self, model: StageModel, path) -> float:
+        """The latency we plan with (`cost_model.round_trip_phases`) of a complete plan
+        [(first, last, counts)] at `model`'s M, with the K_i `finish_plan` will choose."""
+        fw, bw, ar, sf, sb, caps = [], [], [], [], [], []
+        prev = None
+        for first, last, counts in path:
+            r = sum(counts)
+            if prev is not None:
+                x = model.boundary_bytes(first - 1)
+                sf.append(model.transfer_ms(x, prev, counts))
+                sb.append(model.transfer_ms(x, counts, prev))
+            fw.append(model.forward_ms(first, last, r))
+            bw.append(model.backward_ms(first, last, r))
+            ar.append(model.exposed_allreduce_ms(first, last, counts))
+            caps.append(model.max_in_flight(first, last, r))
+            prev = counts
+        costs = PipelineCosts(forward_ms=fw, backward_ms=bw, send_forward_ms=sf,
+                              send_backward_ms=sb, allreduce_ms=ar)
+        ks = cm.warmup_for(costs, caps, model.M)[1]
+        F, B, AR = cm.interleave(costs)
+        Tw, Ts, Te, _ = cm.round_trip_phases(F, B, AR, model.M, ks)
+        return Tw + Ts + Te
+
     def _sizes(self, free: int, mb: int) -> Iterable[int]:
         top = min(free, mb // self.min_slice)
         if self.stage_sizes is None:
@@ -241,20 +254,14 @@ class _Search:
         if self.stats.candidates > self.max_candidates:
             raise _Budget()
         if j == self.N:
+            # eq. 1 (the summary) is a lower bound of the latency we plan with
             if summary[0] < self.best_value:
-                self.best_value = summary[0]
-                self.best = (self.M, list(path))
+                value = self.plan_value(self.model, path)
+                if value < self.best_value:
+                    self.best_value = value
+                    self.best = (self.M, list(path))
             return
         free = self.G - sum(used)
-        key = (j, canonical_state(self.capacity, used, prev))
-        entries = self.memo.setdefault(key, [])
-        dkey = _dominance_key(summary)
-        if _dominated(dkey, entries):
-            self.stats.dominated += 1
-            return
-        entries[:] = [e for e in entries if not (dkey[0] <= e[0] and dkey[1] <= e[1]
-                                                 and dkey[2] <= e[2] and dkey[3] <= e[3])]
-        entries.append(dkey)
 
         model, M, N = self.model, self.M, self.N
         must_finish = len(path) + 1 >= self.max_stages
@@ -388,9 +395,16 @@ def _seed_search(search: "_Search", ms: Sequence[int]) -> None:
             shapes.append(pipedream_partition(search.profile, search.topology))
         except PlanError:
             pass
+    # Every two-stage plan (each cut, each r : G - r), as the DAPPLE authors' planner
+    # enumerates them (HPGO `compute_bipartition`): cheap, and the best of them is often the
+    # optimum or close to it (VGG-19's 15:1, AmoebaNet's 11:5).
+    for last in range(N - 1):
+        for r in range(1, G):
+            shapes.append([(0, last, r), (last + 1, N - 1, G - r)])
     for M in ms:
+        model = StageModel(search.profile, search.topology, search.gbs, M)
         for stages in shapes:
-            search.seed(M, stages)
+            search.seed(M, stages, model)
 
 
 def _build_plan(search: _Search, profile: Profile, topology, gbs: int) -> Plan:

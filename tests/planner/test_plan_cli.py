@@ -86,8 +86,13 @@ def test_evaluate_fills_estimate_and_warmup(tmp_path):
     costs = cm.pipeline_costs(Plan.from_dict(hand), profile, t)
     F = [costs.forward_ms[0], costs.send_forward_ms[0], costs.forward_ms[1]]
     B = [costs.backward_ms[0], costs.send_backward_ms[0], costs.backward_ms[1]]
-    latency = max(sum(F[:q + 1]) + 3 * (F[q] + B[q]) + sum(B[:q + 1])
-                  for q in range(3))                 # no allreduce: Te = B_q .. B_0
+    # eq. 1 plus the pivot's round-trip wait (cost_model.round_trip_phases): K of the
+    # sending stage, trip = F + B of every later stage, no allreduce: Te = B_q .. B_0.
+    K = [2, 2, 1]
+    trip = [sum(F[j] + B[j] for j in range(q + 1, 3)) for q in range(3)]
+    latency = max(sum(F[:q + 1]) + max(0, trip[q] - (K[q] - 1) * F[q])
+                  + 3 * max(F[q] + B[q], (F[q] + B[q] + trip[q]) / K[q]) + sum(B[:q + 1])
+                  for q in range(3))
     assert out.estimate.latency_ms == pytest.approx(latency)
 
 
