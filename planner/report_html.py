@@ -271,17 +271,28 @@ def _pictures(rows: Sequence[ReportRow], baseline, title) -> List[tuple]:
     return pictures
 
 
+def check_report_path(path: str) -> None:
+    """Refuse a report path before any planning work: wrong suffix or missing directory."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".html", ".htm", ".md"):
+        raise ValueError(f"report path {path!r} must end in .html (one self-contained file) or "
+                         f".md (markdown with PNG pictures next to it)")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"report path {path!r}: directory {directory!r} does not exist; "
+                         f"create it first")
+
+
 def write_report(path: str, rows: Sequence[ReportRow], title: str = "dapple strategy report",
                  baseline: Optional[str] = None, notes: Sequence[str] = ()) -> List[str]:
     """Write the report; return the paths written (the report, and PNGs for markdown)."""
+    check_report_path(path)
     if not rows:
         raise ValueError("write_report needs at least one ReportRow")
     for row in rows:
         if not row.candidates:
             raise ValueError(f"global batch {row.global_batch_size}: no candidates to report")
     ext = os.path.splitext(path)[1].lower()
-    if ext not in (".html", ".htm", ".md"):
-        raise ValueError(f"report path {path!r} must end in .html or .md")
     from planner.timeline import figure_png
     pictures = [(caption, figure_png(fig)) for caption, fig in _pictures(rows, baseline, title)]
     table = table_rows(rows, baseline)

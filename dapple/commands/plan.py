@@ -23,6 +23,10 @@ flags.DEFINE_string("memory", None, "device memory limit, e.g. 16GB (default: th
 flags.DEFINE_string("output", None, "write the plan JSON here")
 flags.DEFINE_enum("format", "text", ["text", "json"], "text report or the Plan JSON on stdout")
 flags.DEFINE_string("evaluate", None, "a plan JSON to validate and estimate instead of planning")
+flags.DEFINE_string("report", None,
+                    "also write a strategy report with pictures: plan table, timelines and "
+                    "speedup bars against the best DP plan, a straight pipeline and PipeDream "
+                    "(.html, self-contained, or .md with PNGs next to it; needs matplotlib)")
 flags.DEFINE_bool("even_slices", False,
                   "consider only plans whose every stage splits a micro-batch into equal slices "
                   "(what the dapple runtime needs: the global batch divisible by M x replicas)")
@@ -117,6 +121,8 @@ def _plan(profile, topo) -> None:
     for gbs in sizes:
         if gbs < 1:
             _fail(f"--global_batch_size must be positive, got {gbs}")
+    if FLAGS.report:
+        _report(profile, topo, sizes)
     if len(sizes) > 1:
         if FLAGS.format == "json":
             _fail("--format=json takes one global batch size")
@@ -139,6 +145,14 @@ def _plan(profile, topo) -> None:
               f"--even_slices, or pick a global batch that divides evenly.")
     if FLAGS.output:
         print(f"plan written to {FLAGS.output}")
+
+
+def _report(profile, topo, sizes) -> None:
+    from planner.report_html import check_report_path, strategy_row, write_report
+    check_report_path(FLAGS.report)
+    rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices) for gbs in sizes]
+    written = write_report(FLAGS.report, rows, title=f"{profile.name} on {topo.describe()}")
+    print(f"strategy report written to {', '.join(written)}", file=sys.stderr)
 
 
 def _table(profile, topo, sizes) -> None:

@@ -73,8 +73,10 @@ def test_markdown_report_writes_pictures_next_to_it(tmp_path):
     assert written == [path, str(tmp_path / "report_0.png"), str(tmp_path / "report_1.png")]
     text = open(path, encoding="utf-8").read()
     assert "![speedups](report_0.png)" in text
-    with pytest.raises(ValueError, match=r"\.html or \.md"):
+    with pytest.raises(ValueError, match=r"must end in \.html"):
         write_report(str(tmp_path / "report.txt"), [row()])
+    with pytest.raises(ValueError, match="does not exist; create it first"):
+        write_report(str(tmp_path / "missing" / "report.md"), [row()])
 
 
 def tiny_profile():
@@ -121,3 +123,29 @@ def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
     two = r.candidates[1]
     assert two.simulation.num_stages == 2 and two.formula_ms() > 0
     assert r.held is not None or r.candidates[0].plan.num_stages == 1
+
+
+def test_plan_command_writes_the_report(tmp_path):
+    import os
+    import subprocess
+    import sys
+    profile_path = tmp_path / "tiny-pbs-4.txt"
+    nodes = [f"node{i} -- Dense{i} -- forward_compute_time={f}, backward_compute_time={2 * f}, "
+             f"activation_size=1000.0, parameter_size=4000.0" for i, f in enumerate([2, 3, 3, 2])]
+    edges = [f"\tnode{i} -- node{i + 1}" for i in range(3)]
+    profile_path.write_text("\n".join(nodes + edges) + "\n")
+    report = tmp_path / "report.html"
+    dapple = os.path.join(os.path.dirname(sys.executable), "dapple")
+    done = subprocess.run([dapple, "plan", f"--profile={profile_path}", "--topology=1x2",
+                           "--global_batch_size=8,16", f"--report={report}"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    text = report.read_text(encoding="utf-8")
+    # speedup bars + a timeline per global batch size (a held picture only for pipelines)
+    assert text.count("data:image/png;base64,") >= 3
+    for name in ("DAPPLE", "best data parallel", "best straight", "PipeDream"):
+        assert f"<td>{name}</td>" in text
+    bad = subprocess.run([dapple, "plan", f"--profile={profile_path}", "--topology=1x2",
+                          "--global_batch_size=8", f"--report={tmp_path / 'report.pdf'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "must end in .html" in bad.stderr
