@@ -55,23 +55,27 @@ def pivot_inner_idle_ms(plan, result) -> float:
 
 
 def with_round_trip_ms(costs, M, warmup) -> float:
-    """A proposal, not the planner's model: eq. 1 with the pivot's round-trip wait added.
+    """A proposal, not the planner's model: eq. 1 with the pivot's round-trip wait, where
+    only the micro-batches beyond the warm-up depth pay the loop bound.
 
     After its K_q warm-up forwards, pivot q needs the gradient of its first micro-batch, which
     returns after R_q = the F+B of every stage and transfer after q; the pivot waits
-    W_q = max(0, R_q - (K_q - 1) F_q). In the steady phase at most K_q micro-batches are in
-    flight over a loop of F_q + B_q + R_q, so the period is max(F_q + B_q, (F_q+B_q+R_q)/K_q).
-    L = max over q of Tw + W_q + (M-1) period + Te (the planner's Te reading)."""
+    W_q = max(0, R_q - (K_q - 1) F_q). The first K_q micro-batches are then in hand (K_q - 1
+    more periods of F_q + B_q); each later one must go round the loop, so with K_q in flight
+    the period is max(F_q + B_q, (F_q + B_q + R_q) / K_q) for the remaining M - K_q.
+    L = max over q of Tw + W_q + (K_q - 1)(F_q + B_q) + (M - K_q) loop + Te (the planner's Te).
+    With K_q = 1 (VGG-19 capped by memory) every micro-batch pays the loop; with K_q = M none
+    does (charging both the wait and M - 1 loops counts the round trip twice)."""
     from planner.cost_model import interleave, latency_with_pivot
     F, B, AR = interleave(costs)
     best = 0.0
     for q in range(len(F)):
-        K = warmup[q // 2]
+        K = min(warmup[q // 2], M)
         trip = sum(F[j] + B[j] for j in range(q + 1, len(F)))
         wait = max(0.0, trip - (K - 1) * F[q])
-        period = max(F[q] + B[q], (F[q] + B[q] + trip) / K)
+        loop = max(F[q] + B[q], (F[q] + B[q] + trip) / K)
         Tw, _, Te = latency_with_pivot(F, B, AR, M, q)
-        best = max(best, Tw + wait + (M - 1) * period + Te)
+        best = max(best, Tw + wait + (K - 1) * (F[q] + B[q]) + (M - K) * loop + Te)
     return best
 
 
@@ -103,7 +107,7 @@ def rows(models=None, progress=None):
                 "pivot_idle_ms": pivot_inner_idle_ms(plan, full),
                 "round_trip_ratio": full.iteration_ms / with_round_trip_ms(
                     costs, plan.micro_batches, plan.warmup_depths()), "plan_s": planned_s, "sim_s": simulated_s,
-                "plan": plan, "result": full,
+                "plan": plan, "result": full, "costs": costs,
             })
             if progress:
                 progress(out[-1])
@@ -111,7 +115,7 @@ def rows(models=None, progress=None):
 
 
 HEADER = ["model (GBS)", "config", "plan", "split", "M", "sched (K)", "pivot", "formula ms",
-          "simulated ms", "sim/formula", "half-duplex", "bubbles", "pivot idle ms", "sim/(eq.1+trip)"]
+          "simulated ms", "sim/formula", "half-duplex", "bubbles", "pivot idle ms", "sim/proposal"]
 
 
 def cells(r):
