@@ -40,7 +40,7 @@ from graph_rewrite.horovod_watchdog import StepWatchdog
 from graph_rewrite.losses import PipelineLoss
 from planner.plan import Plan
 from dapple.pipelined_model import (PipelinedModel, check_plan_matches_model,
-                                    check_supported_model, save_weights_atomically)
+                                    save_weights_atomically)
 
 
 def _world_size_from_env() -> Optional[int]:
@@ -65,12 +65,10 @@ def _install_failure_report(who: str) -> None:
 class HorovodPipelinedModel(PipelinedModel):
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
                  runtime=None):
-        self.model = model
-        self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
-        check_plan_matches_model(self.plan, model)
-        check_supported_model(model)
+        plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
+        check_plan_matches_model(plan, model)       # before Horovod starts: a clear error
         size = hvd.size() if hvd.is_initialized() else _world_size_from_env()
-        self.layout = RankLayout(self.plan, size if size is not None else self.plan.num_devices)
+        self.layout = RankLayout(plan, size if size is not None else plan.num_devices)
         if not hvd.is_initialized():
             pin_gpu_to_local_rank()
         self.process_sets = init_horovod(self.layout.process_sets())
@@ -82,12 +80,9 @@ class HorovodPipelinedModel(PipelinedModel):
         self.who = f"rank {self.rank} (stage {self.stage}, replica {self.replica})"
         _install_failure_report(self.who)
         self.device = devices[0] if devices else rank_device(hvd.local_rank())
-        self.devices = [self.device]
+        # Every plan device id of this process's step names this rank's one device.
+        super().__init__(model, plan, devices=[self.device] * plan.num_devices)
         self.watchdog = StepWatchdog(self.who)
-        self._loss: Optional[PipelineLoss] = None
-        self._step: Optional[HorovodPipelineStep] = None
-        self.optimizer = None
-        self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
         self._traced = set()
         with self.watchdog.step("broadcasting rank 0's initial weights", first=True):
             hvd.broadcast_variables(model.variables, root_rank=0)
