@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import html
 import os
+import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -140,7 +141,9 @@ def speedup_figure(rows: Sequence[ReportRow], baseline: Optional[str] = None,
                              linewidth=0.4, label=n) for i, n in enumerate(names)],
               fontsize=8.5, loc="upper center", bbox_to_anchor=(0.5, -0.12),
               ncol=min(len(names), 4), frameon=False)
-    ax.set_title(title or "speedup of each strategy", fontsize=10)
+    # Wrap long titles (topology descriptions) to the figure's width.
+    ax.set_title("\n".join(textwrap.wrap(title or "speedup of each strategy",
+                                          int(fig.get_figwidth() * 11))), fontsize=10)
     fig.tight_layout()
     return fig
 
