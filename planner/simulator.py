@@ -237,13 +237,13 @@ def simulate(schedule: Sequence[Sequence[Task]], costs: PipelineCosts,
         raise DeadlockError(_deadlock_message(schedule, position, finished, arrived, S))
     _check_complete(schedule)
 
-    stats = []
+    stage_end = []
     for s in range(S):
         last_end = stage_free[s]
         if costs.allreduce_ms[s] > 0:
             events.append(TimelineEvent(ALLREDUCE_KIND, s, None, last_end,
                                         last_end + costs.allreduce_ms[s]))
-        stats.append(last_end + costs.allreduce_ms[s])
+        stage_end.append(last_end + costs.allreduce_ms[s])
     iteration = max([e.end_ms for e in events] + [0.0])
     events.sort(key=lambda e: (e.start_ms, _KIND_ORDER[e.kind], e.stage,
                                -1 if e.micro_batch is None else e.micro_batch))
@@ -259,7 +259,7 @@ def simulate(schedule: Sequence[Sequence[Task]], costs: PipelineCosts,
         stage_stats.append(StageStats(
             stage=s, busy_ms=busy, idle_ms=idle, allreduce_ms=allreduce,
             bubble_fraction=idle / iteration if iteration > 0 else 0.0,
-            peak_held_micro_batches=peak, peak_held_bytes=peak * per_mb, end_ms=stats[s]))
+            peak_held_micro_batches=peak, peak_held_bytes=peak * per_mb, end_ms=stage_end[s]))
     return SimulationResult(iteration_ms=iteration, stages=stage_stats, events=events,
                             schedule=[list(t) for t in schedule], link_duplex=link_duplex)
 
