@@ -10,6 +10,20 @@ largest absolute difference; exits 1 when it is above `--tolerance` (default 1e-
 Batch-dependent layers (BatchNormalization in training mode) see micro-batch statistics in a
 pipeline, as in GPipe and DAPPLE, so such models differ by design when micro_batches > 1 or a
 stage is replicated; the command says so when it finds them.
+
+With `--timing` it then holds the cost model to measurement (`dapple.timing`): it prints the
+plan's step time predicted by the formula (`planner.cost_model.evaluate`), simulated
+(`planner.simulator`) and measured (median `train_step`), and per-stage forward/backward
+times, predicted against measured with each stage's unit timed alone:
+
+    dapple profile --model=m:build --batch_size=64 --output=m.profile.json
+    dapple verify --plan=plan.json --model=m:build --timing --profile=m.profile.json
+
+The topology is `topology.local_topology(devices of the plan)`. Each device computes with
+`--intra_op_threads` threads (default 1: logical CPU devices share the process's thread pools,
+so one thread each is what lets two devices use two cores); profile with the same setting
+(`TF_NUM_INTRAOP_THREADS=1 dapple profile ...`), the command warns when the profile says
+otherwise. Without `--profile` the model is profiled here at the plan's micro-batch slice.
 """
 from __future__ import annotations
 
@@ -24,6 +38,13 @@ flags.DEFINE_string("model_args", None, "JSON object of keyword arguments for th
 flags.DEFINE_integer("batch_size", None, "global batch (default: the plan's global_batch_size)")
 flags.DEFINE_float("tolerance", 1e-5, "largest allowed absolute gradient difference")
 flags.DEFINE_integer("seed", 0, "seed of the random data")
+flags.DEFINE_bool("timing", False, "also print predicted, simulated and measured step times")
+flags.DEFINE_string("profile", None, "with --timing: the model's profile (dapple profile JSON); "
+                    "default: profile here")
+flags.DEFINE_integer("timing_warmup", 3, "with --timing: unmeasured runs before each timing")
+flags.DEFINE_integer("timing_runs", 10, "with --timing: measured runs (the median is kept)")
+flags.DEFINE_integer("intra_op_threads", 1, "with --timing: TensorFlow intra-op threads "
+                     "(0: TensorFlow's default)")
 
 
 def main(argv):
@@ -31,6 +52,9 @@ def main(argv):
     import dapple  # noqa: F401  (devices before TensorFlow initializes)
     import numpy as np
     import tensorflow as tf
+
+    if FLAGS.timing and FLAGS.intra_op_threads > 0:
+        _set_intra_op_threads(tf, FLAGS.intra_op_threads)
 
     from dapple.pipelined_model import PipelinedModel
     from dapple.user_model import build_model, random_inputs, random_targets
@@ -83,7 +107,7 @@ def main(argv):
           f"{scale:.3e}); tolerance {FLAGS.tolerance:.1e}")
     if worst <= FLAGS.tolerance:
         print("OK: the pipelined gradients equal the plain model's")
-        return 0
+        return _timing(pm, model, plan, x, y, batch) if FLAGS.timing else 0
     batch_dependent = [l.name for l in model.layers
                        if isinstance(l, tf.keras.layers.BatchNormalization)]
     print("FAILED: the pipelined gradients differ from the plain model's", file=sys.stderr)
@@ -92,3 +116,51 @@ def main(argv):
               f"{batch_dependent[0]!r}) normalize each micro-batch on its own, so this model is "
               f"not micro-batch transparent by design", file=sys.stderr)
     return 1
+
+
+def _set_intra_op_threads(tf, threads: int) -> None:
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    except RuntimeError:
+        current = tf.config.threading.get_intra_op_parallelism_threads()
+        if current != threads:
+            print(f"dapple verify: warning: TensorFlow is already initialized with {current} "
+                  f"intra-op threads; set TF_NUM_INTRAOP_THREADS={threads} to time with "
+                  f"{threads}", file=sys.stderr)
+
+
+def _timing(pm, model, plan, x, y, batch) -> int:
+    """Predicted, simulated and measured step times of `plan` (see the module docstring)."""
+    import tensorflow as tf
+
+    from dapple.timing import format_report, measure_plan, timing_report
+    from planner.profile import ProfileError, load_profile
+    from topology import local_topology
+
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    if FLAGS.profile:
+        try:
+            profile = load_profile(FLAGS.profile)
+        except (OSError, ProfileError) as e:
+            print(f"dapple verify: --profile: {e}", file=sys.stderr)
+            return 2
+        device = getattr(profile, "device", None) or ""
+        if device and f"({threads or 'default'} intra-op" not in device:
+            print(f"dapple verify: warning: the profile was measured on {device!r}, this run "
+                  f"uses {threads or 'default'} intra-op threads: predictions may not apply",
+                  file=sys.stderr)
+    else:
+        from dapple.profiler import profile as profile_model
+        from dapple.user_model import random_inputs
+        rows = batch // plan.micro_batches // max(s.replicas for s in plan.stages)
+        print(f"profiling the model at batch {rows} (pass --profile to use a `dapple profile` "
+              f"result)")
+        profile = profile_model(model, random_inputs(model, rows, seed=FLAGS.seed))
+    devices = max(d for s in plan.stages for d in s.devices) + 1
+    measured = measure_plan(pm, x, y, warmup=FLAGS.timing_warmup, runs=FLAGS.timing_runs)
+    report = timing_report(plan, profile, local_topology(devices), measured)
+    print(f"timing on local_topology({devices}) with {threads or 'default'} intra-op threads, "
+          f"median of {FLAGS.timing_runs} runs after {FLAGS.timing_warmup} warm-up; profile "
+          f"{profile.name!r} at batch {profile.batch_size:g}")
+    print(format_report(report))
+    return 0
