@@ -161,6 +161,8 @@ class StageModel:
         self.intra_lat = topology.intra_host_latency * 1e3      # ms
         self.inter_lat = topology.inter_host_latency * 1e3
         self._ar_cache: Dict[tuple, float] = {}
+        self._transfer_cache: Dict[tuple, float] = {}
+        self._fit_cache: Dict[tuple, int] = {}
 
     # ---- compute --------------------------------------------------------------------
     def slice_size(self, replicas: int) -> int:
@@ -180,6 +182,14 @@ class StageModel:
     def transfer_ms(self, nbytes: float, senders: Sequence[int], receivers: Sequence[int]) -> float:
         """Time to move `nbytes` (a whole micro-batch's boundary) from one device set to
         another, given as host-count vectors."""
+        key = (nbytes, tuple(senders), tuple(receivers))
+        hit = self._transfer_cache.get(key)
+        if hit is None:
+            hit = self._transfer_cache[key] = self._transfer_ms(nbytes, senders, receivers)
+        return hit
+
+    def _transfer_ms(self, nbytes: float, senders: Sequence[int],
+                     receivers: Sequence[int]) -> float:
         r1, r2 = sum(senders), sum(receivers)
         worst_host = 0.0
         crosses = False
@@ -250,6 +260,13 @@ class StageModel:
 
     def max_in_flight(self, first: int, last: int, replicas: int) -> int:
         """D: micro-batches whose activations fit beside the stage's weights (0: none)."""
+        key = (first, last, replicas)
+        hit = self._fit_cache.get(key)
+        if hit is None:
+            hit = self._fit_cache[key] = self._max_in_flight(first, last, replicas)
+        return hit
+
+    def _max_in_flight(self, first: int, last: int, replicas: int) -> int:
         free = self.topology.device_memory_bytes - self.static_bytes(first, last)
         act = self.activation_bytes(first, last, replicas)
         if free < act:
