@@ -105,3 +105,26 @@ def test_evaluate_rejects_bad_plans():
     too_small = Plan(stages=[Stage([0, 3], [0, 1])], micro_batches=1, global_batch_size=1)
     with pytest.raises(PlanError, match="at least one sample"):
         cm.evaluate(too_small, p, t)
+
+
+def test_round_trip_wait_by_hand():
+    # Two stages, free transfers, F = [4, 1], B = [8, 2], M = 3, K = [1, 1] (memory allows one
+    # micro-batch on stage 0): every micro-batch runs alone, F0 F1 B1 B0 = 15 ms, 45 ms in all.
+    F, B, AR = [4, 0, 1], [8, 0, 2], [0, 0, 0]
+    Tw, Ts, Te, Q = cm.round_trip_phases(F, B, AR, 3, [1, 1])
+    assert Q == 0 and Tw + Ts + Te == pytest.approx(45)
+    assert Tw == 4 + 3                      # F0, then the wait for stage 1's F + B
+    # Eq. 1 alone says 4 + 2 x 12 + 8 = 36: it assumes stage 0 never idles.
+    assert sum(cm.phases(F, B, AR, 3)[:3]) == pytest.approx(36)
+    # With K = [2, 1] stage 0 runs a second forward while the first goes round: the wait
+    # shrinks to max(0, 3 - 4) = 0 and the period to max(12, 15 / 2) = 12: eq. 1 again.
+    assert sum(cm.round_trip_phases(F, B, AR, 3, [2, 1])[:3]) == pytest.approx(36)
+
+
+def test_warmup_for_caps_by_memory_and_keeps_depths_non_increasing():
+    from planner.costs import PipelineCosts
+    costs = PipelineCosts([1.0] * 3, [2.0] * 3, [0.0] * 2, [0.0] * 2, [0.0] * 3)
+    assert cm.warmup_for(costs, [8, 8, 8], 8) == ("A", [3, 2, 1])     # ACR 0: policy A
+    assert cm.warmup_for(costs, [1, 8, 0], 8) == ("A", [1, 1, 1])
+    busy = PipelineCosts([1.0] * 3, [2.0] * 3, [1.0] * 2, [1.0] * 2, [0.0] * 3)
+    assert cm.warmup_for(busy, [8, 8, 8], 8) == ("B", [5, 3, 1])      # ACR 2/3: policy B
