@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 
+CORES = re.compile(r"keeps ([\d.]+) busy on average .* the process had ([\d.]+)")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -69,10 +70,12 @@ def main(argv):
     model = "benchmarks.predicted_vs_measured:build"
     layers = F.depth + 1
     micro = F.batch // F.micro_batches
-    rows = []
+    rows, singles = [], []
     with tempfile.TemporaryDirectory() as tmp:
         plan_path, prof_path = os.path.join(tmp, "plan.json"), os.path.join(tmp, "mlp.profile.json")
+        single_path = os.path.join(tmp, "single.json")
         straight_plan([(layers + 1) // 2], layers, F.micro_batches, F.batch).save(plan_path)
+        straight_plan([], layers, 1, F.batch).save(single_path)
         profile_cmd = ["profile", f"--model={model}", f"--model_args={model_args}",
                        f"--batch_size={micro}", f"--output={prof_path}", "--runs=10"]
         verify_cmd = ["verify", f"--plan={plan_path}", f"--model={model}",
@@ -87,22 +90,38 @@ def main(argv):
             load = os.getloadavg()[0]
             _dapple(profile_cmd, env)
             out = _dapple(verify_cmd, env)
-            m, extra = FIGURES.search(out), EXTRA.search(out)
-            if not m:
-                raise SystemExit(f"no timing figures in dapple verify's output:\n{out}")
-            pred, sim, meas = map(float, m.groups())
-            sim_meas, grads = map(float, extra.groups())
-            rows.append((pred, sim, meas, sim_meas, grads))
+            pred, sim, meas, sim_meas, grads, want_cores, had_cores = _figures(out)
+            rows.append((pred, sim, meas, sim_meas, grads, want_cores, had_cores))
             if i == 0:
-                print("\nfirst run's output:\n" + out.strip())
+                print("\nfirst run's output (2 stages):\n" + out.strip())
             print(f"run {i}: load {load:.1f}  predicted {pred:.1f}  simulated {sim:.1f}  "
                   f"measured {meas:.1f}  (sim from measured units {sim_meas:.1f}, gradients only "
-                  f"{grads:.1f})  measured/predicted {meas / pred:.2f}")
+                  f"{grads:.1f}; cores {had_cores:.2f} of {want_cores:.2f})  measured/predicted "
+                  f"{meas / pred:.2f}")
+            if F.single:
+                one = _figures(_dapple([a.replace(plan_path, single_path) for a in verify_cmd],
+                                       env))
+                singles.append(one)
+                print(f"       1 device, M=1: predicted {one[0]:.1f}  measured {one[2]:.1f}  "
+                      f"measured/predicted {one[2] / one[0]:.2f}")
     med = [statistics.median(col) for col in zip(*rows)]
     print(f"\nmedian of {len(rows)}: predicted {med[0]:.1f} ms  simulated {med[1]:.1f} ms  "
           f"measured {med[2]:.1f} ms  -> measured/predicted {med[2] / med[0]:.2f} "
           f"(target within 25%: {'met' if abs(med[2] / med[0] - 1) <= 0.25 else 'MISSED'}); "
-          f"simulated from measured units {med[3]:.1f} ms, gradients only {med[4]:.1f} ms")
+          f"simulated from measured units {med[3]:.1f} ms, gradients only {med[4]:.1f} ms; "
+          f"cores the process had {med[6]:.2f} of the {med[5]:.2f} the schedule keeps busy")
+    if singles:
+        one = [statistics.median(col) for col in zip(*singles)]
+        print(f"1 device (1-stage plan, M=1): predicted {one[0]:.1f} ms, measured {one[2]:.1f} ms"
+              f" ({one[2] / one[0]:.2f}); speedup of 2 stages: predicted {one[0] / med[0]:.2f}x, "
+              f"measured {one[2] / med[2]:.2f}x")
+
+
+def _figures(out):
+    m, extra, cores = FIGURES.search(out), EXTRA.search(out), CORES.search(out)
+    if not m or not extra or not cores:
+        raise SystemExit(f"no timing figures in dapple verify's output:\n{out}")
+    return tuple(map(float, m.groups() + extra.groups() + cores.groups()))
 
 
 if __name__ == "__main__":
@@ -115,4 +134,5 @@ if __name__ == "__main__":
     flags.DEFINE_integer("runs", 10, "measured runs inside each verify (its median)")
     flags.DEFINE_integer("intra_op_threads", 1, "TF intra-op threads")
     flags.DEFINE_integer("inter_op_threads", 4, "TF inter-op threads")
+    flags.DEFINE_bool("single", True, "also time the 1-device plan (M=1): the speedup")
     app.run(main)

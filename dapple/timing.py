@@ -42,16 +42,26 @@ MIN_BACKWARD_MS = 1e-3
 
 def median_ms(fn: Callable[[], object], warmup: int, runs: int) -> float:
     """Median wall time of `fn()` in ms, after `warmup` unmeasured calls; waits for results."""
+    return median_wall_and_cpu_ms(fn, warmup, runs)[0]
+
+
+def median_wall_and_cpu_ms(fn: Callable[[], object], warmup: int, runs: int):
+    """(median wall ms, median process CPU ms) of `fn()` after `warmup` unmeasured calls.
+
+    CPU over wall is how many cores the process really had: a 2-device pipeline needs about 2;
+    on a shared machine other processes take them (the reason a measured speedup can fall far
+    below the planner's while every per-stage time agrees with the profile)."""
     if runs < 1 or warmup < 0:
         raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     for _ in range(warmup):
         _wait(fn())
-    samples = []
+    walls, cpus = [], []
     for _ in range(runs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         _wait(fn())
-        samples.append((time.perf_counter() - start) * 1000.0)
-    return float(statistics.median(samples))
+        walls.append((time.perf_counter() - start) * 1000.0)
+        cpus.append((time.process_time() - cpu) * 1000.0)
+    return float(statistics.median(walls)), float(statistics.median(cpus))
 
 
 def _wait(out) -> None:
@@ -76,6 +86,12 @@ class MeasuredPlan:
     gradients_ms: float      # median pipelined forward/backward without the apply
     warmup: int
     runs: int
+    step_cpu_ms: float = 0.0  # median process CPU time of a train_step (all threads)
+
+    @property
+    def cores_used(self) -> float:
+        """Cores the process kept busy during a step, on average (CPU time / wall time)."""
+        return self.step_cpu_ms / self.step_ms if self.step_ms > 0 else 0.0
 
 
 def _slice(tensors: Dict[str, tf.Tensor], lo: int, hi: int) -> Dict[str, tf.Tensor]:
@@ -160,9 +176,9 @@ def _time_stage(step, s, graph, device, inputs, labels, rows, last, warmup, runs
                        backward_ms=max(total_ms - forward_ms, MIN_BACKWARD_MS))
 
 
-def measure_step_ms(pm, x, y, warmup: int = 3, runs: int = 10) -> float:
-    """Median ms of `pm.train_step(x, y)` (a full optimizer step) after `warmup` steps."""
-    return median_ms(lambda: pm.train_step(x, y), warmup, runs)
+def measure_step_ms(pm, x, y, warmup: int = 3, runs: int = 10):
+    """(wall, CPU) median ms of `pm.train_step(x, y)` (a full optimizer step) after warm-up."""
+    return median_wall_and_cpu_ms(lambda: pm.train_step(x, y), warmup, runs)
 
 
 def measure_gradients_ms(pm, x, y, warmup: int = 3, runs: int = 10) -> float:
@@ -175,9 +191,10 @@ def measure_plan(pm, x, y, warmup: int = 3, runs: int = 10) -> MeasuredPlan:
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     y = tf.nest.map_structure(tf.convert_to_tensor, y)
     stages = measure_stages(pm, x, y, warmup, runs)
-    return MeasuredPlan(stages=stages, step_ms=measure_step_ms(pm, x, y, warmup, runs),
+    step_ms, step_cpu_ms = measure_step_ms(pm, x, y, warmup, runs)
+    return MeasuredPlan(stages=stages, step_ms=step_ms,
                         gradients_ms=measure_gradients_ms(pm, x, y, warmup, runs),
-                        warmup=warmup, runs=runs)
+                        warmup=warmup, runs=runs, step_cpu_ms=step_cpu_ms)
 
 
 # ---- the comparison (planner side; no TensorFlow below) -----------------------------------------
@@ -191,6 +208,8 @@ class TimingReport:
     gradients_ms: float                  # median pipelined forward/backward
     predicted_stages: List[tuple]        # (forward_ms, backward_ms) per stage, from the profile
     measured_stages: List[StageTiming] = field(default_factory=list)
+    cores_used: float = 0.0              # process CPU / wall during the measured step
+    expected_cores: float = 0.0          # busy unit time / simulated_measured_ms
 
     @property
     def ratio(self) -> float:
@@ -211,12 +230,16 @@ def timing_report(plan, profile, topology, measured: MeasuredPlan) -> TimingRepo
         backward_ms=[st.backward_ms for st in measured.stages],
         send_forward_ms=list(costs.send_forward_ms), send_backward_ms=list(costs.send_backward_ms),
         allreduce_ms=list(costs.allreduce_ms), activation_bytes=list(costs.activation_bytes))
+    simulated_measured = simulate_plan(plan, measured_costs).iteration_ms
+    busy = plan.micro_batches * sum(st.replicas * (m.forward_ms + m.backward_ms)
+                                    for st, m in zip(plan.stages, measured.stages))
     return TimingReport(
         predicted_ms=estimate.latency_ms, simulated_ms=simulated,
-        simulated_measured_ms=simulate_plan(plan, measured_costs).iteration_ms,
+        simulated_measured_ms=simulated_measured,
         measured_ms=measured.step_ms, gradients_ms=measured.gradients_ms,
         predicted_stages=list(zip(costs.forward_ms, costs.backward_ms)),
-        measured_stages=list(measured.stages))
+        measured_stages=list(measured.stages), cores_used=measured.cores_used,
+        expected_cores=busy / simulated_measured if simulated_measured > 0 else 0.0)
 
 
 def format_report(report: TimingReport) -> str:
@@ -233,5 +256,10 @@ def format_report(report: TimingReport) -> str:
         f"measured / predicted: {report.ratio:.2f}   (simulated from measured units "
         f"{report.simulated_measured_ms:.2f}; measured without the optimizer's apply "
         f"{report.gradients_ms:.2f})",
+        f"cores: the schedule keeps {report.expected_cores:.2f} busy on average (measured units "
+        f"replayed); the process had {report.cores_used:.2f} (CPU / wall time of the step)"
+        + (" -- fewer: the stages did not compute side by side (other processes on the "
+           "machine taking cores, or devices not running concurrently)"
+           if report.cores_used < 0.8 * report.expected_cores else ""),
     ]
     return "\n".join(lines)

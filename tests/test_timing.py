@@ -92,6 +92,23 @@ def _flat_profile(n_layers, forward_ms, backward_ms, batch):
     return Profile(name="flat", batch_size=batch, layers=layers)
 
 
+def test_two_stage_report_counts_the_cores_the_schedule_keeps_busy():
+    # Straight 2 stages, M = 2, measured F = 1, B = 2 on both, transfers of 0 bytes (latency
+    # only, LOCAL_CPU_COPY_LATENCY = 0.05 ms each way). Schedule A: stage 0 F0 F1 B0 B1 (K=2),
+    # stage 1 F0 B0 F1 B1. Stage 0: F0 0-1, F1 1-2; stage 1: F0 1.05-2.05, B0 2.05-4.05,
+    # F1 4.05-5.05, B1 5.05-7.05; stage 0: B0 4.1-6.1, B1 7.1-9.1. Busy 2 x 2 x 3 = 12 ms.
+    plan = straight_plan([1], 2, 2, 16)
+    profile = _flat_profile(2, 1.0, 2.0, 8)
+    measured = MeasuredPlan(stages=[StageTiming(0, "/device:CPU:0", 8, 1.0, 2.0),
+                                    StageTiming(1, "/device:CPU:1", 8, 1.0, 2.0)],
+                            step_ms=10.0, gradients_ms=9.0, warmup=0, runs=1, step_cpu_ms=5.0)
+    report = timing_report(plan, profile, local_topology(2), measured)
+    assert report.simulated_measured_ms == pytest.approx(9.1)
+    assert report.expected_cores == pytest.approx(12.0 / 9.1)
+    assert report.cores_used == pytest.approx(0.5)
+    assert "did not compute side by side" in format_report(report)
+
+
 def test_report_replays_the_schedule_with_the_measured_unit_times():
     # One stage, M = 4 micro-batches, measured F = 2 ms, B = 3 ms: the replay is 4 x (2 + 3).
     plan = straight_plan([], 2, 4, 32)
@@ -100,6 +117,7 @@ def test_report_replays_the_schedule_with_the_measured_unit_times():
                             step_ms=30.0, gradients_ms=25.0, warmup=0, runs=1)
     report = timing_report(plan, profile, local_topology(1), measured)
     assert report.simulated_measured_ms == pytest.approx(20.0)
+    assert report.expected_cores == pytest.approx(1.0)     # 20 ms busy over 20 ms
     assert report.measured_ms == 30.0
     assert report.ratio == pytest.approx(30.0 / report.predicted_ms)
     text = format_report(report)
