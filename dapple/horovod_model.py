@@ -13,8 +13,9 @@ the same user script; rank r runs plan device r (`graph_rewrite.horovod_ranks`):
   updates only this rank's stage; the other stages' variables on this rank are left stale until
   `save_weights` gathers them.
 * `fit` shuffles with a seed shared by all ranks, so every rank sees the same global batches.
-* Loss logs are the global batch's loss on every rank; compiled metrics are computed on
-  last-stage ranks from their own rows only (other ranks report the loss alone).
+* Loss, compiled metrics, `evaluate` and `predict` give every rank the global batch's values:
+  the loss is summed over ranks, and the last stage's predictions are allgathered (one
+  collective per output per step, only when metrics are compiled for training).
 * `save_weights`: every stage's first rank broadcasts its stage's variables, rank 0 writes the
   plain model's Keras checkpoint once and atomically, and all ranks wait for it. It restores into
   the plain model or any plan (`load_weights`: rank 0 reads, then broadcasts).
@@ -119,17 +120,36 @@ class HorovodPipelinedModel(PipelinedModel):
         loss, grads = self._grad_fn(x, y)
         return grads
 
-    def _rows_of_predictions(self, y):
-        """Labels for the rows this rank predicted (last stage: micro-batch major, own rows)."""
+    def _global_predictions(self, result) -> List[tf.Tensor]:
+        """Every output's predictions for the whole global batch, in row order, on every rank:
+        last-stage ranks hold their rows; one allgather per output brings them together."""
         step = self._step
-        S = len(step.stages)
-        rows = [step.rows(S - 1, self.replica, m) for m in range(self.plan.micro_batches)]
-        ys = tf.nest.flatten(y)
-        picked = [tf.concat([t[lo:hi] for lo, hi in rows], axis=0) for t in ys]
-        return picked[0] if len(picked) == 1 else picked
+        last = self.plan.stages[-1]
+        M, R = self.plan.micro_batches, last.replicas
+        size = step.global_batch // (M * R)
+        replica_of_rank = {d: r for r, d in enumerate(last.devices)}
+        ranks = sorted(last.devices)
+        outs = []
+        for k, tensor in enumerate(self.model.outputs):
+            mine = result.predictions[k] if k < len(result.predictions) else []
+            if mine:
+                local = step.transport.distinct(tf.concat(mine, axis=0))
+            else:   # not a last-stage rank: contributes no rows
+                local = step.transport.empty(list(tensor.shape[1:]), tensor.dtype)
+            gathered = hvd.allgather(local, name=f"dapple.predictions.{k}",
+                                     ignore_name_scope=True)
+            blocks = tf.split(gathered, [M * size] * R, axis=0)        # by rank
+            by_replica = {replica_of_rank[rank]: tf.split(block, [size] * M, axis=0)
+                          for rank, block in zip(ranks, blocks)}
+            outs.append(tf.concat([by_replica[r][m] for m in range(M) for r in range(R)],
+                                  axis=0))
+        return outs
+
+    def _has_metrics(self) -> bool:
+        return bool(getattr(self.model.compiled_metrics, "_user_metrics", None))
 
     def _build_train_fn(self):
-        last = self.stage == self.plan.num_stages - 1
+        with_metrics = self._has_metrics()
 
         @tf.function
         def train_fn(x, y):
@@ -137,23 +157,45 @@ class HorovodPipelinedModel(PipelinedModel):
             pairs = [(g, v) for g, v in zip(result.gradients, self.model.trainable_variables)
                      if g is not None]
             self.optimizer.apply_gradients(pairs)
-            if last:
-                y_pred = [tf.concat(p, axis=0) for p in result.predictions]
+            if with_metrics:
+                y_pred = self._global_predictions(result)
                 self.model.compiled_metrics.update_state(
-                    self._rows_of_predictions(y), y_pred[0] if len(y_pred) == 1 else y_pred)
+                    y, y_pred[0] if len(y_pred) == 1 else y_pred)
             return result.loss
         return self._guarded("train step", train_fn)
 
     def predict(self, x, batch_size=None, verbose=0):
-        raise NotImplementedError(
-            "predict under horovodrun is not implemented yet: predictions live on the last "
-            "stage's ranks only. Save the weights (pm.save_weights) and predict with the plain "
-            "model, or predict with the single-process runtime")
+        """As on one machine; every rank returns all predictions."""
+        if self._step is None:
+            self._step = self._make_step(None)
+        if self._predict_fn is None:
+            @tf.function
+            def predict_fn(x):
+                result = self._step.run(x, None, training=False)
+                # The loss is returned (not a control dependency: Grappler dropped that) so
+                # that the step's transfers and its closing collective run on every rank.
+                return result.loss, self._global_predictions(result)
+            guarded = self._guarded("predict step", predict_fn)
+            self._predict_fn = lambda x: guarded(x)[1]
+        return super().predict(x, batch_size=batch_size, verbose=verbose)
 
     def evaluate(self, x, y=None, batch_size=None, verbose=0, return_dict=False):
-        raise NotImplementedError(
-            "evaluate under horovodrun is not implemented yet; save the weights "
-            "(pm.save_weights) and evaluate the plain model, or use the single-process runtime")
+        """As on one machine; every rank returns the same loss and metrics."""
+        self._require_compiled()
+        if self._eval_fn is None:
+            with_metrics = self._has_metrics()
+
+            @tf.function
+            def eval_fn(x, y):
+                result = self._step.run(x, y, training=False)
+                if with_metrics:
+                    y_pred = self._global_predictions(result)
+                    self.model.compiled_metrics.update_state(
+                        y, y_pred[0] if len(y_pred) == 1 else y_pred)
+                return result.loss
+            self._eval_fn = self._guarded("evaluate step", eval_fn)
+        return super().evaluate(x, y, batch_size=batch_size, verbose=verbose,
+                                return_dict=return_dict)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def gather_weights(self) -> None:

@@ -165,13 +165,13 @@ class HorovodTransport:
         self._transfers += 1
         return self.salt() * float(self._transfers)
 
-    def _distinct(self, tensor: tf.Tensor) -> tf.Tensor:
+    def distinct(self, tensor: tf.Tensor) -> tf.Tensor:
         zero = self._zero()
         if tensor.dtype == tf.bool:
             return tf.logical_or(tensor, tf.cast(zero, tf.bool))
         return tensor + tf.cast(zero, tensor.dtype)
 
-    def _empty(self, shape: List[int], dtype) -> tf.Tensor:
+    def empty(self, shape: List[int], dtype) -> tf.Tensor:
         """What a receiver sends: no rows, but a row count known only at run time, so that
         the receive never has constant inputs (see the module docstring)."""
         rows = tf.cast(self._zero(), tf.int32)
@@ -182,7 +182,7 @@ class HorovodTransport:
         if [r for pair in row_order for r in pair] != sorted(r for pair in row_order for r in pair):
             # Destinations in rank order are not in replica (row) order: reorder the rows.
             tensor = tf.concat([tensor[lo:hi] for lo, hi in row_order], axis=0)
-        out, _ = hvd.alltoall(self._distinct(tensor), splits=tf.constant(splits, tf.int32),
+        out, _ = hvd.alltoall(self.distinct(tensor), splits=tf.constant(splits, tf.int32),
                               name=name, ignore_name_scope=True, process_set=process_set)
         self.pending.append(out)
 
@@ -192,7 +192,7 @@ class HorovodTransport:
             raise ValueError(f"boundary tensor {spec.name!r} has shape {spec.shape}: transfers "
                              f"between processes need every dimension but the batch to be "
                              f"static; give the model's inputs fixed shapes")
-        out, _ = hvd.alltoall(self._empty(shape, spec.dtype),
+        out, _ = hvd.alltoall(self.empty(shape, spec.dtype),
                               splits=tf.constant([0] * process_set.size(), tf.int32),
                               name=name, ignore_name_scope=True, process_set=process_set)
         self.pending.append(out)     # a received gradient may be unused (a relayed model input)
@@ -270,6 +270,8 @@ class HorovodPipelineStep(PipelineStep):
                          transport_factory=HorovodTransport)
 
     def run(self, x, y=None, training: bool = True) -> StepResult:
+        """Callers must fetch `loss` (return it from the tf.function): it carries the data
+        dependencies that keep every transfer; a control dependency on it may be dropped."""
         self.transport.begin_step()
         result = super().run(x, y, training)
         # Sends' outputs are empty; summing them adds an exact 0 and keeps them in the graph

@@ -99,8 +99,8 @@ def test_cli_refuses_disagreeing_hosts(tmp_path):
 
 @pytest.mark.horovod
 def test_launch_runs_fit_across_processes(tmp_path):
-    """`dapple launch` really runs: fit under horovodrun (1:2 plan, 3 ranks) trains the weights
-    plain Keras fit trains, and every rank reports."""
+    """`dapple launch` really runs: fit (with accuracy and validation data), evaluate and
+    predict under horovodrun (1:2 plan, 3 ranks) give every rank what plain Keras gives."""
     import json
     import os
 
@@ -119,4 +119,7 @@ def test_launch_runs_fit_across_processes(tmp_path):
                for line in out.stdout.splitlines() if "DAPPLE_RESULT " in line]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2]
     for r in reports:
-        assert r["weight_diff"] < 1e-5 and r["loss_diff"] < 1e-5, r
+        assert r["history_keys"] == ["accuracy", "loss", "val_accuracy", "val_loss"], r
+        assert r["weight_diff"] < 1e-5 and r["history_diff"] < 1e-5, r
+        assert r["eval_diff"] < 1e-5 and r["predict_diff"] < 1e-5, r
+        assert r["predict_rows"] == 17, r
