@@ -398,8 +398,11 @@ def _seed_search(search: "_Search", ms: Sequence[int]) -> None:
     # Every two-stage plan (each cut, each r : G - r), as the DAPPLE authors' planner
     # enumerates them (HPGO `compute_bipartition`): cheap, and the best of them is often the
     # optimum or close to it (VGG-19's 15:1, AmoebaNet's 11:5).
+    sizes = search.stage_sizes
+    pairs = [r for r in range(1, G)
+             if sizes is None or (r in sizes and G - r in sizes)]
     for last in range(N - 1):
-        for r in range(1, G):
+        for r in pairs:
             shapes.append([(0, last, r), (last + 1, N - 1, G - r)])
     for M in ms:
         model = StageModel(search.profile, search.topology, search.gbs, M)
