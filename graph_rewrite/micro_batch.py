@@ -1,7 +1,9 @@
 """Which rows of the global batch each (stage, replica, micro-batch) unit works on.
 
 The global batch of N rows is split into M micro-batches of n = N / M rows; a stage with R
-replicas splits each micro-batch evenly, replica r taking rows [r n/R, (r+1) n/R) of it
+replicas splits each micro-batch evenly (the runtime requires N divisible by M x R for every
+stage; the Plan format also admits slices that differ by one row, which the planner uses to
+express paper plans such as 15:1 of a 2048 batch, but the runtime refuses them), replica r taking rows [r n/R, (r+1) n/R) of it
 (DAPPLE §V-B2). Rows are contiguous, so a boundary between stages of different replica counts
 moves row ranges: a concat (many-to-one), a split (one-to-many), or both (many-to-many), and
 nothing at all when the counts are equal (the ranges line up).
@@ -22,7 +24,8 @@ def check_divisible(global_batch: int, micro_batches: int, replicas: List[int]) 
             raise BatchSplitError(
                 f"global batch {global_batch} does not divide into {micro_batches} micro-batches "
                 f"x {r} replicas of stage {s} (= {unit} equal slices): use a batch size that is a "
-                f"multiple of {unit}, or a plan with other micro_batches")
+                f"multiple of {unit}, or a plan with other micro_batches (`dapple plan "
+                f"--even_slices` only proposes plans whose slices are equal)")
 
 
 def unit_rows(global_batch: int, micro_batches: int, replicas: int, micro_batch: int,
