@@ -173,6 +173,19 @@ def test_verify_timing_uses_a_dapple_profile(tmp_path):
     assert len(_stage_rows(proc.stdout)) == 2
 
 
+def test_verify_timing_refuses_a_profile_of_another_model(tmp_path):
+    prof = str(tmp_path / "conv.profile.json")
+    done = subprocess.run([sys.executable, "-m", "dapple.cli", "profile",
+                           "--model=tests.models:small_conv", "--batch_size=4",
+                           f"--output={prof}", "--runs=1", "--warmup=0"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    proc = _run_verify(tmp_path, straight_plan([2], 5, 2, 16), "tests.models:mlp_with_skip",
+                       f"--profile={prof}")
+    assert proc.returncode == 2
+    assert "measured on another model" in proc.stderr
+
+
 def test_verify_timing_explains_a_missing_profile(tmp_path):
     proc = _run_verify(tmp_path, straight_plan([2], 5, 2, 16), "tests.models:mlp_with_skip",
                        f"--profile={tmp_path / 'nope.json'}")

@@ -144,6 +144,12 @@ def _timing(pm, model, plan, x, y, batch) -> int:
         except (OSError, ProfileError) as e:
             print(f"dapple verify: --profile: {e}", file=sys.stderr)
             return 2
+        from graph_rewrite.model_graph import model_signature
+        if profile.model_signature and profile.model_signature != model_signature(model):
+            print(f"dapple verify: --profile={FLAGS.profile} was measured on another model "
+                  f"(its model signature differs from {model.name!r}'s): profile this model "
+                  f"with `dapple profile --model={FLAGS.model}`", file=sys.stderr)
+            return 2
         device = getattr(profile, "device", None) or ""
         if device and f"({threads or 'default'} intra-op" not in device:
             print(f"dapple verify: warning: the profile was measured on {device!r}, this run "
