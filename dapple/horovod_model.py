@@ -96,7 +96,7 @@ class HorovodPipelinedModel(PipelinedModel):
         return HorovodPipelineStep(self.model, self.plan, loss, self.device,
                                    self.process_sets, self.layout)
 
-    def _guarded(self, what: str, fn):
+    def _compiled(self, what: str, fn):
         """Run the compiled `fn` under the watchdog (the first call also traces)."""
         def call(*args):
             first = what not in self._traced
@@ -105,22 +105,7 @@ class HorovodPipelinedModel(PipelinedModel):
                 return fn(*args)
         return call
 
-    # ---- training ------------------------------------------------------------------------------
-    def gradients(self, x, y) -> List[Optional[tf.Tensor]]:
-        """This rank's stage gradients (replica-summed) on the global batch; None for the
-        variables of other stages."""
-        self._require_compiled()
-        self._check_batch(_rows(x))
-        if self._grad_fn is None:
-            @tf.function
-            def grad_fn(x, y):
-                result = self._step.run(x, y)
-                return result.loss, result.gradients
-            self._grad_fn = self._guarded("gradients step", grad_fn)
-        loss, grads = self._grad_fn(x, y)
-        return grads
-
-    def _global_predictions(self, result) -> List[tf.Tensor]:
+    def _predictions(self, result) -> List[tf.Tensor]:
         """Every output's predictions for the whole global batch, in row order, on every rank:
         last-stage ranks hold their rows; one allgather per output brings them together."""
         step = self._step
@@ -144,58 +129,6 @@ class HorovodPipelinedModel(PipelinedModel):
             outs.append(tf.concat([by_replica[r][m] for m in range(M) for r in range(R)],
                                   axis=0))
         return outs
-
-    def _has_metrics(self) -> bool:
-        return bool(getattr(self.model.compiled_metrics, "_user_metrics", None))
-
-    def _build_train_fn(self):
-        with_metrics = self._has_metrics()
-
-        @tf.function
-        def train_fn(x, y):
-            result = self._step.run(x, y)
-            pairs = [(g, v) for g, v in zip(result.gradients, self.model.trainable_variables)
-                     if g is not None]
-            self.optimizer.apply_gradients(pairs)
-            if with_metrics:
-                y_pred = self._global_predictions(result)
-                self.model.compiled_metrics.update_state(
-                    y, y_pred[0] if len(y_pred) == 1 else y_pred)
-            return result.loss
-        return self._guarded("train step", train_fn)
-
-    def predict(self, x, batch_size=None, verbose=0):
-        """As on one machine; every rank returns all predictions."""
-        if self._step is None:
-            self._step = self._make_step(None)
-        if self._predict_fn is None:
-            @tf.function
-            def predict_fn(x):
-                result = self._step.run(x, None, training=False)
-                # The loss is returned (not a control dependency: Grappler dropped that) so
-                # that the step's transfers and its closing collective run on every rank.
-                return result.loss, self._global_predictions(result)
-            guarded = self._guarded("predict step", predict_fn)
-            self._predict_fn = lambda x: guarded(x)[1]
-        return super().predict(x, batch_size=batch_size, verbose=verbose)
-
-    def evaluate(self, x, y=None, batch_size=None, verbose=0, return_dict=False):
-        """As on one machine; every rank returns the same loss and metrics."""
-        self._require_compiled()
-        if self._eval_fn is None:
-            with_metrics = self._has_metrics()
-
-            @tf.function
-            def eval_fn(x, y):
-                result = self._step.run(x, y, training=False)
-                if with_metrics:
-                    y_pred = self._global_predictions(result)
-                    self.model.compiled_metrics.update_state(
-                        y, y_pred[0] if len(y_pred) == 1 else y_pred)
-                return result.loss
-            self._eval_fn = self._guarded("evaluate step", eval_fn)
-        return super().evaluate(x, y, batch_size=batch_size, verbose=verbose,
-                                return_dict=return_dict)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def gather_weights(self) -> None:

@@ -136,8 +136,28 @@ class PipelinedModel:
                                 else ""))
         check_divisible(n, self.plan.micro_batches, [s.replicas for s in self.plan.stages])
 
+    # ---- hooks a runtime across processes overrides (dapple.horovod_model) ---------------------
+    def _compiled(self, what: str, fn):
+        """Wrap a compiled step function (`what` names it); here it runs as it is."""
+        return fn
+
+    def _predictions(self, result) -> List[tf.Tensor]:
+        """Every output's predictions for the global batch, in row order."""
+        return [tf.concat(p, axis=0) for p in result.predictions]
+
+    def _has_metrics(self) -> bool:
+        return bool(getattr(self.model.compiled_metrics, "_user_metrics", None))
+
+    def _update_metrics(self, y, result) -> None:
+        if self._has_metrics():
+            y_pred = self._predictions(result)
+            self.model.compiled_metrics.update_state(y, y_pred[0] if len(y_pred) == 1 else y_pred)
+
+    # ---- training ------------------------------------------------------------------------------
     def gradients(self, x, y) -> List[tf.Tensor]:
-        """Gradients of the compiled loss on the global batch (x, y), pipelined; for checks."""
+        """Gradients of the compiled loss on the global batch (x, y), pipelined; for checks.
+        Aligned with `model.trainable_variables` (None for variables this process does not
+        train, under horovodrun)."""
         self._require_compiled()
         self._check_batch(_rows(x))
         if self._grad_fn is None:
@@ -145,7 +165,7 @@ class PipelinedModel:
             def grad_fn(x, y):
                 result = self._step.run(x, y)
                 return result.loss, result.gradients
-            self._grad_fn = grad_fn
+            self._grad_fn = self._compiled("gradients step", grad_fn)
         loss, grads = self._grad_fn(x, y)
         return grads
 
@@ -156,11 +176,9 @@ class PipelinedModel:
             pairs = [(g, v) for g, v in zip(result.gradients, self.model.trainable_variables)
                      if g is not None]
             self.optimizer.apply_gradients(pairs)
-            y_pred = [tf.concat(p, axis=0) for p in result.predictions]
-            self.model.compiled_metrics.update_state(
-                y, y_pred[0] if len(y_pred) == 1 else y_pred)
+            self._update_metrics(y, result)
             return result.loss
-        return train_fn
+        return self._compiled("train step", train_fn)
 
     def train_step(self, x, y) -> tf.Tensor:
         """One optimizer step on one global batch; returns the loss."""
@@ -293,8 +311,11 @@ class PipelinedModel:
             @tf.function
             def predict_fn(x):
                 result = self._step.run(x, None, training=False)
-                return [tf.concat(p, axis=0) for p in result.predictions]
-            self._predict_fn = predict_fn
+                # The loss is returned too: across processes it keeps the step's transfers
+                # and closing collective alive on every rank (Grappler drops unused ones).
+                return result.loss, self._predictions(result)
+            compiled = self._compiled("predict step", predict_fn)
+            self._predict_fn = lambda x: compiled(x)[1]
         if isinstance(x, tf.data.Dataset):
             if batch_size is not None:
                 raise ValueError("do not pass batch_size with a tf.data.Dataset")
@@ -320,11 +341,9 @@ class PipelinedModel:
             @tf.function
             def eval_fn(x, y):
                 result = self._step.run(x, y, training=False)
-                y_pred = [tf.concat(p, axis=0) for p in result.predictions]
-                self.model.compiled_metrics.update_state(
-                    y, y_pred[0] if len(y_pred) == 1 else y_pred)
+                self._update_metrics(y, result)
                 return result.loss
-            self._eval_fn = eval_fn
+            self._eval_fn = self._compiled("evaluate step", eval_fn)
         eval_fn = self._eval_fn
         loss_mean = tf.keras.metrics.Mean()
         for m in self.model.compiled_metrics.metrics:
