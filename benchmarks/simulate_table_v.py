@@ -25,7 +25,8 @@ from planner.search import plan_dapple  # noqa: E402
 from planner.simulator import simulate_plan  # noqa: E402
 from topology.parse import parse_topology  # noqa: E402
 
-PROFILES = os.environ.get("DAPPLE_PROFILES", "/work/shared/profiles")
+PROFILES = os.environ.get("DAPPLE_PROFILES", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "profiles"))
 # Model, profile file, Table V global batch size (profiles/README.md).
 TABLE_V = [
     ("VGG-19", "dapple/vgg-19-pbs-32.txt", 2048),

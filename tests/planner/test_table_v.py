@@ -2,15 +2,18 @@
 estimated slower than PipeDream's plan under the same cost model (DAPPLE §VI-F's comparison),
 and the plan shapes that match the paper today stay matched (a regression guard; the cells
 that differ are explained in docs/planner.md)."""
+import os
+
 import pytest
 
 from planner import cost_model as cm
 from planner.pipedream import plan_pipedream
 from planner.profile import load_profile
 from planner.search import plan_dapple
+from tests.paths import PROFILES as SHARED_PROFILES
 from topology import parse_topology
 
-PROFILES = "/work/shared/profiles/dapple/"
+PROFILES = os.path.join(SHARED_PROFILES, "dapple") + os.sep
 # (profile, global batch, the paper's plan shape on A, B, C)
 TABLE_V = [("vgg-19-pbs-32.txt", 2048, ("DP", "DP", "15:1")),
            ("gnmt-16-pbs-64.txt", 1024, ("8:8", "8:8", "straight")),

@@ -12,6 +12,7 @@ from planner.costs import PipelineCosts
 from planner.plan import straight_plan
 from planner.schedule import pipeline_schedule
 from planner.simulator import simulate, simulate_plan
+from tests.paths import published_profile
 from planner.timeline import (MAX_DEVICE_ROWS, figure_png, held_activations_figure,
                               save_figure, timeline_figure)
 
@@ -132,7 +133,7 @@ def test_simulate_command_with_profile_and_topology_matches_the_library(tmp_path
     from planner.cost_model import pipeline_costs
     from planner.profile import load_profile
     from topology.parse import parse_topology
-    profile_path = "/work/shared/profiles/dapple/bert-48-pbs-2.txt"
+    profile_path = published_profile("dapple/bert-48-pbs-2.txt")
     profile, topology = load_profile(profile_path), parse_topology("A")
     plan = straight_plan([20], num_layers=profile.num_layers, micro_batches=4,
                          global_batch_size=64, replicas=[8, 8])
