@@ -56,7 +56,7 @@ W_q = max(0, R_q - (K_q - 1) F_q), and with K_q micro-batches in flight the stea
 max(F_q + B_q, (F_q + B_q + R_q) / K_q). So latency depends on K (policy by ACR, capped by
 memory: `warmup_for`); e.g. VGG-19's 15:1 at K = 1 pays the whole round trip per micro-batch.
 The simulator engineer measured it: the planner's Table V plans are within 5% of the
-discrete-event simulator with it, up to 1.9x off without it (docs/simulator.md).
+discrete-event simulator with it, up to 1.9x off without it (README, "Formula against simulator on the planner's Table V plans").
 
 Pivot (eq. 3): the printed rule starts Q at the last stage and, walking s from S-2 down to 0,
 moves Q to s when (M-1)(F_s+B_s) > (M-1)(F_Q+B_Q) + sum_{s'=s+1..Q-1} (F_s'+B_s'): the stage
@@ -339,7 +339,7 @@ def round_trip_phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float
     flight around a loop of F_q + B_q + R_q the steady period is
     max(F_q + B_q, (F_q + B_q + R_q) / K_q). Eq. 1 leaves both out; the discrete-event
     simulator (`planner.simulator`) shows them, and with them the formula is within 5% of the
-    simulator on all 15 Table V cells (docs/simulator.md). Each term is at least eq. 1's, so
+    simulator on all 15 Table V cells (README, "Formula against simulator on the planner's Table V plans"). Each term is at least eq. 1's, so
     eq. 1 (`phases`) is a lower bound, which the search uses for pruning. Q = argmax as in
     `phases`."""
     best = None

@@ -1,7 +1,7 @@
 """The paper's Table V cells (its own profiles, 16 V100s, configs A/B/C): DAPPLE's plan is never
 estimated slower than PipeDream's plan under the same cost model (DAPPLE §VI-F's comparison),
 and the plan shapes that match the paper today stay matched (a regression guard; the cells
-that differ are explained in docs/planner.md)."""
+that differ are explained in the README's Table V section)."""
 import os
 
 import pytest
