@@ -1,8 +1,7 @@
 """`dapple.timing` and `dapple verify --timing`: structure of the measurements, never their speed.
 
 The machine is shared, so nothing here asserts a duration. What is checked: every stage gets a
-positive forward and backward time for the right slice on its own device; a stage with far more
-work measures slower than one with almost none; the report's simulated-from-measured time is
+positive forward and backward time for the right slice on its own device; the report's simulated-from-measured time is
 the schedule replayed with the measured durations (hand-computed); and the command prints the
 three step times and one row per stage.
 """
@@ -54,17 +53,6 @@ def test_every_stage_is_timed_on_its_device_for_its_slice():
     assert [s.device for s in stages] == [pm.devices[0], pm.devices[2], pm.devices[3]]
     for s in stages:
         assert s.forward_ms > 0 and s.backward_ms > 0
-
-
-def test_a_stage_with_far_more_work_measures_slower():
-    # Stage 0: two 384x384 matmuls on 64 rows (~38 MFLOP forward); stage 1: a 384x2 and a 2x1.
-    plan = straight_plan([2], 4, 2, 128)
-    pm = compiled(heavy_then_light(), plan)
-    rng = np.random.RandomState(0)
-    x, y = rng.randn(128, 384).astype("float32"), rng.randn(128, 1).astype("float32")
-    heavy, light = measure_stages(pm, x, y, warmup=2, runs=7)
-    assert heavy.forward_ms > light.forward_ms
-    assert heavy.forward_ms + heavy.backward_ms > light.forward_ms + light.backward_ms
 
 
 def test_measure_plan_keeps_the_weights_with_a_zero_learning_rate_and_reports_steps():
