@@ -27,6 +27,8 @@ os.environ.setdefault("TF_NUM_INTEROP_THREADS", "4")
 
 from absl import app, flags  # noqa: E402
 
+from predicted_vs_measured import build  # noqa: E402  (this folder is on sys.path)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("width", 1024, "units of every Dense layer")
 flags.DEFINE_integer("depth", 8, "Dense layers")
@@ -37,14 +39,7 @@ flags.DEFINE_integer("micro_batches", 4, "micro-batches of the 2-stage plan")
 
 
 def build_model():
-    import tensorflow as tf
-    tf.keras.utils.set_random_seed(0)
-    x = tf.keras.Input((FLAGS.width,), name="x")
-    h = x
-    for i in range(FLAGS.depth):
-        h = tf.keras.layers.Dense(FLAGS.width, activation="relu", name=f"dense{i}")(h)
-    out = tf.keras.layers.Dense(10, name="classifier")(h)
-    return tf.keras.Model(x, out, name="mlp")
+    return build(FLAGS.width, FLAGS.depth)   # the same MLP predicted_vs_measured.py times
 
 
 def data():

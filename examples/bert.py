@@ -47,10 +47,6 @@ def build(num_layers=12, hidden=768, heads=12, seq_len=128, vocab=30522, classes
     return tf.keras.Model(ids, logits, name=f"bert_{num_layers}x{hidden}")
 
 
-def labels(model, batch, rng):
-    return rng.randint(0, model.output_shape[-1], size=batch).astype("int32")
-
-
 if __name__ == "__main__":
     from examples.run import main_for
     main_for("bert")

@@ -20,10 +20,6 @@ def build(image_size=224, classes=1000):
                                           classes=classes, classifier_activation=None)
 
 
-def labels(model, batch, rng):
-    return rng.randint(0, model.output_shape[-1], size=batch).astype("int32")
-
-
 if __name__ == "__main__":
     from examples.run import main_for
     main_for("resnet50")

@@ -5,8 +5,8 @@
     python -m examples.resnet50 --size=full --devices=8 --batch_size=128 --topology=1x8   # GPUs
 
 An example module (`examples/<name>.py`) provides only its model: `build(**kwargs)`,
-`TINY` and `FULL` keyword arguments, `GLOBAL_BATCH = {"tiny": ..., "full": ...}`, and
-`labels(model, batch, rng)`. The driver feeds synthetic data (random inputs of the model's
+`TINY` and `FULL` keyword arguments, `GLOBAL_BATCH = {"tiny": ..., "full": ...}`, and,
+when its labels are not class ids of one output, `labels(model, batch, rng)`. The driver feeds synthetic data (random inputs of the model's
 shapes, integer ids for int inputs; see `dapple.user_model`), measures the profile with
 `dapple.profile`, plans with the DAPPLE planner (`planner.search.plan_dapple`) for `--devices`
 local logical devices (`topology.local_topology`) or for `--topology`, prints the plan, and
@@ -52,6 +52,11 @@ flags.DEFINE_string("profile_output", None, "write the profile JSON here")
 flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate")
 
 
+def class_labels(model, batch, rng):
+    """Class ids for a classifier's single output (examples without `labels` get these)."""
+    return rng.randint(0, model.output_shape[-1], size=batch).astype("int32")
+
+
 def load_example(name: str):
     if name not in EXAMPLES:
         raise ValueError(f"unknown example {name!r}; examples are {EXAMPLES}")
@@ -91,7 +96,7 @@ def run(name: str, size: str = "tiny", devices: int = 2, batch_size: Optional[in
         f"{len(model.layers)} Keras layers")
     rows = batch * steps
     x = random_inputs(model, rows, seed=1)
-    y = example.labels(model, rows, np.random.RandomState(2))
+    y = getattr(example, "labels", class_labels)(model, rows, np.random.RandomState(2))
 
     first_rows = lambda data, n: tf.nest.map_structure(lambda a: a[:n], data)  # noqa: E731
     pbatch = profile_batch or batch

@@ -6,8 +6,6 @@
 Its 16 convolutions hold few weights and large activations, its three dense layers the opposite
 (the paper's §VI-C: the planner cuts it before the dense layers and replicates the convolutions).
 """
-import numpy as np
-
 TINY = {"image_size": 32, "classes": 10}
 FULL = {"image_size": 224, "classes": 1000}
 GLOBAL_BATCH = {"tiny": 8, "full": 256}
@@ -17,10 +15,6 @@ def build(image_size=224, classes=1000):
     import tensorflow as tf
     return tf.keras.applications.VGG19(weights=None, input_shape=(image_size, image_size, 3),
                                        classes=classes, classifier_activation=None)
-
-
-def labels(model, batch, rng):
-    return rng.randint(0, model.output_shape[-1], size=batch).astype("int32")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,17 @@ def data_for(model, batch, seed):
     return x, (ys[0] if len(ys) == 1 else ys)
 
 
+def plain_loss_and_grads(model, loss, x, y):
+    """The reference: the plain Keras model's loss and gradients on the whole global batch."""
+    losses = loss if isinstance(loss, list) else [loss]
+    ys = y if isinstance(y, list) else [y]
+    with tf.GradientTape() as tape:
+        preds = model(x, training=True)
+        preds = preds if isinstance(preds, list) else [preds]
+        total = tf.add_n([l(t, p) for l, t, p in zip(losses, ys, preds)])
+    return total, tape.gradient(total, model.trainable_variables)
+
+
 def losses_for(model):
     sce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if len(model.outputs) == 1:

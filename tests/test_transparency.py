@@ -12,19 +12,10 @@ import pytest
 import tensorflow as tf
 
 from planner.plan import straight_plan
-from tests.models import data_for, losses_for, mlp_with_skip, small_conv, two_in_two_out
+from tests.models import (data_for, losses_for, mlp_with_skip, plain_loss_and_grads,
+                          small_conv, two_in_two_out)
 
 GLOBAL_BATCH = 48
-
-
-def plain_loss_and_grads(model, loss, x, y):
-    losses = loss if isinstance(loss, list) else [loss]
-    ys = y if isinstance(y, list) else [y]
-    with tf.GradientTape() as tape:
-        preds = model(x, training=True)
-        preds = preds if isinstance(preds, list) else [preds]
-        total = tf.add_n([l(t, p) for l, t, p in zip(losses, ys, preds)])
-    return total, tape.gradient(total, model.trainable_variables)
 
 
 def max_abs_diff(a_list, b_list):

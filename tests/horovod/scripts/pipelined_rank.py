@@ -55,16 +55,6 @@ pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
 ref_opt = tf.keras.optimizers.Adam(1e-2)
 
 
-def plain_loss_and_grads(x, y):
-    losses = loss if isinstance(loss, list) else [loss]
-    ys = y if isinstance(y, list) else [y]
-    with tf.GradientTape() as tape:
-        preds = reference(x, training=True)
-        preds = preds if isinstance(preds, list) else [preds]
-        total = tf.add_n([l(t, p) for l, t, p in zip(losses, ys, preds)])
-    return total, tape.gradient(total, reference.trainable_variables)
-
-
 grad_diff, loss_diff, own_gradients = 0.0, 0.0, 0
 for step in range(args.steps):
     if step == args.fail_step and pm.rank == args.fail_rank:
@@ -74,7 +64,7 @@ for step in range(args.steps):
     x, y = models.data_for(model, args.global_batch, seed=100 + step)
     got = pm.gradients(x, y)
     print(f"rank {pm.rank}: step {step} gradients done", flush=True)
-    want_loss, want = plain_loss_and_grads(x, y)
+    want_loss, want = models.plain_loss_and_grads(reference, loss, x, y)
     own_gradients = sum(g is not None for g in got)
     for g, w in zip(got, want):
         if g is not None:
