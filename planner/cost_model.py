@@ -307,6 +307,30 @@ def latency_with_pivot(F: Sequence[float], B: Sequence[float], AR: Sequence[floa
     return Tw, Ts, te
 
 
+def _all_pivots(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int
+                ) -> List[Tuple[float, float, float]]:
+    """(Tw, Ts, Te) of `latency_with_pivot` for every pivot q, in O(S) instead of O(S^2).
+
+    With P[k] = sum_{a<k} B_a and x_s = AR_s - P[s], the s <= q terms of Te are
+    P[q+1] + x_s and the s > q terms B_q + P[q+1] + x_s, so Te(q) = P[q+1] +
+    max(max_{s<=q} x_s, B_q + max_{s>q} x_s): a prefix and a suffix maximum."""
+    S = len(F)
+    P = [0.0] * (S + 1)
+    for a in range(S):
+        P[a + 1] = P[a] + B[a]
+    x = [AR[s] - P[s] for s in range(S)]
+    suffix = [-math.inf] * (S + 1)
+    for s in range(S - 1, -1, -1):
+        suffix[s] = max(suffix[s + 1], x[s])
+    out, prefix, tw = [], -math.inf, 0.0
+    for q in range(S):
+        prefix = max(prefix, x[q])
+        tw += F[q]
+        te = P[q + 1] + max(prefix, B[q] + suffix[q + 1])
+        out.append((tw, (M - 1) * (F[q] + B[q]), te))
+    return out
+
+
 def phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int
            ) -> Tuple[float, float, float, int]:
     """(Tw, Ts, Te, Q): the pivot is the stage whose bubble-free estimate is longest.
@@ -319,8 +343,7 @@ def phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int
     and dominance tests rely on that and stay exact. `pivot_stage_eq3` is the printed scan.
     """
     best = None
-    for q in range(len(F)):
-        Tw, Ts, Te = latency_with_pivot(F, B, AR, M, q)
+    for q, (Tw, Ts, Te) in enumerate(_all_pivots(F, B, AR, M)):
         total = Tw + Ts + Te
         if best is None or total >= best[0] - 1e-12 * max(1.0, abs(total)):
             best = (total, Tw, Ts, Te, q)
@@ -344,9 +367,10 @@ def round_trip_phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float
     `phases`."""
     best = None
     trip = 0.0
+    pivots = _all_pivots(F, B, AR, M)
     for q in range(len(F) - 1, -1, -1):
         k = max(1, K[q // 2])
-        Tw, Ts, Te = latency_with_pivot(F, B, AR, M, q)
+        Tw, Ts, Te = pivots[q]
         wait = max(0.0, trip - (k - 1) * F[q])
         period = max(F[q] + B[q], (F[q] + B[q] + trip) / k)
         Tw, Ts = Tw + wait, (M - 1) * period

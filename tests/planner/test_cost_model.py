@@ -128,3 +128,21 @@ def test_warmup_for_caps_by_memory_and_keeps_depths_non_increasing():
     assert cm.warmup_for(costs, [1, 8, 0], 8) == ("A", [1, 1, 1])
     busy = PipelineCosts([1.0] * 3, [2.0] * 3, [1.0] * 2, [1.0] * 2, [0.0] * 3)
     assert cm.warmup_for(busy, [8, 8, 8], 8) == ("B", [5, 3, 1])      # ACR 2/3: policy B
+
+
+def test_all_pivots_equals_the_direct_sums_for_every_pivot():
+    """The O(S) prefix/suffix form of Te equals eq. 1's sums written out term by term."""
+    import random
+    rng = random.Random(7)
+    for _ in range(300):
+        S = rng.randint(1, 25)
+        F = [rng.random() * 5 for _ in range(S)]
+        B = [rng.random() * 5 for _ in range(S)]
+        AR = [rng.choice([0.0, rng.random() * 20]) for _ in range(S)]
+        M = rng.randint(1, 16)
+        for q, (tw, ts, te) in enumerate(cm._all_pivots(F, B, AR, M)):
+            terms = [AR[s] + sum(B[s:q + 1]) for s in range(q + 1)]
+            terms += [AR[s] + B[q] - sum(B[q + 1:s]) for s in range(q + 1, S)]
+            assert tw == pytest.approx(sum(F[:q + 1]))
+            assert ts == pytest.approx((M - 1) * (F[q] + B[q]))
+            assert te == pytest.approx(max(terms))
