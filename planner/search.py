@@ -53,7 +53,10 @@ LARGE_TOPOLOGY_DEVICES = 64
 # Python). Far above what small instances need (the brute-force tests never reach it); it
 # bounds the time on deep, uniform models on flat networks, where many near-equal deep
 # pipelines survive the bounds. `SearchStats.complete` reports whether it was reached.
+# A candidate's cost grows with the hosts (placement and transfers work on host vectors), so
+# beyond BUDGET_HOSTS hosts the budget shrinks in proportion: the time stays about the same.
 DEFAULT_MAX_CANDIDATES = 15000
+BUDGET_HOSTS = 16
 _INF = math.inf
 
 
@@ -482,8 +485,9 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
 
     `memory_limit` (bytes or '16GB') overrides the topology's device memory. `micro_batches`
     restricts M; `stage_sizes` the replica counts tried. `max_candidates` caps the stages
-    evaluated (None: no cap); `stats.complete` says whether the whole space was covered. Raises NoPlanFits with the least
-    memory that would fit when nothing does.
+    evaluated (None: no cap; on more than BUDGET_HOSTS hosts it is scaled down in proportion);
+    `stats.complete` says whether the whole space was covered. Raises NoPlanFits with the
+    least memory that would fit when nothing does.
     """
     _check_inputs(profile, topology, global_batch_size)
     topo = _with_memory(topology, memory_limit)
@@ -495,7 +499,8 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
         if global_batch_size % M:
             raise PlanError(f"micro_batches {M} does not divide the global batch "
                             f"{global_batch_size}")
-    search.max_candidates = math.inf if max_candidates is None else max_candidates
+    search.max_candidates = math.inf if max_candidates is None else \
+        max_candidates * BUDGET_HOSTS // max(BUDGET_HOSTS, topo.num_hosts)
     ms = [M for M in ms if search.min_slice * 1 <= global_batch_size // M]
     _seed_search(search, ms)
     for M in ms:
