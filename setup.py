@@ -1,6 +1,6 @@
 """dapple: synchronous pipeline + data parallel training for TensorFlow/Keras (after DAPPLE).
 
-Planner-only users:  pip install .            (topology + planner + CLI; no TensorFlow)
+Planner-only users:  pip install .            (topology + planner + CLI; numpy, no TensorFlow)
 Training users:      pip install .[tf]        (adds TensorFlow 2.15.1 CPU; Horovod is built
                                                separately, see scripts/setup_env.sh)
 """
@@ -13,7 +13,7 @@ setup(
                 "training of Keras models (after the DAPPLE paper)",
     python_requires=">=3.9",
     packages=["topology", "planner", "graph_rewrite", "dapple", "examples"],
-    install_requires=["absl-py"],
+    install_requires=["absl-py", "numpy<2"],   # numpy: the planner's PipeDream DP
     extras_require={
         "tf": ["tensorflow-cpu==2.15.1", "numpy<2"],
         "gpu": ["tensorflow[and-cuda]==2.15.1", "numpy<2"],

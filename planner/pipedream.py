@@ -19,60 +19,112 @@ minimizes DAPPLE's latency estimate, so the comparison is about partitioning and
 """
 from __future__ import annotations
 
-import math
-from functools import lru_cache
-from typing import List, Optional, Tuple
+from typing import List, Tuple
+
+import numpy as np
 
 from planner import cost_model as cm
 from planner.plan import Plan, PlanError, Stage
 from planner.profile import Profile
 from planner.search import finish_plan, micro_batch_choices
 
-_INF = math.inf
+
+def _levels(topology) -> List[Tuple[int, float]]:
+    """[(units per component, bandwidth in bytes/ms)] from the devices in a host up."""
+    per_host = min(topology.devices_per_host)
+    hosts = topology.num_devices // per_host
+    if per_host == 1:
+        return [(hosts, topology.inter_host_bandwidth / 1e3)]
+    return [(per_host, topology.intra_host_bandwidth / 1e3),
+            (hosts, topology.inter_host_bandwidth / 1e3)]
+
+
+def _replicated(inner: np.ndarray, W: np.ndarray, count: int, bw: float) -> np.ndarray:
+    """T[m, i, j] for m in 0..count (row m = 0 and i > j are +inf): the whole range i..j as
+    one stage on m units, each unit taking `inner[i, j]`."""
+    N = W.shape[0]
+    m = np.arange(count + 1)[:, None, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # The same operations in the same order as the recurrence's scalar form, so the values
+        # (and the ties between them) are bit-for-bit those of `max(inner, 2(m-1)W/B) / m`.
+        T = np.maximum(inner[None], (2 * (m - 1)) * W[None] / bw) / m
+    T[0] = np.inf
+    T[:, np.tril(np.ones((N, N), dtype=bool), -1)] = np.inf
+    return T
+
+
+def _best(T: np.ndarray, comm: np.ndarray, count: int, rows: int) -> np.ndarray:
+    """A[m, i, j] for i < rows: min(T[m, i, j], min over the last cut s (i <= s < j) and the
+    m2 units after it of max(A[m - m2, i, s], comm[s], T[m2, s + 1, j])).
+
+    Bottom-up in s: once every s' < s is done, A[:, :, s] is final (its own cuts are before s),
+    so the cut s updates the whole block i <= s < j at once, for every m and m2."""
+    N = T.shape[1]
+    A = T[:, :rows, :].copy()
+    pairs = [(m, m2) for m in range(2, count + 1) for m2 in range(1, m)]
+    if not pairs or N < 2:
+        return A
+    left_m = np.array([m - m2 for m, m2 in pairs])
+    right_m = np.array([m2 for m, m2 in pairs])
+    for s in range(N - 1):
+        r = min(rows, s + 1)
+        left = A[left_m, :r, s]                                    # (pair, i)
+        right = np.maximum(T[right_m, s + 1, s + 1:], comm[s])     # (pair, j)
+        first = 0
+        for m in range(2, count + 1):                             # pairs of m: m2 = 1..m-1
+            last = first + m - 1
+            cut = np.maximum(left[first:last, :, None], right[first:last, None, :]).min(axis=0)
+            block = A[m, :r, s + 1:]
+            np.minimum(block, cut, out=block)
+            first = last
+    return A
 
 
 def _pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int]]:
-    """[(first, last, replicas)] of PipeDream's optimal pipeline."""
+    """[(first, last, replicas)] of PipeDream's optimal pipeline.
+
+    Each level's T and A are numpy tables [m, i, j] filled bottom-up (`_best`); the top level
+    only needs ranges starting at layer 0, and so does every level under a top of one unit.
+    The partition is then read back from the tables, breaking ties as a top-down search in
+    increasing s, then m2, that keeps the first strict improvement on the whole-range stage:
+    the whole range if nothing beats it, else the first (s, m2) attaining the minimum."""
     N = profile.num_layers
-    per_host = min(topology.devices_per_host)
-    hosts = topology.num_devices // per_host
-    levels = [(per_host, topology.intra_host_bandwidth / 1e3), (hosts, topology.inter_host_bandwidth / 1e3)]
-    if per_host == 1:
-        levels = [(hosts, topology.inter_host_bandwidth / 1e3)]
+    levels = _levels(topology)
 
-    def compute(i, j):
-        return profile.forward_ms(i, j) + profile.backward_ms(i, j)
+    def prefix(f):
+        return np.array([0.0] + [f(0, k) for k in range(N)])
+    F, B, P = prefix(profile.forward_ms), prefix(profile.backward_ms), \
+        prefix(profile.parameter_bytes)
+    inner = (F[None, 1:] - F[:-1, None]) + (B[None, 1:] - B[:-1, None])   # compute(i..j)
+    W = P[None, 1:] - P[:-1, None]                                         # params(i..j)
+    tables = []                      # per level: (count, T, A, comm)
+    for k, (count, bw) in enumerate(levels):
+        comm = np.array([2 * profile.boundary_bytes(s) / bw for s in range(N - 1)])
+        T = _replicated(inner, W, count, bw)
+        # A level's ranges start anywhere if a level above it cuts (count >= 2), else at 0.
+        rows = N if any(c > 1 for c, _ in levels[k + 1:]) else 1
+        A = _best(T, comm, count, rows)
+        tables.append((count, T, A, comm))
+        inner = A[count]
 
-    def make_level(prev, bw):
-        @lru_cache(maxsize=None)
-        def T(i, j, m):
-            inner_time, inner_part = prev(i, j) if prev else (compute(i, j), [(i, j, 1)])
-            sync = 2 * (m - 1) * profile.parameter_bytes(i, j) / bw
-            return max(inner_time, sync) / m, [(a, b, r * m) for a, b, r in inner_part]
+    def best(k, i, j, m):
+        count, T, A, comm = tables[k]
+        value = A[m, i, j]
+        if not value < T[m, i, j]:
+            return whole(k, i, j, m)
+        # (s, m2) for s = i..j-1 (rows), m2 = 1..m-1 (columns); the first one in row order.
+        cut = np.maximum(np.maximum(A[m - 1:0:-1, i, i:j].T, comm[i:j, None]),
+                         T[1:m, i + 1:j + 1, j].T)
+        s, m2 = divmod(int(np.argmax(cut == value)), m - 1)
+        s, m2 = i + s, m2 + 1
+        return best(k, i, s, m - m2) + whole(k, s + 1, j, m2)
 
-        @lru_cache(maxsize=None)
-        def A(i, j, m):
-            best = T(i, j, m)          # the whole range as one replicated stage
-            for s in range(i, j):
-                comm = 2 * profile.boundary_bytes(s) / bw
-                if comm >= best[0]:
-                    continue
-                for m2 in range(1, m):
-                    left = A(i, s, m - m2)
-                    if left[0] >= best[0]:
-                        continue
-                    right = T(s + 1, j, m2)
-                    value = max(left[0], comm, right[0])
-                    if value < best[0]:
-                        best = (value, left[1] + right[1])
-            return best
-        return A
+    def whole(k, i, j, m):
+        if k == 0:
+            return [(i, j, m)]
+        return [(a, b, r * m) for a, b, r in best(k - 1, i, j, tables[k - 1][0])]
 
-    prev = None                      # (i, j) -> (time, partition) of one level-(k-1) unit
-    for count, bw in levels:
-        A = make_level(prev, bw)
-        prev = (lambda i, j, A=A, count=count: A(i, j, count))
-    return prev(0, N - 1)[1]
+    return best(len(levels) - 1, 0, N - 1, levels[-1][0])
 
 
 def pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int]]:
@@ -80,13 +132,7 @@ def pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int]
     if len(set(topology.devices_per_host)) != 1:
         raise PlanError("the PipeDream baseline needs hosts of equal size (its topology is a "
                         "hierarchy of equal components)")
-    import sys
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10000))
-    try:
-        return _pipedream_partition(profile, topology)
-    finally:
-        sys.setrecursionlimit(limit)
+    return _pipedream_partition(profile, topology)
 
 
 def plan_pipedream(profile: Profile, topology, global_batch_size: int,
