@@ -147,6 +147,7 @@ class _Search:
         if self._remaining_bound(0, self.G) >= self.best_value:
             self.stats.pruned += 1
             return
+        self.path_costs = []
         try:
             self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
         except _Budget:
@@ -222,25 +223,40 @@ class _Search:
     def plan_value(self, model: StageModel, path) -> float:
         """The latency we plan with (`cost_model.round_trip_phases`) of a complete plan
         [(first, last, counts)] at `model`'s M, with the K_i `finish_plan` will choose."""
-        fw, bw, ar, sf, sb, caps = [], [], [], [], [], []
+        stage_costs = []
         prev = None
         for first, last, counts in path:
             r = sum(counts)
+            tf = tb = 0.0
             if prev is not None:
                 x = model.boundary_bytes(first - 1)
-                sf.append(model.transfer_ms(x, prev, counts))
-                sb.append(model.transfer_ms(x, counts, prev))
-            fw.append(model.forward_ms(first, last, r))
-            bw.append(model.backward_ms(first, last, r))
-            ar.append(model.exposed_allreduce_ms(first, last, counts))
-            caps.append(model.max_in_flight(first, last, r))
+                tf, tb = model.transfer_ms(x, prev, counts), model.transfer_ms(x, counts, prev)
+            stage_costs.append((tf, tb, model.forward_ms(first, last, r),
+                                model.backward_ms(first, last, r),
+                                model.exposed_allreduce_ms(first, last, counts),
+                                model.max_in_flight(first, last, r)))
             prev = counts
+        return self.value_of_costs(model.M, stage_costs)
+
+    @staticmethod
+    def value_of_costs(M: int, stage_costs) -> float:
+        """`plan_value` from per-stage (send forward into it, send backward out of it, F, B,
+        AR, memory cap D) as the depth-first search carries them along its path."""
+        fw = [c[2] for c in stage_costs]
+        bw = [c[3] for c in stage_costs]
+        ar = [c[4] for c in stage_costs]
+        caps = [c[5] for c in stage_costs]
+        sf = [c[0] for c in stage_costs[1:]]
+        sb = [c[1] for c in stage_costs[1:]]
         costs = PipelineCosts(forward_ms=fw, backward_ms=bw, send_forward_ms=sf,
                               send_backward_ms=sb, allreduce_ms=ar)
-        ks = cm.warmup_for(costs, caps, model.M)[1]
-        F, B, AR = cm.interleave(costs)
-        Tw, Ts, Te, _ = cm.round_trip_phases(F, B, AR, model.M, ks)
-        return Tw + Ts + Te
+        ks = cm.warmup_for(costs, caps, M)[1]
+        F, B, AR = [fw[0]], [bw[0]], [ar[0]]
+        for i in range(1, len(fw)):
+            F += (sf[i - 1], fw[i])
+            B += (sb[i - 1], bw[i])
+            AR += (0.0, ar[i])
+        return cm.round_trip_latency(F, B, AR, M, ks)
 
     def _sizes(self, free: int, mb: int) -> Iterable[int]:
         top = min(free, mb // self.min_slice)
@@ -259,7 +275,7 @@ class _Search:
         if j == self.N:
             # eq. 1 (the summary) is a lower bound of the latency we plan with
             if summary[0] < self.best_value:
-                value = self.plan_value(self.model, path)
+                value = self.value_of_costs(self.M, self.path_costs)
                 if value < self.best_value:
                     self.best_value = value
                     self.best = (self.M, list(path))
@@ -284,6 +300,7 @@ class _Search:
                 seen.add(sym)
                 new_used = tuple(u + c for u, c in zip(used, counts))
                 s0 = summary
+                tf = tb = 0.0
                 if j > 0:
                     tf, tb = self._transfer(j - 1, prev, counts)
                     s0 = _extend(summary, tf, tb, 0.0, M)
@@ -325,15 +342,18 @@ class _Search:
                     if bound >= self.best_value:
                         self.stats.pruned += 1
                         continue
-                    children.append((bound, last, m, counts, new_used, s1))
+                    children.append((bound, last, m, counts, new_used, s1,
+                                     (tf, tb, F, B, AR, model.max_in_flight(j, last, m))))
         children.sort(key=lambda c: c[0])
-        for bound, last, m, counts, new_used, s1 in children:
+        for bound, last, m, counts, new_used, s1, stage_cost in children:
             if bound >= self.best_value:
                 self.stats.pruned += 1
                 continue
             path.append((j, last, counts))
+            self.path_costs.append(stage_cost)
             self._dfs(last + 1, new_used, counts, s1, path)
             path.pop()
+            self.path_costs.pop()
 
 
 def _order_micro_batches(profile: Profile, topology, gbs: int) -> List[int]:

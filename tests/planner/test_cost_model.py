@@ -146,3 +146,19 @@ def test_all_pivots_equals_the_direct_sums_for_every_pivot():
             assert tw == pytest.approx(sum(F[:q + 1]))
             assert ts == pytest.approx((M - 1) * (F[q] + B[q]))
             assert te == pytest.approx(max(terms))
+
+
+def test_round_trip_latency_equals_the_phases_total():
+    """The search's one-pass total equals Tw + Ts + Te of `round_trip_phases`."""
+    import random
+    rng = random.Random(11)
+    for _ in range(300):
+        stages = rng.randint(1, 12)
+        S = 2 * stages - 1
+        F = [rng.random() * 5 for _ in range(S)]
+        B = [rng.random() * 5 for _ in range(S)]
+        AR = [0.0 if s % 2 else rng.choice([0.0, rng.random() * 20]) for s in range(S)]
+        M = rng.randint(1, 16)
+        K = [rng.randint(0, M) for _ in range(stages)]
+        Tw, Ts, Te, _ = cm.round_trip_phases(F, B, AR, M, K)
+        assert cm.round_trip_latency(F, B, AR, M, K) == pytest.approx(Tw + Ts + Te)
