@@ -124,6 +124,7 @@ class _Search:
         self.min_slice = cm.minimum_slice(profile, topology, global_batch_size)
         self.max_candidates = math.inf
         self.best_value = _INF
+        self.place_cache: Dict[tuple, Optional[tuple]] = {}   # placement depends on used, m only
         self.best: Optional[Tuple[int, List[Tuple[int, int, tuple]]]] = None
         work = [l.forward_ms + l.backward_ms for l in profile.layers]
         self.work_suffix = [0.0] * (self.N + 1)
@@ -291,7 +292,10 @@ class _Search:
             if must_finish and not last_stage_only:
                 continue
             for policy in self.policies:
-                counts = place(policy, self.capacity, used, m)
+                key = (policy, used, m)
+                counts = self.place_cache.get(key, 0)
+                if counts == 0:
+                    counts = self.place_cache[key] = place(policy, self.capacity, used, m)
                 if counts is None:
                     continue
                 sym = tuple(sorted(zip(self.capacity, used, prev, counts)))
