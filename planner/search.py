@@ -26,7 +26,10 @@ compare it with brute force) because every pruning test uses a lower bound:
   DP and straight included), every two-stage plan (each cut, each r : G - r, as the DAPPLE
   authors' planner enumerates them) and PipeDream's partition are valued at every M;
 * lower-bound pruning: a completion costs at least sum F + E + M * (the remaining work spread
-  over the remaining devices + the per-task overheads), and at least V.
+  over the remaining devices + the per-task overheads), and at least V;
+* the round-trip bound (`_round_trip_bound`): for each known stage q, its pivot term of the
+  round-trip latency with the trip known so far and the largest K_q any completion could run
+  (memory caps of stages 0..q, policy B's depth with the most stages still possible).
 No dominance between partial plans: with K depending on the whole plan (stage count, ACR,
 memory caps) a partial plan worse in eq. 1's summary can still complete better, so the old
 dominance test on (V, G, sumF, sumF + E) is not exact any more.
@@ -259,6 +262,43 @@ class _Search:
             AR += (0.0, ar[i])
         return cm.round_trip_latency(F, B, AR, M, ks)
 
+    def _round_trip_bound(self, new_stage, more_stages: int, trip_rest: float) -> float:
+        """A lower bound of the round-trip latency (`cost_model.round_trip_latency`) of every
+        completion of the current path plus `new_stage`, from the pivot terms of the known
+        stages. For a known stage q, Tw up to q and the s <= q terms of Te are final; the trip
+        R_q only grows as stages are added (by at least `trip_rest`, the remaining work spread
+        over the free devices); K_q is at most min(M, policy B's depth with the most stages
+        still possible, the memory caps D of stages 0..q). The wait and the steady period fall
+        as K grows and rise with R, so those values give a lower bound of the final L(q), and
+        the latency is the maximum over q."""
+        M = self.M
+        costs = self.path_costs + [new_stage]
+        n = len(costs)
+        max_stages = n + more_stages
+        tw, te, kmax = [0.0] * n, [0.0] * n, [0] * n
+        acc_f, chain, runmin = 0.0, -_INF, M
+        for i, (tf, tb, F, B, AR, cap) in enumerate(costs):
+            acc_f += tf + F
+            tw[i] = acc_f
+            if i:
+                chain = max(chain + tb, tb)
+            chain = max(chain + B, AR + B)
+            te[i] = chain
+            runmin = min(runmin, max(1, cap))
+            kmax[i] = max(1, min(runmin, 2 * (max_stages - i) - 1))
+        best, trip = -_INF, trip_rest
+        for i in range(n - 1, -1, -1):
+            tf, tb, F, B, AR, cap = costs[i]
+            fb, k = F + B, kmax[i]
+            wait = trip - (k - 1) * F
+            period = (fb + trip) / k
+            value = tw[i] + (wait if wait > 0.0 else 0.0) + \
+                (M - 1) * (period if period > fb else fb) + te[i]
+            if value > best:
+                best = value
+            trip += fb + tf + tb
+        return best
+
     def _sizes(self, free: int, mb: int) -> Iterable[int]:
         top = min(free, mb // self.min_slice)
         if self.stage_sizes is None:
@@ -346,8 +386,15 @@ class _Search:
                     if bound >= self.best_value:
                         self.stats.pruned += 1
                         continue
-                    children.append((bound, last, m, counts, new_used, s1,
-                                     (tf, tb, F, B, AR, model.max_in_flight(j, last, m))))
+                    stage_cost = (tf, tb, F, B, AR, model.max_in_flight(j, last, m))
+                    if self.best_value < _INF:
+                        more = 0 if last_stage_only else min(free - m, N - 1 - last)
+                        trip_rest = (rest - self.overhead) / M if rest else 0.0
+                        bound = max(bound, self._round_trip_bound(stage_cost, more, trip_rest))
+                        if bound >= self.best_value:
+                            self.stats.pruned += 1
+                            continue
+                    children.append((bound, last, m, counts, new_used, s1, stage_cost))
         children.sort(key=lambda c: c[0])
         for bound, last, m, counts, new_used, s1, stage_cost in children:
             if bound >= self.best_value:
