@@ -365,32 +365,13 @@ def round_trip_phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float
     simulator on all 15 Table V cells (README, "Formula against simulator on the planner's Table V plans"). Each term is at least eq. 1's, so
     eq. 1 (`phases`) is a lower bound, which the search uses for pruning. Q = argmax as in
     `phases`."""
-    best = None
-    trip = 0.0
-    pivots = _all_pivots(F, B, AR, M)
-    for q in range(len(F) - 1, -1, -1):
-        k = max(1, K[q // 2])
-        Tw, Ts, Te = pivots[q]
-        wait = max(0.0, trip - (k - 1) * F[q])
-        period = max(F[q] + B[q], (F[q] + B[q] + trip) / k)
-        Tw, Ts = Tw + wait, (M - 1) * period
-        total = Tw + Ts + Te
-        if best is None or total > best[0] + 1e-12 * max(1.0, abs(total)):
-            best = (total, Tw, Ts, Te, q)
-        trip += F[q] + B[q]
-    return best[1], best[2], best[3], best[4]
-
-
-def round_trip_latency(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int,
-                       K: Sequence[int]) -> float:
-    """Tw + Ts + Te of `round_trip_phases`, only the total, in one pass with no tuples: the
-    search values thousands of complete plans with it (tests check it equals the phases)."""
+    # One pass from the last stage to the first (the search values thousands of complete
+    # plans): Tw and the s <= q maximum of Te from prefix arrays, the s > q maximum and the trip
+    # R_q accumulated on the way; Te(q) as in `_all_pivots`.
     S = len(F)
     P = [0.0] * (S + 1)
-    acc = 0.0
     for a in range(S):
-        acc += B[a]
-        P[a + 1] = acc
+        P[a + 1] = P[a] + B[a]
     prefix, tw = [0.0] * S, [0.0] * S
     best_x, acc = -math.inf, 0.0
     for s in range(S):
@@ -400,19 +381,22 @@ def round_trip_latency(F: Sequence[float], B: Sequence[float], AR: Sequence[floa
         prefix[s] = best_x
         acc += F[s]
         tw[s] = acc
-    best, suffix, trip = -math.inf, -math.inf, 0.0
+    best, best_total, suffix, trip = None, -math.inf, -math.inf, 0.0
     for q in range(S - 1, -1, -1):
         f, b = F[q], B[q]
         fb = f + b
         k = K[q >> 1]
         if k < 1:
             k = 1
-        te = P[q + 1] + max(prefix[q], b + suffix)
+        Te = P[q + 1] + max(prefix[q], b + suffix)
         wait = trip - (k - 1) * f
         period = (fb + trip) / k
-        total = tw[q] + (wait if wait > 0.0 else 0.0) + (M - 1) * (period if period > fb else fb) + te
-        if total > best:
-            best = total
+        Tw = tw[q] + (wait if wait > 0.0 else 0.0)
+        Ts = (M - 1) * (period if period > fb else fb)
+        total = Tw + Ts + Te
+        if total > best_total and (best is None or
+                                   total - best_total > 1e-12 * max(1.0, abs(total))):
+            best, best_total = (Tw, Ts, Te, q), total
         v = AR[q] - P[q]
         if v > suffix:
             suffix = v

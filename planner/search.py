@@ -255,15 +255,11 @@ class _Search:
         costs = PipelineCosts(forward_ms=fw, backward_ms=bw, send_forward_ms=sf,
                               send_backward_ms=sb, allreduce_ms=ar)
         ks = cm.warmup_for(costs, caps, M)[1]
-        F, B, AR = [fw[0]], [bw[0]], [ar[0]]
-        for i in range(1, len(fw)):
-            F += (sf[i - 1], fw[i])
-            B += (sb[i - 1], bw[i])
-            AR += (0.0, ar[i])
-        return cm.round_trip_latency(F, B, AR, M, ks)
+        Tw, Ts, Te, _ = cm.round_trip_phases(*cm.interleave(costs), M, ks)
+        return Tw + Ts + Te
 
     def _round_trip_bound(self, new_stage, more_stages: int, trip_rest: float) -> float:
-        """A lower bound of the round-trip latency (`cost_model.round_trip_latency`) of every
+        """A lower bound of the round-trip latency (`cost_model.round_trip_phases`) of every
         completion of the current path plus `new_stage`, from the pivot terms of the known
         stages. For a known stage q, Tw up to q and the s <= q terms of Te are final; the trip
         R_q only grows as stages are added (by at least `trip_rest`, the remaining work spread
