@@ -9,6 +9,22 @@ authors' `min_micro_batch_size`); with `even_slices` every stage's replicas get 
 (what the runtime needs); every stage able to hold one micro-batch in memory. Pure
 data parallelism (one stage) and straight pipelines are points of this space.
 
+Two plan spaces (`plan_space`), both searched exactly:
+
+* "paper" (the default): data parallelism, every two-stage plan (any cut, any r : G - r, any
+  placement) and the straight pipeline (one device a stage on all devices). These are the
+  shapes the DAPPLE paper reports (Table V: DP, 8:8, 11:5, 15:1, straight) and the only shapes
+  its authors' planner (HPGO 0.9.2, run on the paper's profiles: README, "The authors'
+  planner") returned; §IV-D1 argues for as few stages as possible. With the paper's profiles it
+  reproduces 14 of Table V's 15 shapes. When nothing in it fits in memory, the full space is
+  searched (`SearchStats.plan_space` says "full"): a model too big for two stages needs a
+  deeper pipeline.
+* "full": every pipeline (any number of stages, each of any size). On flat networks our cost
+  model (and the simulator) rate deeper pipelines of small replicated stages 8-30% faster than
+  the paper's shapes: their allreduces hide behind the backward chain of the stages before them.
+  They have not been measured on a real cluster; the strategy report shows the full space's
+  best beside the plan, so a user can opt in (`dapple plan --plan_space=full`).
+
 Objective: the latency of `cost_model.evaluate`, i.e. eq. 1 with the pivot's round-trip wait
 (`cost_model.round_trip_phases`), which depends on the warm-up depths K_i the plan will run
 (policy by ACR, capped by memory: `cost_model.warmup_for`). A complete plan is valued exactly
@@ -60,6 +76,10 @@ LARGE_TOPOLOGY_DEVICES = 64
 # beyond BUDGET_HOSTS hosts the budget shrinks in proportion: the time stays about the same.
 DEFAULT_MAX_CANDIDATES = 15000
 BUDGET_HOSTS = 16
+# "paper": data parallelism, every two-stage plan and the straight pipeline (the shapes the
+# DAPPLE paper's planner returns); "full": every pipeline. See the module docstring.
+PLAN_SPACES = ("paper", "full")
+DEFAULT_PLAN_SPACE = "paper"
 _INF = math.inf
 
 
@@ -79,6 +99,7 @@ class SearchStats:
     dominated: int = 0
     seeds: int = 0              # known plans (DP, uniform pipelines, PipeDream) offered first
     complete: bool = True       # False when the candidate budget stopped the search early
+    plan_space: str = ""        # the space the plan came from ("paper" or "full")
 
 
 class _Budget(Exception):
@@ -109,7 +130,8 @@ def micro_batch_choices(global_batch_size: int) -> List[int]:
 class _Search:
     def __init__(self, profile: Profile, topology, global_batch_size: int,
                  policies: Sequence[str] = POLICIES, stage_sizes: Optional[Sequence[int]] = None,
-                 stats: Optional[SearchStats] = None, even_slices: bool = False):
+                 stats: Optional[SearchStats] = None, even_slices: bool = False,
+                 max_stages: Optional[int] = None):
         self.profile = profile
         self.even_slices = even_slices
         self.topology = topology
@@ -124,6 +146,7 @@ class _Search:
             stage_sizes = sorted(set(range(1, h + 1)) | set(range(h, self.G + 1, h)))
         self.stage_sizes = None if stage_sizes is None else sorted(set(stage_sizes))
         self.stats = stats or SearchStats()
+        self.stage_limit = max_stages or self.G
         self.min_slice = cm.minimum_slice(profile, topology, global_batch_size)
         self.max_candidates = math.inf
         self.best_value = _INF
@@ -136,7 +159,7 @@ class _Search:
         self.neg_work_suffix = [-w for w in self.work_suffix]
 
     # ---- one M --------------------------------------------------------------------
-    def run_micro_batches(self, M: int, max_stages: Optional[int] = None) -> None:
+    def run_micro_batches(self, M: int) -> None:
         model = StageModel(self.profile, self.topology, self.gbs, M)
         self.model, self.M = model, M
         # A replica's slice time is at least T * (slice / pbs) (the affine scale is never
@@ -145,7 +168,6 @@ class _Search:
         self.work_factor = M * min(model.micro_batch / model.pbs,
                                    (model.micro_batch + H) / (model.pbs + H))
         self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
-        self.max_stages = max_stages or self.G
         self.fits: Dict[tuple, bool] = {}
         self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
         if self._remaining_bound(0, self.G) >= self.best_value:
@@ -163,7 +185,8 @@ class _Search:
         plan space (devices placed by the append policy, i.e. consecutive ids; replica counts
         allowed; every stage fits). Its value is computed by the search's own summaries, so
         the search still returns the exact minimum; a good seed only prunes earlier."""
-        if self.gbs % M or not stages or stages[-1][1] != self.N - 1:
+        if self.gbs % M or not stages or stages[-1][1] != self.N - 1 \
+                or len(stages) > self.stage_limit:
             return
         if self.stage_sizes is not None and any(r not in self.stage_sizes for _, _, r in stages):
             return
@@ -320,7 +343,7 @@ class _Search:
         free = self.G - sum(used)
 
         model, M, N = self.model, self.M, self.N
-        must_finish = len(path) + 1 >= self.max_stages
+        must_finish = len(path) + 1 >= self.stage_limit
         children = []
         seen = set()
         for m in self._sizes(free, model.micro_batch):
@@ -547,35 +570,58 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
                 stage_sizes: Optional[Sequence[int]] = None,
                 stats: Optional[SearchStats] = None,
                 max_candidates: Optional[int] = DEFAULT_MAX_CANDIDATES,
-                even_slices: bool = False) -> Plan:
-    """The plan of least estimated latency (see the module docstring).
+                even_slices: bool = False, plan_space: str = DEFAULT_PLAN_SPACE) -> Plan:
+    """The plan of least estimated latency in `plan_space` (see the module docstring).
 
     `memory_limit` (bytes or '16GB') overrides the topology's device memory. `micro_batches`
     restricts M; `stage_sizes` the replica counts tried. `max_candidates` caps the stages
-    evaluated (None: no cap; on more than BUDGET_HOSTS hosts it is scaled down in proportion);
-    `stats.complete` says whether the whole space was covered. Raises NoPlanFits with the
-    least memory that would fit when nothing does.
+    evaluated by each search (None: no cap; on more than BUDGET_HOSTS hosts it is scaled down
+    in proportion); `stats.complete` says whether the whole space was covered and
+    `stats.plan_space` which space the plan came from. Raises NoPlanFits with the least memory
+    that would fit when nothing does.
     """
     _check_inputs(profile, topology, global_batch_size)
+    if plan_space not in PLAN_SPACES:
+        raise PlanError(f"unknown plan space {plan_space!r}; use one of {', '.join(PLAN_SPACES)}")
     topo = _with_memory(topology, memory_limit)
-    search = _Search(profile, topo, global_batch_size, policies, stage_sizes, stats,
-                     even_slices=even_slices)
     ms = list(micro_batches) if micro_batches is not None else \
         _order_micro_batches(profile, topo, global_batch_size)
     for M in ms:
         if global_batch_size % M:
             raise PlanError(f"micro_batches {M} does not divide the global batch "
                             f"{global_batch_size}")
-    search.max_candidates = math.inf if max_candidates is None else \
+    min_slice = cm.minimum_slice(profile, topo, global_batch_size)
+    ms = [M for M in ms if min_slice <= global_batch_size // M]
+    budget = math.inf if max_candidates is None else \
         max_candidates * BUDGET_HOSTS // max(BUDGET_HOSTS, topo.num_hosts)
-    ms = [M for M in ms if search.min_slice * 1 <= global_batch_size // M]
-    _seed_search(search, ms)
-    for M in ms:
-        search.run_micro_batches(M)
-    if search.best is None:
-        if global_batch_size < topo.num_devices and all(
-                global_batch_size // M < 1 for M in ms):
-            pass
+    stats = stats if stats is not None else SearchStats()
+
+    def search(sizes, max_stages):
+        own = SearchStats()     # each search has its own candidate budget
+        found = _Search(profile, topo, global_batch_size, policies, sizes, own,
+                        even_slices=even_slices, max_stages=max_stages)
+        found.max_candidates = budget
+        _seed_search(found, ms)
+        for M in ms:
+            found.run_micro_batches(M)
+        for name in ("nodes", "candidates", "pruned", "dominated", "seeds"):
+            setattr(stats, name, getattr(stats, name) + getattr(own, name))
+        stats.complete = stats.complete and own.complete
+        return found
+
+    searches = []
+    if plan_space == "paper":
+        searches.append(search(stage_sizes, 2))          # data parallelism, two stages
+        if topo.num_devices <= profile.num_layers and (stage_sizes is None or 1 in stage_sizes):
+            searches.append(search([1], None))           # the straight pipeline
+    stats.plan_space = plan_space
+    if not any(s.best is not None for s in searches):
+        # The full space; for "paper", only when nothing there fits (a model too big for two
+        # stages needs a deeper pipeline).
+        stats.plan_space = "full"
+        searches.append(search(stage_sizes, None))
+    found = [s for s in searches if s.best is not None]
+    if not found:
         need = minimum_memory_bytes(profile, topo, global_batch_size)
         if need > topo.device_memory_bytes:
             raise NoPlanFits(
@@ -588,7 +634,8 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
                         f"global batch of {global_batch_size}: every replica needs a slice of "
                         f"at least one sample and every stage at least one layer; use a larger "
                         f"global batch or fewer devices")
-    return _build_plan(search, profile, topo, global_batch_size)
+    best = min(found, key=lambda s: s.best_value)
+    return _build_plan(best, profile, topo, global_batch_size)
 
 
 def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
@@ -634,6 +681,7 @@ def best_straight_plan(profile: Profile, topology, global_batch_size: int,
     if topo.num_devices > profile.num_layers:
         raise PlanError(f"a straight pipeline over {topo.num_devices} devices needs at least "
                         f"as many layers; {profile.name} has {profile.num_layers}")
-    plan = plan_dapple(profile, topo, global_batch_size, stage_sizes=[1], even_slices=even_slices)
+    plan = plan_dapple(profile, topo, global_batch_size, stage_sizes=[1], even_slices=even_slices,
+                       plan_space="full")
     assert all(st.replicas == 1 for st in plan.stages) and plan.num_stages == topo.num_devices
     return plan

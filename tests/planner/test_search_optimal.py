@@ -1,7 +1,9 @@
 """The search against brute force: on random small instances (up to 8 layers, up to 2 hosts x 2
 devices) plan_dapple's latency equals the minimum of `evaluate` over every plan of the same
 space, enumerated here independently: every cut of the layers, every sequence of placements
-(fresh / append / scatter) using all devices, every micro-batch count, memory respected."""
+(fresh / append / scatter) using all devices, every micro-batch count, memory respected. Both
+plan spaces: "full" (any number of stages) and "paper" (one or two stages, or one device a
+stage on every device; the full space when nothing there fits)."""
 import itertools
 import json
 import math
@@ -58,7 +60,13 @@ def placements(capacity, used, remaining_devices, stages_left):
                 yield [counts] + rest
 
 
-def brute_force(profile, topo, gbs, even_slices=False):
+def in_paper_space(stages, num_devices):
+    return stages <= 2 or stages == num_devices
+
+
+def brute_force(profile, topo, gbs, even_slices=False, plan_space="full"):
+    """The least latency over the plan space (None if no plan fits); "paper" falls back to
+    the full space when nothing in it fits, as plan_dapple does."""
     N, G = profile.num_layers, topo.num_devices
     # The plan space's micro-batch rule, restated: a replica's slice is at least the profile
     # batch, or gbs // G when the global batch cannot give every device that much.
@@ -67,6 +75,8 @@ def brute_force(profile, topo, gbs, even_slices=False):
     for M in [m for m in range(1, gbs + 1) if gbs % m == 0]:
         mb = gbs // M
         for S in range(1, min(N, G) + 1):
+            if plan_space == "paper" and not in_paper_space(S, G):
+                continue
             for cuts in itertools.combinations(range(1, N), S - 1):
                 bounds = list(zip((0,) + cuts, [c - 1 for c in cuts] + [N - 1]))
                 for seq in set(map(tuple, placements(tuple(topo.devices_per_host),
@@ -85,23 +95,27 @@ def brute_force(profile, topo, gbs, even_slices=False):
                     lat = cm.evaluate(plan, profile, topo).latency_ms
                     if best is None or lat < best:
                         best = lat
+    if best is None and plan_space == "paper":
+        return brute_force(profile, topo, gbs, even_slices, "full")
     return best
 
 
+@pytest.mark.parametrize("plan_space", ["full", "paper"])
 @pytest.mark.parametrize("seed", range(30))
-def test_search_matches_brute_force(seed):
+def test_search_matches_brute_force(seed, plan_space):
     rng = random.Random(seed)
     profile = random_profile(rng, rng.randint(2, 8 if seed % 3 == 0 else 5))
     topo = random_topology(rng)
     gbs = rng.choice([4, 8, 12, 24])
     even = seed % 4 == 1
-    expected = brute_force(profile, topo, gbs, even_slices=even)
+    expected = brute_force(profile, topo, gbs, even_slices=even, plan_space=plan_space)
     if expected is None:
         with pytest.raises(PlanError):
-            plan_dapple(profile, topo, gbs, even_slices=even)
+            plan_dapple(profile, topo, gbs, even_slices=even, plan_space=plan_space)
         return
     stats = SearchStats()
-    plan = plan_dapple(profile, topo, gbs, max_candidates=None, stats=stats, even_slices=even)
+    plan = plan_dapple(profile, topo, gbs, max_candidates=None, stats=stats, even_slices=even,
+                       plan_space=plan_space)
     assert stats.complete
     assert plan.estimate.latency_ms == pytest.approx(expected, rel=1e-9)
     if even:
@@ -116,3 +130,48 @@ def test_search_latency_equals_evaluate_and_beats_data_parallel():
     assert again.latency_ms == pytest.approx(plan.estimate.latency_ms)
     dp = best_data_parallel_plan(profile, topo, 16)
     assert plan.estimate.latency_ms <= dp.estimate.latency_ms + 1e-9
+
+
+def chain_profile(parameter_bytes, n):
+    layers = [{"name": f"l{i}", "type": "X", "forward_ms": 1.0, "backward_ms": 2.0,
+               "output_bytes": 1e6, "parameter_bytes": parameter_bytes,
+               "inputs": [i - 1]} for i in range(n)]
+    return parse_native_json(json.dumps({"format": "dapple-profile", "version": 1,
+                                         "name": "chain", "batch_size": 1, "input_bytes": 1e5,
+                                         "layers": layers}))
+
+
+def test_paper_space_goes_deeper_only_when_nothing_fits():
+    # Three layers of 1 GB of weights (4 GB with gradients and Adam slots, plus the 1 GiB
+    # reserve) on four 7 GB devices: no stage holds two layers and four devices cannot run
+    # three layers straight, so only three-stage plans (one stage replicated) fit, and
+    # "paper" must find one.
+    profile = chain_profile(1e9, 3)
+    topo = Topology((2, 2), 7e9, 100e9, 3e9)
+    stats = SearchStats()
+    plan = plan_dapple(profile, topo, 8, stats=stats)
+    assert stats.plan_space == "full" and plan.num_stages == 3
+    assert sorted(s.replicas for s in plan.stages) == [1, 1, 2]
+    # With room for two layers a device, the paper's space has a plan, and it is used.
+    stats = SearchStats()
+    plan = plan_dapple(profile, Topology((2, 2), 64e9, 100e9, 3e9), 8, stats=stats)
+    assert stats.plan_space == "paper" and plan.num_stages <= 2
+
+
+def test_paper_space_holds_no_deep_replicated_pipeline():
+    # Eight cheap layers with heavy weights on 2 x 2 devices: the full space's best is deeper
+    # than two stages and not straight; the paper space must not return it.
+    rng = random.Random(3)
+    for _ in range(20):
+        profile = random_profile(rng, 8)
+        topo = Topology((2, 2), 64e9, 100e9, 1e9)
+        full = plan_dapple(profile, topo, 24, plan_space="full")
+        paper = plan_dapple(profile, topo, 24)
+        assert in_paper_space(paper.num_stages, 4)
+        assert paper.estimate.latency_ms >= full.estimate.latency_ms * (1 - 1e-9)
+
+
+def test_unknown_plan_space_is_an_error():
+    with pytest.raises(PlanError, match="unknown plan space 'deep'.*paper, full"):
+        plan_dapple(chain_profile(1e6, 3), Topology((2,), 64e9, 100e9, 3e9), 8,
+                    plan_space="deep")

@@ -1,7 +1,8 @@
 """The paper's Table V cells (its own profiles, 16 V100s, configs A/B/C): DAPPLE's plan is never
 estimated slower than PipeDream's plan under the same cost model (DAPPLE §VI-F's comparison),
-and the plan shapes that match the paper today stay matched (a regression guard; the cells
-that differ are explained in the README's Table V section)."""
+and the plan shapes that match the paper today stay matched, in the default ("paper") plan
+space (14 of 15) and in the full one (9 of 15); the README's Table V section explains the
+cells that differ."""
 import os
 
 import pytest
@@ -24,16 +25,18 @@ CELLS = [(f, gbs, cfg, shape) for f, gbs, shapes in TABLE_V for cfg, shape in zi
 PLANS = {}
 
 
-def planned(f, gbs, cfg):
-    if (f, cfg) not in PLANS:
+def planned(f, gbs, cfg, plan_space="paper"):
+    if (f, cfg, plan_space) not in PLANS:
         profile, topo = load_profile(PROFILES + f), parse_topology(cfg)
-        PLANS[f, cfg] = (profile, topo, plan_dapple(profile, topo, gbs))
-    return PLANS[f, cfg]
+        PLANS[f, cfg, plan_space] = (profile, topo,
+                                     plan_dapple(profile, topo, gbs, plan_space=plan_space))
+    return PLANS[f, cfg, plan_space]
 
 
+@pytest.mark.parametrize("plan_space", ["paper", "full"])
 @pytest.mark.parametrize("f, gbs, cfg, shape", CELLS)
-def test_dapple_never_worse_than_pipedream(f, gbs, cfg, shape):
-    profile, topo, plan = planned(f, gbs, cfg)
+def test_dapple_never_worse_than_pipedream(f, gbs, cfg, shape, plan_space):
+    profile, topo, plan = planned(f, gbs, cfg, plan_space)
     pd = plan_pipedream(profile, topo, gbs)
     model = cm.StageModel(profile, topo, gbs, pd.micro_batches)
     pd_fits = all(model.max_in_flight(s.first, s.last, s.replicas) >= 1 for s in pd.stages)
@@ -45,9 +48,16 @@ def test_dapple_never_worse_than_pipedream(f, gbs, cfg, shape):
         assert max(s.memory_bytes for s in plan.estimate.stages) <= topo.device_memory_bytes
 
 
-def test_matched_table_v_shapes_stay_matched():
+def test_table_v_shapes_in_the_paper_plan_space():
+    missed = {(f, cfg) for f, gbs, cfg, shape in CELLS
+              if planned(f, gbs, cfg)[2].shape() != shape}
+    # AmoebaNet-36 on B: the straight pipeline (2263 ms) beats the paper's 11:5 (2801 ms).
+    assert missed <= {("amoeba-36-pbs-1.txt", "B")}
+
+
+def test_matched_table_v_shapes_stay_matched_in_the_full_plan_space():
     matched = {(f, cfg) for f, gbs, cfg, shape in CELLS
-               if planned(f, gbs, cfg)[2].shape() == shape}
+               if planned(f, gbs, cfg, "full")[2].shape() == shape}
     assert {("vgg-19-pbs-32.txt", "A"), ("vgg-19-pbs-32.txt", "B"),
             ("vgg-19-pbs-32.txt", "C"), ("gnmt-16-pbs-64.txt", "A"),
             ("bert-48-pbs-2.txt", "B"), ("bert-48-pbs-2.txt", "C"),
