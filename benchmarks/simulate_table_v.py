@@ -2,6 +2,7 @@
 for the 15 cells of the paper's Table V (5 models x configs A, B, C, 16 devices).
 
     .venv/bin/python benchmarks/simulate_table_v.py [--markdown] [--models=bert,xlnet]
+                                                    [--plan_space=paper|full]
 
 For every cell: plan with `planner.search.plan_dapple`, take the formula's latency from the
 plan's estimate, simulate the same plan with the same `PipelineCosts`
@@ -80,7 +81,7 @@ def with_round_trip_ms(costs, M, warmup) -> float:
     return best
 
 
-def rows(models=None, progress=None):
+def rows(models=None, progress=None, plan_space="paper"):
     out = []
     for name, path, gbs in TABLE_V:
         if models and not any(m.lower() in name.lower() for m in models):
@@ -89,7 +90,7 @@ def rows(models=None, progress=None):
         for config in CONFIGS:
             topology = parse_topology(config)
             started = time.time()
-            plan = plan_dapple(profile, topology, gbs)
+            plan = plan_dapple(profile, topology, gbs, plan_space=plan_space)
             planned_s = time.time() - started
             costs = pipeline_costs(plan, profile, topology)
             started = time.time()
@@ -130,8 +131,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--models", default="", help="comma-separated model name filter")
+    parser.add_argument("--plan_space", default="paper", choices=["paper", "full"],
+                        help="the planner's plan space (planner/search.py)")
     args = parser.parse_args()
-    table = rows([m for m in args.models.split(",") if m],
+    table = rows([m for m in args.models.split(",") if m], plan_space=args.plan_space,
                  progress=lambda r: print("  ".join(cells(r)) + f"  (planned in "
                                           f"{r['plan_s']:.1f} s)", file=sys.stderr, flush=True))
     lines = [cells(r) for r in table]

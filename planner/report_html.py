@@ -169,7 +169,8 @@ def single_device_ms(profile, topology, global_batch_size: int) -> float:
 
 def strategy_row(profile, topology, global_batch_size: int, best_plan=None,
                  planners: Optional[Sequence[tuple]] = None, memory_limit=None,
-                 with_held: bool = True, even_slices: bool = False) -> ReportRow:
+                 with_held: bool = True, even_slices: bool = False,
+                 plan_space: str = "paper") -> ReportRow:
     """One report row: the DAPPLE plan (`best_plan`, or planned here), then each of `planners`
     ((name, function(profile, topology, global_batch_size) -> Plan) pairs; default: the best
     data-parallel plan, the best straight pipeline and PipeDream's plan), each simulated with
@@ -181,7 +182,8 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan=None,
     from planner.simulator import simulate_plan
     if best_plan is None:
         best_plan = search.plan_dapple(profile, topology, global_batch_size,
-                                       memory_limit=memory_limit, even_slices=even_slices)
+                                       memory_limit=memory_limit, even_slices=even_slices,
+                                       plan_space=plan_space)
     if planners is None:
         planners = default_baselines(memory_limit, even_slices)
     candidates = [("DAPPLE", best_plan, "")]

@@ -2,6 +2,7 @@
 
     dapple plan --profile=FILE --topology=SPEC --global_batch_size=N [--memory=16GB]
                 [--output=plan.json] [--format=text|json] [--even_slices]
+                [--plan_space=paper|full]
     dapple plan --profile=FILE --topology=SPEC --global_batch_size=64,128,256   # one row each
     dapple plan --evaluate=plan.json --profile=FILE --topology=SPEC [--format=json]
 
@@ -27,6 +28,10 @@ flags.DEFINE_string("report", None,
                     "also write a strategy report with pictures: plan table, timelines and "
                     "speedup bars against the best DP plan, a straight pipeline and PipeDream "
                     "(.html, self-contained, or .md with PNGs next to it; needs matplotlib)")
+flags.DEFINE_enum("plan_space", "paper", ["paper", "full"],
+                  "paper: data parallelism, two-stage plans and the straight pipeline (the shapes "
+                  "the DAPPLE paper reports; searched deeper only if none fits); full: every "
+                  "pipeline, however deep (planner/search.py explains both)")
 flags.DEFINE_bool("even_slices", False,
                   "consider only plans whose every stage splits a micro-batch into equal slices "
                   "(what the dapple runtime needs: the global batch divisible by M x replicas)")
@@ -37,14 +42,20 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _alternatives(profile, topo, gbs, memory, even_slices=False):
+def _alternatives(profile, topo, gbs, memory, even_slices=False, plan_space="paper"):
     from planner.pipedream import plan_pipedream
     from planner.plan import PlanError
-    from planner.search import best_data_parallel_plan, best_straight_plan
+    from planner.search import best_data_parallel_plan, best_straight_plan, plan_dapple
+    other = "full" if plan_space == "paper" else "paper"
+
+    def other_space(profile, topo, gbs, memory_limit, even_slices):
+        return plan_dapple(profile, topo, gbs, memory_limit=memory_limit,
+                           even_slices=even_slices, plan_space=other)
     out = {}
     for name, fn in (("best data parallel", best_data_parallel_plan),
                      ("best straight", best_straight_plan),
-                     ("PipeDream", plan_pipedream)):
+                     ("PipeDream", plan_pipedream),
+                     (f"{other} plan space (--plan_space={other})", other_space)):
         try:
             if fn is plan_pipedream:
                 out[name] = fn(profile, topo, gbs, memory_limit=memory)
@@ -129,14 +140,16 @@ def _plan(profile, topo) -> None:
         _table(profile, topo, sizes)
         return
     gbs = sizes[0]
-    plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices)
+    plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
+                       plan_space=FLAGS.plan_space)
     if FLAGS.output:
         plan.save(FLAGS.output)
     if FLAGS.format == "json":
         print(plan.to_json())
         return
     print(strategy_report(plan, profile, topo,
-                          _alternatives(profile, topo, gbs, None, FLAGS.even_slices)))
+                          _alternatives(profile, topo, gbs, None, FLAGS.even_slices,
+                                        FLAGS.plan_space)))
     uneven = [i for i in range(plan.num_stages) if len(set(plan.slice_sizes(i))) > 1]
     if uneven:
         print(f"Note: stage(s) {uneven} split each micro-batch of {plan.micro_batch_size()} "
@@ -150,7 +163,8 @@ def _plan(profile, topo) -> None:
 def _report(profile, topo, sizes) -> None:
     from planner.report_html import check_report_path, strategy_row, write_report
     check_report_path(FLAGS.report)
-    rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices) for gbs in sizes]
+    rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
+                         plan_space=FLAGS.plan_space) for gbs in sizes]
     written = write_report(FLAGS.report, rows, title=f"{profile.name} on {topo.describe()}")
     print(f"strategy report written to {', '.join(written)}", file=sys.stderr)
 
@@ -163,10 +177,11 @@ def _table(profile, topo, sizes) -> None:
     print(f"{'global batch':>12}  {'plan':>14}  {'M':>5}  {'latency ms':>11}  "
           f"{'vs 1 device':>11}  {'vs best DP':>10}  {'vs PipeDream':>12}")
     for gbs in sizes:
-        plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices)
+        plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
+                           plan_space=FLAGS.plan_space)
         lat = plan.estimate.latency_ms
         one = _single_device_ms(profile, topo, gbs)
-        alts = _alternatives(profile, topo, gbs, None, FLAGS.even_slices)
+        alts = _alternatives(profile, topo, gbs, None, FLAGS.even_slices, FLAGS.plan_space)
 
         def ratio(p):
             return f"{p.estimate.latency_ms / lat:.2f}x" if p is not None else "n/a"

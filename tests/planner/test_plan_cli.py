@@ -149,3 +149,31 @@ def test_data_parallel_batch_smaller_than_replicas(tmp_path):
     _, profile = write_profile(tmp_path)
     with pytest.raises(PlanError, match="global batch 3 is smaller than the 4 replicas"):
         best_data_parallel_plan(profile, parse_topology("2x2"), 3)
+
+
+def test_plan_space_flag_and_the_report_names_the_other_space():
+    # AmoebaNet-36 on config B: the paper's space gives the straight pipeline, the full space
+    # a deeper replicated one that the model rates faster; the report must say so.
+    from tests.paths import PROFILES
+    from planner.profile import load_profile
+    path = os.path.join(PROFILES, "dapple", "amoeba-36-pbs-1.txt")
+    profile, topo = load_profile(path), parse_topology("B")
+    r = dapple(f"--profile={path}", "--topology=B", "--global_batch_size=128",
+               "--format=json", "--plan_space=full")
+    assert r.returncode == 0, r.stderr
+    got = Plan.from_json(r.stdout)
+    want = plan_dapple(profile, topo, 128, plan_space="full")
+    assert [s.devices for s in got.stages] == [s.devices for s in want.stages]
+    assert [s.layers for s in got.stages] == [s.layers for s in want.stages]
+    paper = plan_dapple(profile, topo, 128)
+    assert paper.estimate.latency_ms > want.estimate.latency_ms
+    r = dapple(f"--profile={path}", "--topology=B", "--global_batch_size=128")
+    assert r.returncode == 0, r.stderr
+    assert f"Plan **{paper.shape()}**" in r.stdout
+    row = [l for l in r.stdout.splitlines() if l.startswith("| full plan space")]
+    ratio = paper.estimate.latency_ms / want.estimate.latency_ms
+    assert row and want.shape() in row[0] and f"{ratio:.2f}x faster" in row[0]
+    assert "The full plan space has a deeper plan" in r.stdout
+    r = dapple(f"--profile={path}", "--topology=B", "--global_batch_size=128",
+               "--plan_space=deep")
+    assert r.returncode != 0 and "plan_space" in r.stderr
