@@ -20,7 +20,7 @@ Two plan spaces (`plan_space`), both searched exactly:
   searched (`SearchStats.plan_space` says "full"): a model too big for two stages needs a
   deeper pipeline.
 * "full": every pipeline (any number of stages, each of any size). On flat networks our cost
-  model (and the simulator) rate deeper pipelines of small replicated stages 8-30% faster than
+  model (and the simulator) rate deeper pipelines of small replicated stages 8-38% faster than
   the paper's shapes: their allreduces hide behind the backward chain of the stages before them.
   They have not been measured on a real cluster; the strategy report shows the full space's
   best beside the plan, so a user can opt in (`dapple plan --plan_space=full`).
