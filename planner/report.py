@@ -73,15 +73,15 @@ def _why(plan: Plan, alternatives: Dict[str, Optional[Plan]]) -> str:
         reasons.append(f"the straight pipeline spends {st.estimate.warmup_ms + st.estimate.ending_ms:.1f}"
                        f" ms filling and draining {st.num_stages} stages against "
                        f"{est.warmup_ms + est.ending_ms:.1f} ms here")
-    faster = [a for a in alternatives.values()
-              if a is not None and a.estimate is not None
-              and a.estimate.latency_ms < est.latency_ms * (1 - 1e-9)]
+    def faster(alt):
+        return alt is not None and alt.estimate is not None \
+            and alt.estimate.latency_ms < est.latency_ms * (1 - 1e-9)
     why = "Why: " + "; ".join(reasons) + "." if reasons else \
-        "This plan has the least estimated latency of those compared." if not faster else \
-        "This plan has the least estimated latency in its plan space."
+        "This plan has the least estimated latency in its plan space." \
+        if any(map(faster, alternatives.values())) else \
+        "This plan has the least estimated latency of those compared."
     for name, alt in alternatives.items():
-        if name.startswith("full plan space") and alt is not None and alt.estimate is not None \
-                and alt.estimate.latency_ms < est.latency_ms:
+        if name.startswith("full plan space") and faster(alt):
             why += (f" The full plan space has a deeper plan, {alt.shape()}, estimated "
                     f"{est.latency_ms / alt.estimate.latency_ms:.2f}x faster: its small "
                     f"replicated stages hide their allreduces behind the backward chain. The "
