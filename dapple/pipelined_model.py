@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from dapple.devices import local_devices
+from graph_rewrite.batch_statistics import check_batch_normalization
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.micro_batch import check_divisible
 from graph_rewrite.model_graph import layer_order, model_signature
@@ -371,6 +372,8 @@ class PipelinedModel:
 
 def check_supported_model(model: tf.keras.Model) -> None:
     """Refuse what the pipelined step would silently compute differently from Keras."""
+    for layer in model._flatten_layers(include_self=False):
+        check_batch_normalization(layer)
     # Weight regularizers are supported (graph_rewrite.pipeline adds them once per step);
     # losses computed from activations would need the stage's forward and are refused.
     weight_penalties = sum(len(layer._callable_losses) for layer in model._flatten_layers())

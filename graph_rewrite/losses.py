@@ -6,10 +6,14 @@ losses divided by the element count of the WHOLE global batch; summing the terms
 gives exactly the plain model's loss on the global batch, and so the same gradients.
 `SUM` reduction contributes the plain sum. Per-output losses and `loss_weights` follow Keras's
 `compile` conventions (single, list or dict by output name).
+
+Sample weights multiply the per-element losses before the sum, broadcast as Keras broadcasts
+them (`compute_weighted_loss`); the divisor stays the element count, as in Keras, not the sum of
+the weights.
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -57,14 +61,20 @@ class PipelineLoss:
             self.terms.append(None if l is None else (*_per_element_fn(l), w))
 
     def micro_batch_term(self, y_true: Sequence[tf.Tensor], y_pred: Sequence[tf.Tensor],
-                         rows: int, global_rows: int) -> tf.Tensor:
-        """This slice's share of the global-batch loss (a scalar)."""
+                         rows: int, global_rows: int,
+                         sample_weights: Optional[Sequence[Optional[tf.Tensor]]] = None
+                         ) -> tf.Tensor:
+        """This slice's share of the global-batch loss (a scalar); `sample_weights` has one
+        entry (or None) per output, holding this slice's rows."""
         total = []
-        for term, yt, yp in zip(self.terms, y_true, y_pred):
+        weights = sample_weights or [None] * len(self.terms)
+        for term, yt, yp, sw in zip(self.terms, y_true, y_pred, weights):
             if term is None:
                 continue
             fn, mode, weight = term
             values = tf.cast(fn(yt, yp), tf.float32)
+            if sw is not None:
+                values = values * _broadcast_like_keras(tf.cast(sw, tf.float32), values)
             summed = tf.reduce_sum(values)
             if mode == "mean":
                 # element count of the global batch = this slice's count * global_rows / rows
@@ -72,3 +82,14 @@ class PipelineLoss:
                 summed = summed / count
             total.append(weight * summed)
         return tf.add_n(total)
+
+
+def _broadcast_like_keras(weights: tf.Tensor, losses: tf.Tensor) -> tf.Tensor:
+    """Keras's `squeeze_or_expand_dimensions`: drop a trailing 1 the losses lack, or add one
+    they have, then broadcast."""
+    rank, want = weights.shape.rank, losses.shape.rank
+    if rank == want + 1 and weights.shape[-1] == 1:
+        weights = tf.squeeze(weights, axis=-1)
+    elif rank == want - 1:
+        weights = tf.expand_dims(weights, axis=-1)
+    return weights

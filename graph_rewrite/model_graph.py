@@ -13,8 +13,13 @@ before a cut and consumed after it crosses that cut, including model inputs that
 reads, and skip connections that span several stages are relayed through the stages in between
 (so a boundary's bytes are exactly what the planner counts for that cut).
 
-Limits, each reported with the layer's name: subclassed models (no layer graph), a layer whose
-calls land on both sides of a cut (it would need its inputs from a later stage), and Keras masks
+A layer called several times (shared) sits at the position of its first call; each later call
+runs at the position where its inputs are ready (`call_positions`: the layer's own position or,
+if later, the latest position that produced one of its inputs), so its calls may fall in
+different stages, each of which then holds the layer's variables. Variables shared by different
+layers (a tied embedding and output projection) are likewise held by every stage that uses them.
+
+Limits, each reported with the layer's name: subclassed models (no layer graph), and Keras masks
 crossing a cut (masks are not transferred).
 """
 from __future__ import annotations
@@ -64,6 +69,22 @@ def layer_order(model: tf.keras.Model) -> List[tf.keras.layers.Layer]:
     return order
 
 
+def call_positions(model: tf.keras.Model) -> List[Tuple[object, int]]:
+    """(node, position) for every layer call in execution order: the position of the layer,
+    or the latest position producing one of the call's inputs when that is later (a shared
+    layer's later call runs where its inputs are)."""
+    position = {id(layer): p for p, layer in enumerate(layer_order(model))}
+    produced_at = {str(id(t)): -1 for t in model.inputs}
+    out = []
+    for node in nodes_in_execution_order(model):
+        p = max([position[id(node.layer)]] + [produced_at.get(tid, -1)
+                                                for tid in node.flat_input_ids])
+        for tid in node.flat_output_ids:
+            produced_at[tid] = p
+        out.append((node, p))
+    return out
+
+
 def model_signature(model: tf.keras.Model) -> str:
     """A hash of layer names, types and weight shapes: ties a profile/plan to a model."""
     h = hashlib.sha256()
@@ -93,20 +114,36 @@ class StageGraph:
     model_output_ids: List[str] = field(default_factory=list)   # model outputs produced here
 
     @property
-    def trainable_variables(self) -> List[tf.Variable]:
+    def called_layers(self) -> List[tf.keras.layers.Layer]:
+        """The layers this stage calls: its own, and shared layers whose later calls run here."""
         seen, out = set(), []
-        for layer in self.layers:
+        for layer in self.layers + [node.layer for node in self.nodes]:
+            if id(layer) not in seen:
+                seen.add(id(layer))
+                out.append(layer)
+        return out
+
+    @property
+    def trainable_variables(self) -> List[tf.Variable]:
+        """Every trainable variable the stage's calls use (a variable shared with another
+        stage is in both), once."""
+        seen, out = set(), []
+        for layer in self.called_layers:
             for v in layer.trainable_variables:
                 if id(v) not in seen:
                     seen.add(id(v))
                     out.append(v)
         return out
 
-    def call(self, tensors: Dict[str, tf.Tensor], training: bool = True) -> Dict[str, tf.Tensor]:
-        """Run the stage's layer calls on `tensors` (by id); return {id: tensor} of output_ids."""
+    def call(self, tensors: Dict[str, tf.Tensor], training: bool = True,
+             observe=None) -> Dict[str, tf.Tensor]:
+        """Run the stage's layer calls on `tensors` (by id); return {id: tensor} of output_ids.
+        `observe(node, args, kwargs)`, when given, sees every call before it runs."""
         values: Dict[str, tf.Tensor] = dict(tensors)
         for node in self.nodes:
             args, kwargs = node_call_arguments(node, values, training)
+            if observe is not None:
+                observe(node, args, kwargs)
             outputs = node.layer(*args, **kwargs)
             for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
                 values[tid] = y
@@ -152,7 +189,6 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
     if expected != n:
         raise CutError(f"the plan covers layers 0..{expected - 1} but model {model.name!r} has {n} "
                        f"layers (0..{n - 1}); plan and model do not match")
-    position = {id(layer): p for p, layer in enumerate(order)}
     stage_of_position = {}
     for s, (first, last) in enumerate(ranges):
         for p in range(first, last + 1):
@@ -166,21 +202,13 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
         producer_stage[str(id(t))] = -1
     nodes_by_stage: List[list] = [[] for _ in range(S)]
     last_consumer: Dict[str, int] = {}
-    for node in nodes_in_execution_order(model):
+    for node, p in call_positions(model):
         layer = node.layer
-        s = stage_of_position[position[id(layer)]]
-        for tid, kt in zip(node.flat_input_ids, node.keras_inputs):
+        s = stage_of_position[p]
+        for tid in node.flat_input_ids:
             if tid not in producer_stage:
                 raise CutError(f"layer {layer.name!r} reads a tensor that no earlier layer "
                                f"produces; the model graph is not supported")
-            if producer_stage[tid] > s:
-                shared = len(layer.inbound_nodes) > 1
-                raise CutError(
-                    f"layer {layer.name!r} (position {position[id(layer)]}, stage {s}) needs the "
-                    f"output of a layer in stage {producer_stage[tid]}"
-                    + (f"; it is shared (called {len(layer.inbound_nodes)} times) and its calls "
-                       f"fall on both sides of a cut" if shared else "")
-                    + ": move the cut so that this layer and its inputs' producers are ordered")
             last_consumer[tid] = max(last_consumer.get(tid, -1), s)
         for tid, kt in zip(node.flat_output_ids, tf.nest.flatten(node.outputs)):
             keras_tensor[tid] = kt

@@ -22,13 +22,18 @@ Built inside a `tf.function`, one graph per step (the paper's §V design on TF2)
   traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF names the
   gradient ops a tape builds `gradient_tape/<forward op name>`, so those belong to B{m}.
 
+* Training state. BatchNormalization calls normalize with their slice's statistics; their
+  moving statistics move once per step, from the whole global batch
+  (`graph_rewrite.batch_statistics`).
+
 Gradients equal the plain model's because each slice's loss term is its share of the global
 batch loss (`losses.PipelineLoss`) and everything else is exact re-association of sums. Weight
 regularization penalties (`kernel_regularizer` and the like) are added once per step, by the
 first unit (replica 0, micro-batch 0) of the stage that owns the weights. Losses that depend on
 activations (activity regularizers, `add_loss`) are refused by `dapple.PipelinedModel`.
-Batch-dependent layers (BatchNormalization in training mode) see micro-batch statistics, as in
-GPipe and the DAPPLE paper: such models are not bit-transparent.
+Batch-dependent layers (BatchNormalization in training mode) normalize with micro-batch
+statistics, as in GPipe and the DAPPLE paper: such models' gradients equal the plain model's
+run slice by slice ("ghost batches"), not on the whole batch.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.micro_batch import check_divisible, overlaps, unit_rows
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
@@ -49,6 +55,16 @@ Tensors = Dict[str, tf.Tensor]         # boundary tensors by Keras tensor id
 
 def _is_float(t) -> bool:
     return t.dtype.is_floating
+
+
+def _per_output(sample_weight, outputs: int) -> List[Optional[tf.Tensor]]:
+    if sample_weight is None:
+        return [None] * outputs
+    if isinstance(sample_weight, (list, tuple)):
+        if len(sample_weight) != outputs:
+            raise ValueError(f"{len(sample_weight)} sample weight arrays for {outputs} outputs")
+        return list(sample_weight)
+    return [sample_weight] * outputs
 
 
 def task_scope(stage: int, replica: int, kind: str, micro_batch: int) -> str:
@@ -100,11 +116,13 @@ class LocalTransport:
         piece_rows = [self.p.rows(nxt, r, micro_batch) for r in range(self.p.replicas[nxt])]
         return self._gather(self.p.rows(stage, replica, micro_batch), sent, piece_rows, ids)
 
-    def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]]) -> List[tf.Tensor]:
+    def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
+                     tag: str = "ar") -> List[tf.Tensor]:
+        """Elementwise sums over the stage's replicas (`tag` names the collective)."""
         replicas = sorted(grads_by_replica)
         if len(replicas) == 1:
             return grads_by_replica[replicas[0]]
-        with tf.device(self.p.device(stage, 0)), tf.name_scope(f"stage{stage}/allreduce"):
+        with tf.device(self.p.device(stage, 0)), tf.name_scope(f"stage{stage}/{tag}"):
             return [tf.add_n([grads_by_replica[r][i] for r in replicas])
                     for i in range(len(grads_by_replica[replicas[0]]))]
 
@@ -131,6 +149,7 @@ class PipelineStep:
         self.build_order = replay(self.schedule)
         self.input_ids = model_input_ids(model)
         self.output_ids = model_output_ids(model)
+        self._penalties = self._weight_penalties_by_stage()
         self.transport = transport_factory(self)
         self.global_batch: Optional[int] = None
 
@@ -143,8 +162,13 @@ class PipelineStep:
                          micro_batch, replica)
 
     # ---- the step ---------------------------------------------------------------------------
-    def run(self, x, y=None, training: bool = True) -> StepResult:
-        """Build the step's ops (call inside a tf.function). `y=None` builds forward only."""
+    def run(self, x, y=None, training: bool = True, sample_weight=None,
+            loss_scale: Optional[tf.Tensor] = None) -> StepResult:
+        """Build the step's ops (call inside a tf.function). `y=None` builds forward only.
+
+        `sample_weight`: one tensor of per-row weights for every output, or a list with one
+        (or None) per output. `loss_scale`: multiplies every gradient the backward computes
+        (mixed precision's loss scaling); the returned loss stays unscaled."""
         xs = tf.nest.flatten(x)
         if len(xs) != len(self.input_ids):
             raise ValueError(f"model {self.model.name!r} has {len(self.input_ids)} inputs, got "
@@ -157,11 +181,15 @@ class PipelineStep:
         check_divisible(self.global_batch, self.plan.micro_batches, self.replicas)
         model_inputs = dict(zip(self.input_ids, xs))
         ys = tf.nest.flatten(y) if y is not None else None
+        self._sample_weights = _per_output(sample_weight, len(self.output_ids))
+        self._loss_scale = loss_scale
         backward = ys is not None and training
         self._training = training
         S, M = len(self.stages), self.plan.micro_batches
 
         units = self.transport.local_units()
+        moving_before = self._read_moving_statistics(units) if training else {}
+        recorders = {u: bstats.StatisticsRecorder() for u in units} if training else {}
         previous: Dict[Unit, list] = {u: [] for u in units}     # last task's ops, per unit
         stash: Dict[Tuple[int, int, int], tuple] = {}
         sent_fwd: Dict[Tuple[int, int], Dict[int, Tensors]] = {}
@@ -190,7 +218,8 @@ class PipelineStep:
                             inputs = self.transport.receive_activations(
                                 stage, replica, m, sent_fwd.get((stage - 1, m), {}))
                         outputs, tape, term = self._forward(stage, replica, m, inputs, ys,
-                                                            keep_tape=backward)
+                                                            keep_tape=backward,
+                                                            observe=recorders.get(unit))
                         sent_fwd.setdefault((stage, m), {})[replica] = outputs
                         if stage < S - 1:
                             self.transport.send_activations(stage, replica, m, outputs)
@@ -215,6 +244,8 @@ class PipelineStep:
                                           if g is not None]
 
         loss = tf.add_n(loss_terms) if loss_terms else tf.constant(0.0)
+        if training:
+            self._update_moving_statistics(recorders, moving_before)
         gradients = self._gather_gradients(accumulated) if backward else []
         preds = [[predictions[(m, r)][k] for m in range(M)
                   for r in range(self.replicas[S - 1]) if (m, r) in predictions]
@@ -226,24 +257,26 @@ class PipelineStep:
         lo, hi = self.rows(stage, replica, m)
         return [y[lo:hi] for y in ys]
 
-    def _forward(self, stage, replica, m, inputs: Tensors, ys, keep_tape: bool):
+    def _forward(self, stage, replica, m, inputs: Tensors, ys, keep_tape: bool, observe=None):
         graph = self.stages[stage]
         last = stage == len(self.stages) - 1
 
         def compute():
-            outs = graph.call(inputs, training=self._training)
+            outs = graph.call(inputs, training=self._training, observe=observe)
             # A relayed tensor must be a new tensor so the tape sees output != input.
             outs = {tid: (tf.identity(t) if tid in inputs else t) for tid, t in outs.items()}
             term = None
             if last and ys is not None:
                 lo, hi = self.rows(stage, replica, m)
+                weights = [None if w is None else w[lo:hi] for w in self._sample_weights]
                 term = self.loss.micro_batch_term(
                     self._labels(ys, stage, replica, m), [outs[t] for t in self.output_ids],
-                    rows=hi - lo, global_rows=self.global_batch)
+                    rows=hi - lo, global_rows=self.global_batch, sample_weights=weights)
             if ys is not None and replica == 0 and m == 0:
                 # Weight regularizers count once per step, like Keras: in the first unit of
-                # the stage that owns the weights (evaluated here, so the tape sees them).
-                penalties = [tf.cast(l, tf.float32) for layer in graph.layers for l in layer.losses]
+                # the first stage that uses the weights (evaluated here, so the tape sees them).
+                penalties = [tf.cast(c(), tf.float32) for c in self._penalties[stage]]
+                penalties = [p for p in penalties if p is not None]
                 if penalties:
                     term = tf.add_n(penalties + ([term] if term is not None else []))
             return outs, term
@@ -272,14 +305,14 @@ class PipelineStep:
                 outputs, term = self._forward(stage, replica, m, inputs, ys, keep_tape=False)[::2]
         float_out = [tid for tid in graph.output_ids if _is_float(outputs[tid])]
         if last:
-            targets, output_gradients = [term], None
+            targets, output_gradients = [term], [self._scaled_one(term)]
         else:
             upstream = self.transport.receive_gradients(stage, replica, m, sent, float_out)
             targets = [outputs[tid] for tid in float_out]
             output_gradients = [upstream[tid] for tid in float_out]
             if term is not None:            # this stage's weight-regularization penalty
                 targets.append(term)
-                output_gradients.append(tf.ones_like(term))
+                output_gradients.append(self._scaled_one(term))
         float_in = [tid for tid in graph.input_ids if _is_float(inputs[tid])]
         variables = graph.trainable_variables
         sources = [inputs[tid] for tid in float_in] + variables
@@ -290,6 +323,66 @@ class PipelineStep:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         grads_in = dict(zip(float_in, grads[:len(float_in)]))
         return grads_in, list(grads[len(float_in):])
+
+    def _weight_penalties_by_stage(self) -> List[list]:
+        """Each weight regularizer (Keras's callable losses) in the first stage that calls a
+        layer holding it, so a layer shared by two stages is penalized once, as in Keras."""
+        seen, out = set(), []
+        for graph in self.stages:
+            mine = []
+            for layer in graph.called_layers:
+                for sub in layer._flatten_layers():
+                    for c in sub._callable_losses:
+                        if id(c) not in seen:
+                            seen.add(id(c))
+                            mine.append(c)
+            out.append(mine)
+        return out
+
+    # ---- BatchNormalization state ------------------------------------------------------------
+    def _normalization_layers(self, units) -> List:
+        stages = sorted({s for s, _ in units})
+        seen, out = set(), []
+        for s in stages:
+            for node in self.stages[s].nodes:
+                if bstats.is_batch_normalization(node.layer) and id(node.layer) not in seen:
+                    seen.add(id(node.layer))
+                    out.append(node.layer)
+        return out
+
+    def _read_moving_statistics(self, units) -> Dict[int, Tuple[tf.Tensor, tf.Tensor]]:
+        """The moving statistics before any unit runs (each unit's own Keras update follows in
+        program order, and is overwritten by the step's one update)."""
+        return {id(layer): (tf.identity(layer.moving_mean), tf.identity(layer.moving_variance))
+                for layer in self._normalization_layers(units)}
+
+    def _update_moving_statistics(self, recorders, moving_before) -> None:
+        """One Keras update per BatchNormalization call from the global batch's statistics."""
+        current = dict(moving_before)
+        for stage, graph in enumerate(self.stages):
+            mine = {r: recorders[(stage, r)] for r in range(self.replicas[stage])
+                    if (stage, r) in recorders}
+            if not mine:
+                continue
+            calls = [n for n in graph.nodes
+                     if any(id(n) in rec.by_node for rec in mine.values())]
+            if not calls:
+                continue
+            by_replica = {r: [bstats.combine(rec.by_node[id(n)][1]) for n in calls]
+                          for r, rec in mine.items()}
+            combined = bstats.combine_replicas(
+                by_replica, self.replicas[stage],
+                lambda lists: self.transport.sum_replicas(stage, lists, tag="bn"))
+            with tf.device(self.device(stage, min(mine))), tf.name_scope(f"stage{stage}/bn"):
+                for node, stats in zip(calls, combined):
+                    layer = node.layer
+                    mean, variance = bstats.moving_update(layer, stats, *current[id(layer)])
+                    current[id(layer)] = (mean, variance)
+
+    def _scaled_one(self, term: tf.Tensor) -> tf.Tensor:
+        """d(loss)/d(term): 1, times the loss scale under mixed precision."""
+        one = tf.ones_like(term)
+        return one if self._loss_scale is None else one * tf.cast(self._loss_scale, term.dtype)
 
     def _gather_gradients(self, accumulated: Dict[Unit, List[tf.Tensor]]):
         by_var: Dict[int, tf.Tensor] = {}

@@ -74,3 +74,49 @@ def losses_for(model):
     if len(model.outputs) == 1:
         return sce
     return [sce, tf.keras.losses.MeanSquaredError()]
+
+
+def dense_batchnorm(seed=0, momentum=0.9):
+    """Dense -> BatchNormalization -> Dense -> Dense: the non-fused (2-D input) kernel."""
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((5,), name="x")
+    h = tf.keras.layers.Dense(8, name="d1")(x)
+    h = tf.keras.layers.BatchNormalization(momentum=momentum, name="bn")(h)
+    h = tf.keras.layers.Dense(8, activation="relu", name="d2")(h)
+    out = tf.keras.layers.Dense(3, name="out")(h)
+    return tf.keras.Model(x, out, name="dense_batchnorm")
+
+
+def conv_batchnorm(seed=0, momentum=0.9):
+    """Two branches Conv2D -> BatchNormalization (the fused 4-D kernel), the second one's after
+    a cut at 4; neither BN reads another's output, so plain statistics are defined per slice."""
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((6, 6, 3), name="x")
+    a = tf.keras.layers.Conv2D(4, 3, padding="same", name="c1")(x)
+    a = tf.keras.layers.BatchNormalization(momentum=momentum, name="bn")(a)
+    a = tf.keras.layers.ReLU(name="relu")(a)
+    b = tf.keras.layers.Conv2D(4, 1, name="c2")(x)
+    b = tf.keras.layers.BatchNormalization(momentum=0.8, name="bn2")(b)
+    h = tf.keras.layers.Add(name="add")([a, b])
+    h = tf.keras.layers.Flatten(name="flat")(h)
+    out = tf.keras.layers.Dense(3, name="out")(h)
+    return tf.keras.Model(x, out, name="conv_batchnorm")
+
+
+def ghost_batch_loss_and_grads(model, loss, x, y, slice_rows):
+    """The reference for batch-dependent layers: the plain Keras model run on consecutive
+    slices of `slice_rows` rows (each slice normalizes with its own statistics), each slice's
+    loss weighted by its share of the batch; moving statistics are left as they were."""
+    state = [v.numpy() for v in model.non_trainable_variables]
+    n = len(y)
+    total, grads = 0.0, None
+    for lo in range(0, n, slice_rows):
+        with tf.GradientTape() as tape:
+            part = loss(y[lo:lo + slice_rows], model(x[lo:lo + slice_rows], training=True))
+            part = part * (slice_rows / n)
+        g = tape.gradient(part, model.trainable_variables)
+        grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+        total += float(part)
+    for v, value in zip(model.non_trainable_variables, state):
+        v.assign(value)
+    return total, grads

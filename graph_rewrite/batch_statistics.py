@@ -1,0 +1,158 @@
+"""BatchNormalization's moving statistics, updated once per step from the whole global batch.
+
+In a pipeline every (stage, replica, micro-batch) unit runs its BatchNormalization calls in
+training mode, and each call normalizes with its own slice's statistics, as in GPipe and the
+DAPPLE paper (plain Keras would use the global batch's; `dapple verify` compares with the plain
+model run slice by slice). What must not change is the layer's *state*: plain `fit` moves
+`moving_mean` and `moving_variance` once per step, towards the statistics of the whole batch.
+
+So each unit records, for every BatchNormalization call it makes, the slice's row count, mean
+and sum of squared deviations (`SliceStatistics`); the step combines them over micro-batches
+and the stage's replicas (Chan et al.'s pairwise formula, exact for any split), and applies one
+update with the layer's momentum: `moving = momentum * moving_before_step + (1 - momentum) *
+value`, where value is the mean, and the variance with Keras's convention for that layer (the
+fused kernel, used for 4-D and 5-D inputs on the channel axis, updates with the unbiased
+variance; the non-fused path with the biased one). The units' own updates still run (they are
+Keras's, inside the layer); the step reads the variables before the first unit and assigns the
+combined update after the last, which TensorFlow orders by the variables' program order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence
+
+import tensorflow as tf
+
+
+def _batch_normalization_base():
+    for cls in tf.keras.layers.BatchNormalization.__mro__:
+        if cls.__name__ == "BatchNormalizationBase":
+            return cls
+    return tf.keras.layers.BatchNormalization
+
+
+BATCH_NORMALIZATION = _batch_normalization_base()
+
+
+class UnsupportedLayerError(ValueError):
+    """A layer whose training behaviour the pipelined step cannot reproduce; names it and why."""
+
+
+def is_batch_normalization(layer) -> bool:
+    return isinstance(layer, BATCH_NORMALIZATION)
+
+
+def check_batch_normalization(layer) -> None:
+    """Refuse the BatchNormalization options whose training state depends on the batch in ways
+    the combined update cannot reproduce."""
+    if not is_batch_normalization(layer):
+        return
+    why = None
+    if getattr(layer, "renorm", False):
+        why = ("batch renormalization (renorm=True) corrects each batch with moving statistics "
+               "that every micro-batch would update")
+    elif getattr(layer, "virtual_batch_size", None) is not None:
+        why = ("virtual_batch_size splits the batch inside the layer; a pipeline already "
+               "normalizes per micro-batch slice: remove virtual_batch_size and choose the "
+               "plan's slice size instead")
+    elif getattr(layer, "adjustment", None) is not None:
+        why = "an adjustment function depends on the batch shape"
+    if why:
+        raise UnsupportedLayerError(f"layer {layer.name!r} ({type(layer).__name__}) cannot be "
+                                    f"pipelined: {why}")
+
+
+def updates_in_training(layer, kwargs) -> bool:
+    """Whether this call of a BatchNormalization layer moves its statistics (Keras: training
+    mode, and a trainable layer; a frozen layer runs in inference mode)."""
+    return is_batch_normalization(layer) and layer.trainable and kwargs.get("training") is True
+
+
+@dataclass
+class SliceStatistics:
+    """Row count (static), per-channel mean and sum of squared deviations of some rows."""
+    count: int
+    mean: tf.Tensor
+    m2: tf.Tensor
+
+
+def slice_statistics(layer, inputs: tf.Tensor) -> SliceStatistics:
+    """What one call of `layer` on `inputs` contributes: reduced over every axis but the
+    layer's channel axes, in float32."""
+    x = tf.cast(inputs, tf.float32)
+    axes = [i for i in range(x.shape.rank) if i not in layer.axis]
+    count = 1
+    for i in axes:
+        if x.shape[i] is None:
+            raise UnsupportedLayerError(
+                f"layer {layer.name!r} normalizes over axis {i} of unknown size; give the "
+                f"model's inputs static shapes")
+        count *= int(x.shape[i])
+    mean = tf.reduce_mean(x, axis=axes)
+    shape = [1 if i in axes else x.shape[i] for i in range(x.shape.rank)]
+    m2 = tf.reduce_sum(tf.square(x - tf.reshape(mean, shape)), axis=axes)
+    return SliceStatistics(count, mean, m2)
+
+
+def combine(parts: Sequence[SliceStatistics]) -> SliceStatistics:
+    """The statistics of the union of disjoint row sets (Chan, Golub and LeVeque)."""
+    total = parts[0]
+    for p in parts[1:]:
+        n = total.count + p.count
+        delta = p.mean - total.mean
+        mean = total.mean + delta * (p.count / n)
+        m2 = total.m2 + p.m2 + tf.square(delta) * (total.count * p.count / n)
+        total = SliceStatistics(n, mean, m2)
+    return total
+
+
+def combine_replicas(by_replica: Dict[int, List[SliceStatistics]], replicas: int,
+                     sum_over_replicas: Callable[[Dict[int, List[tf.Tensor]]], List[tf.Tensor]]
+                     ) -> List[SliceStatistics]:
+    """Statistics over all `replicas` replicas of a stage, from those of the replicas held here
+    (`by_replica`: one entry per call, equal counts across replicas). `sum_over_replicas` adds
+    lists of tensors elementwise across all replicas (an add locally, an allreduce in the
+    stage's process set across processes)."""
+    if replicas == 1:
+        return next(iter(by_replica.values()))
+    means = sum_over_replicas({r: [s.mean for s in stats] for r, stats in by_replica.items()})
+    means = [m / replicas for m in means]
+    spread = sum_over_replicas({r: [s.m2 + s.count * tf.square(s.mean - m)
+                                    for s, m in zip(stats, means)]
+                                for r, stats in by_replica.items()})
+    first = next(iter(by_replica.values()))
+    return [SliceStatistics(s.count * replicas, m, v) for s, m, v in zip(first, means, spread)]
+
+
+def moving_update(layer, stats: SliceStatistics, before_mean: tf.Tensor,
+                  before_variance: tf.Tensor):
+    """Assign the layer's moving statistics one Keras update from `before_*` with `stats`;
+    returns the new (mean, variance)."""
+    fused = bool(getattr(layer, "fused", False))
+    variance = stats.m2 / (stats.count - 1 if fused and stats.count > 1 else stats.count)
+    new = []
+    for var, before, value in ((layer.moving_mean, before_mean, stats.mean),
+                               (layer.moving_variance, before_variance, variance)):
+        decay = tf.cast(1.0 - layer.momentum, var.dtype)
+        updated = before - (before - tf.cast(value, var.dtype)) * decay   # Keras's form
+        var.assign(updated)
+        new.append(updated)
+    return tuple(new)
+
+
+class StatisticsRecorder:
+    """Collects the statistics of one unit's BatchNormalization calls, by call (node)."""
+
+    def __init__(self):
+        self.by_node: dict = {}
+
+    def __call__(self, node, args, kwargs) -> None:
+        layer = node.layer
+        if not updates_in_training(layer, kwargs):
+            return
+        inputs = args[0] if args else kwargs["inputs"]
+        if getattr(inputs, "_keras_mask", None) is not None and not getattr(layer, "fused", False):
+            raise UnsupportedLayerError(
+                f"layer {layer.name!r} normalizes a masked tensor; masked moving statistics are "
+                f"not combined across micro-batches")
+        self.by_node.setdefault(id(node), (node, []))[1].append(slice_statistics(layer, inputs))
