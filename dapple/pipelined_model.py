@@ -1,15 +1,21 @@
 """`PipelinedModel`: a Keras model trained with a Plan, with Keras's own conventions.
 
     pm = dapple.PipelinedModel(model, plan)          # plan: a Plan or a JSON path
-    pm.compile(optimizer, loss, metrics=None, loss_weights=None)
-    history = pm.fit(x, y, batch_size=..., epochs=..., callbacks=[...])
-    pm.evaluate(x, y); pm.predict(x)
+    pm.compile(optimizer, loss, metrics=None, loss_weights=None, weighted_metrics=None)
+    history = pm.fit(x, y, batch_size=..., epochs=..., callbacks=[...],
+                     sample_weight=None, class_weight=None)
+    pm.evaluate(x, y, sample_weight=None); pm.predict(x)
     pm.save_weights(path); pm.load_weights(path)
     grads = pm.gradients(x, y)                       # aligned with model.trainable_variables
 
 The wrapped model keeps its variables: the pipelined step computes their gradients stage by
 stage and applies them with the user's optimizer, so the plain model *is* the trained model,
 checkpoints are the plain model's (Keras format) and restore into it or into any other plan.
+
+Keras's training semantics hold: sample and class weights weigh the loss as in Keras; under a
+mixed-precision policy the loss is scaled by the `LossScaleOptimizer` that `compile` makes and
+the gradients unscaled once after accumulation, so its dynamic loss scale and skipped steps
+are Keras's; clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) sees the whole gradient.
 
 The plan is checked against the model before anything runs: its layer count, its layer names
 (when the plan has them), and the model signature of the profile it was made from (when
@@ -106,12 +112,14 @@ class PipelinedModel:
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
 
     # ---- Keras-style API ---------------------------------------------------------------------
-    def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None, **kwargs):
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
+                weighted_metrics=None, **kwargs):
         if kwargs:
             raise TypeError(f"PipelinedModel.compile does not support {sorted(kwargs)}")
-        # The plain model's compile gives us Keras's optimizer and metric conventions.
+        # The plain model's compile gives us Keras's optimizer (a LossScaleOptimizer under a
+        # mixed-precision policy) and metric conventions.
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
-                           loss_weights=loss_weights)
+                           loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
         self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
         self._step = self._make_step(self._loss)
@@ -147,15 +155,31 @@ class PipelinedModel:
         return [tf.concat(p, axis=0) for p in result.predictions]
 
     def _has_metrics(self) -> bool:
-        return bool(getattr(self.model.compiled_metrics, "_user_metrics", None))
+        cm = self.model.compiled_metrics
+        return bool(getattr(cm, "_user_metrics", None) or getattr(cm, "_user_weighted_metrics",
+                                                                     None))
 
-    def _update_metrics(self, y, result) -> None:
+    def _update_metrics(self, y, result, sample_weight=None) -> None:
         if self._has_metrics():
             y_pred = self._predictions(result)
-            self.model.compiled_metrics.update_state(y, y_pred[0] if len(y_pred) == 1 else y_pred)
+            self.model.compiled_metrics.update_state(
+                y, y_pred[0] if len(y_pred) == 1 else y_pred, sample_weight)
+
+    def _loss_scale(self) -> Optional[tf.Tensor]:
+        """The optimizer's current loss scale under mixed precision, else None."""
+        if isinstance(self.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+            return self.optimizer.loss_scale
+        return None
+
+    def _finish_gradients(self, gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+        """What the optimizer is given: the accumulated gradients, unscaled once under mixed
+        precision. (Across processes, also agreed on: `dapple.horovod_model`.)"""
+        if self._loss_scale() is not None:
+            gradients = self.optimizer.get_unscaled_gradients(gradients)
+        return gradients
 
     # ---- training ------------------------------------------------------------------------------
-    def gradients(self, x, y) -> List[tf.Tensor]:
+    def gradients(self, x, y, sample_weight=None) -> List[tf.Tensor]:
         """Gradients of the compiled loss on the global batch (x, y), pipelined; for checks.
         Aligned with `model.trainable_variables` (None for variables this process does not
         train, under horovodrun)."""
@@ -163,31 +187,35 @@ class PipelinedModel:
         self._check_batch(_rows(x))
         if self._grad_fn is None:
             @tf.function
-            def grad_fn(x, y):
-                result = self._step.run(x, y)
+            def grad_fn(x, y, sample_weight):
+                result = self._step.run(x, y, sample_weight=sample_weight)
                 return result.loss, result.gradients
             self._grad_fn = self._compiled("gradients step", grad_fn)
-        loss, grads = self._grad_fn(x, y)
+        loss, grads = self._grad_fn(x, y, sample_weight)
         return grads
+
+    def _apply(self, gradients) -> None:
+        pairs = [(g, v) for g, v in zip(gradients, self.model.trainable_variables)
+                 if g is not None]
+        self.optimizer.apply_gradients(pairs)
 
     def _build_train_fn(self):
         @tf.function
-        def train_fn(x, y):
-            result = self._step.run(x, y)
-            pairs = [(g, v) for g, v in zip(result.gradients, self.model.trainable_variables)
-                     if g is not None]
-            self.optimizer.apply_gradients(pairs)
-            self._update_metrics(y, result)
+        def train_fn(x, y, sample_weight):
+            result = self._step.run(x, y, sample_weight=sample_weight,
+                                    loss_scale=self._loss_scale())
+            self._apply(self._finish_gradients(result.gradients))
+            self._update_metrics(y, result, sample_weight)
             return result.loss
         return self._compiled("train step", train_fn)
 
-    def train_step(self, x, y) -> tf.Tensor:
+    def train_step(self, x, y, sample_weight=None) -> tf.Tensor:
         """One optimizer step on one global batch; returns the loss."""
         self._require_compiled()
         self._check_batch(_rows(x))
         if self._train_fn is None:
             self._train_fn = self._build_train_fn()
-        return self._train_fn(x, y)
+        return self._train_fn(x, y, sample_weight)
 
     def _batch_size(self, batch_size) -> int:
         if batch_size is None:
@@ -197,20 +225,24 @@ class PipelinedModel:
         self._check_batch(batch_size)
         return batch_size
 
-    def _dataset(self, x, y, batch_size, shuffle, what: str):
-        """(x, y) batches of the plan's global batch; a tf.data.Dataset is used as given."""
+    def _dataset(self, x, y, batch_size, shuffle, what: str, sample_weight=None,
+                 class_weight=None):
+        """(x, y[, sample_weight]) batches of the plan's global batch; a tf.data.Dataset is
+        used as given. `class_weight` becomes (or multiplies) the sample weights, as in Keras."""
         if isinstance(x, tf.data.Dataset):
-            if y is not None:
-                raise ValueError("pass labels inside the tf.data.Dataset, not as y")
+            if y is not None or sample_weight is not None:
+                raise ValueError("pass labels and sample weights inside the tf.data.Dataset "
+                                 "(x, y, sample_weight), not as arguments")
             if batch_size is not None:
                 raise ValueError("do not pass batch_size with a tf.data.Dataset: batch the "
                                  "dataset itself (drop_remainder=True) with the plan's "
                                  "global_batch_size")
-            return x
+            return x.map(class_weight_fn(class_weight)) if class_weight else x
         batch_size = self._batch_size(batch_size)
         # tf.data would stack a list into one tensor; Keras reads a list as one array per
         # input/output, which is what a tuple means to tf.data.
-        x, y = (tuple(a) if isinstance(a, list) else a for a in (x, y))
+        x, y, sample_weight = (tuple(a) if isinstance(a, list) else a
+                               for a in (x, y, sample_weight))
         n = _rows(x)
         if n % batch_size:
             if what == "fit":
@@ -221,22 +253,28 @@ class PipelinedModel:
                 raise ValueError(f"{what}: {n} rows are not a multiple of the plan's global "
                                  f"batch {batch_size}; every pipelined step needs a full global "
                                  f"batch: pass a multiple of {batch_size} rows")
-        ds = tf.data.Dataset.from_tensor_slices((x, y) if y is not None else (x,))
+        if sample_weight is not None and y is None:
+            raise ValueError("sample_weight needs labels y")
+        elements = (x,) if y is None else (x, y) if sample_weight is None else (x, y,
+                                                                              sample_weight)
+        ds = tf.data.Dataset.from_tensor_slices(elements)
         if shuffle:
             ds = ds.shuffle(n, seed=self._shuffle_seed, reshuffle_each_iteration=True)
-        return ds.batch(batch_size, drop_remainder=True)
+        ds = ds.batch(batch_size, drop_remainder=True)
+        return ds.map(class_weight_fn(class_weight)) if class_weight else ds
 
     def _unpack(self, batch, need_y: bool):
+        """(x, y, sample_weight) of a batch, as Keras reads dataset elements."""
         if not isinstance(batch, tuple):
             batch = (batch,)
-        if len(batch) > 2:
-            raise ValueError("sample weights (a third dataset element) are not supported by "
-                             "PipelinedModel; give the dataset (x, y) elements")
-        bx, by = batch[0], (batch[1] if len(batch) > 1 else None)
+        if len(batch) > 3:
+            raise ValueError(f"a dataset element has {len(batch)} parts; Keras reads (x,), "
+                             f"(x, y) or (x, y, sample_weight)")
+        bx, by, bsw = (tuple(batch) + (None, None))[:3]
         if need_y and by is None:
             raise ValueError("the dataset yields no labels: it must yield (x, y) pairs")
         self._check_batch(_rows(bx), where=" of a dataset batch")
-        return bx, by
+        return bx, by, bsw
 
     def _metric_logs(self, loss_mean) -> dict:
         logs = {"loss": float(loss_mean.result())}
@@ -245,14 +283,15 @@ class PipelinedModel:
         return logs
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
-            validation_data=None, shuffle=True, steps_per_epoch=None, initial_epoch=0):
+            validation_data=None, shuffle=True, class_weight=None, sample_weight=None,
+            initial_epoch=0, steps_per_epoch=None):
         """Keras's `fit`: epochs of pipelined steps, callbacks, progress bar, History.
 
         Logs are running means over the epoch, as Keras's; `validation_data` adds `val_` logs
         (through `evaluate`) at each epoch's end.
         """
         self._require_compiled()
-        ds = self._dataset(x, y, batch_size, shuffle, "fit")
+        ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
         steps = steps_per_epoch
         if steps is None:
             card = int(ds.cardinality())
@@ -282,16 +321,17 @@ class PipelinedModel:
             for step, batch in enumerate(ds):
                 if steps is not None and step >= steps:
                     break
-                bx, by = self._unpack(batch, need_y=True)
+                bx, by, bsw = self._unpack(batch, need_y=True)
                 cbs.on_train_batch_begin(step)
-                loss_mean.update_state(self._train_fn(bx, by))
+                loss_mean.update_state(self._train_fn(bx, by, bsw))
                 logs = self._metric_logs(loss_mean)
                 cbs.on_train_batch_end(step, logs)
                 if self.model.stop_training:
                     break
             epoch_logs = dict(logs)
             if validation_data is not None:
-                val = self.evaluate(*_validation_pair(validation_data), return_dict=True)
+                vx, vy, vsw = _validation_data(validation_data)
+                val = self.evaluate(vx, vy, sample_weight=vsw, return_dict=True)
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
             cbs.on_epoch_end(epoch, epoch_logs)
             logs = epoch_logs
@@ -334,24 +374,25 @@ class PipelinedModel:
         arrays = [np.concatenate(o) for o in outs]
         return arrays[0] if len(arrays) == 1 else arrays
 
-    def evaluate(self, x, y=None, batch_size=None, verbose=0, return_dict=False):
+    def evaluate(self, x, y=None, batch_size=None, verbose=0, sample_weight=None,
+                 return_dict=False):
         """Loss and compiled metrics over full global batches, through the pipeline (no
         backward). Returns what Keras returns: the loss, or [loss, metrics...], or a dict."""
         self._require_compiled()
         if self._eval_fn is None:
             @tf.function
-            def eval_fn(x, y):
-                result = self._step.run(x, y, training=False)
-                self._update_metrics(y, result)
+            def eval_fn(x, y, sample_weight):
+                result = self._step.run(x, y, training=False, sample_weight=sample_weight)
+                self._update_metrics(y, result, sample_weight)
                 return result.loss
             self._eval_fn = self._compiled("evaluate step", eval_fn)
         eval_fn = self._eval_fn
         loss_mean = tf.keras.metrics.Mean()
         for m in self.model.compiled_metrics.metrics:
             m.reset_state()
-        for batch in self._dataset(x, y, batch_size, False, "evaluate"):
-            bx, by = self._unpack(batch, need_y=True)
-            loss_mean.update_state(eval_fn(bx, by))
+        for batch in self._dataset(x, y, batch_size, False, "evaluate", sample_weight):
+            bx, by, bsw = self._unpack(batch, need_y=True)
+            loss_mean.update_state(eval_fn(bx, by, bsw))
         if int(loss_mean.count) == 0:
             raise ValueError("evaluate got no full global batch of data")
         logs = self._metric_logs(loss_mean)
@@ -394,12 +435,41 @@ def _rows(x) -> int:
     return int(n)
 
 
-def _validation_pair(data):
+def _validation_data(data):
+    """(x, y, sample_weight) from Keras's forms of `validation_data`."""
     if isinstance(data, tf.data.Dataset):
-        return data, None
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        return data[0], data[1]
-    raise ValueError("validation_data must be (x_val, y_val) or a tf.data.Dataset of (x, y)")
+        return data, None, None
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        return tuple(data) + (None,) * (3 - len(data))
+    raise ValueError("validation_data must be (x_val, y_val), (x_val, y_val, sample_weight) or "
+                     "a tf.data.Dataset of (x, y[, sample_weight])")
+
+
+def class_weight_fn(class_weight: dict):
+    """Keras's class weighting of a batched dataset: each row's weight is its class's (the
+    label, or its argmax when one-hot), times its sample weight when there is one."""
+    keys = sorted(class_weight)
+    if keys != list(range(len(keys))):
+        raise ValueError(f"class_weight must map every class id 0..{len(keys) - 1} to a weight, "
+                         f"got keys {keys}")
+    table = tf.constant([float(class_weight[k]) for k in keys])
+
+    def apply(*batch):
+        x, y, sw = (tuple(batch) + (None, None))[:3]
+        if y is None or isinstance(y, (tuple, list, dict)):
+            raise ValueError("class_weight needs a model with a single output and labels")
+        if y.shape.rank is not None and y.shape.rank > 2:
+            raise ValueError("class_weight is not supported for 3+ dimensional targets")
+        if y.shape.rank == 2 and y.shape[1] is not None and y.shape[1] > 1:
+            classes = tf.argmax(y, axis=1)
+        else:
+            classes = tf.cast(tf.reshape(y, [-1]), tf.int64)
+        cw = tf.gather(table, classes)
+        if sw is not None:
+            sw = tf.cast(sw, cw.dtype)
+            cw = cw * (tf.reshape(sw, [-1]) if sw.shape.rank == 2 and sw.shape[1] == 1 else sw)
+        return x, y, cw
+    return apply
 
 
 def _padded_batches(x, batch_size: int):

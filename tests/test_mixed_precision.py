@@ -1,0 +1,99 @@
+"""Mixed precision trains as plain Keras does: each micro-batch's loss term is scaled by the
+LossScaleOptimizer's current scale, gradients are unscaled once after accumulation, and a
+non-finite gradient skips the step and halves the scale. The reference is plain Keras
+`train_on_batch` with the same policy and optimizer, on the same batches."""
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dapple.pipelined_model import PipelinedModel
+from planner.plan import straight_plan
+
+BATCH, STEPS, BAD_STEP = 16, 20, 7
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.fixture
+def policy(request):
+    tf.keras.mixed_precision.set_global_policy(request.param)
+    yield request.param
+    tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def mlp(seed=0):
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((6,))
+    h = tf.keras.layers.Dense(16, activation="relu", name="d1")(x)
+    h = tf.keras.layers.Dense(16, activation="tanh", name="d2")(h)
+    h = tf.keras.layers.Dense(16, activation="relu", name="d3")(h)
+    out = tf.keras.layers.Dense(4, name="out", dtype="float32")(h)   # float32 logits
+    return tf.keras.Model(x, out)
+
+
+def optimizer(clipnorm=None):
+    inner = tf.keras.optimizers.SGD(0.05, global_clipnorm=clipnorm)
+    # growth every 4 finite steps, so 20 steps grow and shrink the scale
+    return tf.keras.mixed_precision.LossScaleOptimizer(inner, dynamic_growth_steps=4)
+
+
+def batches(seed=0):
+    rng = np.random.RandomState(seed)
+    for step in range(STEPS):
+        x = rng.randn(BATCH, 6).astype("float32")
+        if step == BAD_STEP:
+            x[5] = 1e6          # overflows float16 in d1: a non-finite gradient, in one slice
+        yield x, rng.randint(0, 4, BATCH).astype("int32")
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
+@pytest.mark.parametrize("replicas", [[1, 1], [2, 1]])
+def test_loss_scale_and_weights_follow_plain_keras_over_20_steps(policy, replicas):
+    plain, model = mlp(), mlp()
+    plain.compile(optimizer(), LOSS)
+    pm = PipelinedModel(model, straight_plan([2], 4, 4, BATCH, replicas=replicas))
+    pm.compile(optimizer(), LOSS)
+    assert isinstance(pm.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+    scales = []
+    for step, (x, y) in enumerate(batches()):
+        before = [w.copy() for w in model.get_weights()]
+        got = float(pm.train_step(x, y))
+        want = float(plain.train_on_batch(x, y))
+        if step == BAD_STEP:
+            assert not np.isfinite(got) and not np.isfinite(want)
+            for a, b in zip(model.get_weights(), before):
+                np.testing.assert_array_equal(a, b)    # skipped: nothing applied
+        else:
+            assert abs(got - want) <= 1e-3 * max(1.0, abs(want))
+        scales.append((float(pm.optimizer.loss_scale), float(plain.optimizer.loss_scale)))
+    assert [g for g, _ in scales] == [w for _, w in scales]
+    assert len(set(w for _, w in scales)) > 2      # the scale grew and was halved
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
+def test_boundary_tensors_travel_in_the_compute_dtype(policy):
+    pm = PipelinedModel(mlp(), straight_plan([2], 4, 2, BATCH))
+    assert [pm_spec.dtype for pm_spec in _boundary_specs(pm)] == [tf.float16]
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16"], indirect=True)
+def test_bfloat16_trains_like_plain_keras(policy):
+    plain, model = mlp(), mlp()
+    plain.compile(tf.keras.optimizers.SGD(0.05), LOSS)
+    pm = PipelinedModel(model, straight_plan([2], 4, 4, BATCH, replicas=[1, 2]))
+    pm.compile(tf.keras.optimizers.SGD(0.05), LOSS)
+    for step, (x, y) in enumerate(batches()):
+        if step == BAD_STEP:
+            continue
+        pm.train_step(x, y)
+        plain.train_on_batch(x, y)
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)   # bfloat16: 8 bits of mantissa
+
+
+def _boundary_specs(pm):
+    from graph_rewrite.model_graph import cut_model
+    stages = cut_model(pm.model, [tuple(s.layers) for s in pm.plan.stages])
+    return [stages[1].specs[tid] for tid in stages[1].input_ids]
