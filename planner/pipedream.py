@@ -19,6 +19,7 @@ minimizes DAPPLE's latency estimate, so the comparison is about partitioning and
 """
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import List, Tuple
 
 import numpy as np
@@ -80,6 +81,21 @@ def _best(T: np.ndarray, comm: np.ndarray, count: int, rows: int) -> np.ndarray:
     return A
 
 
+def parameter_table(profile: Profile) -> np.ndarray:
+    """W[i, j] = profile.parameter_bytes(i, j) for i <= j: the layers' own parameters by prefix
+    sums, plus each shared entry in every range that contains one of its positions."""
+    N = profile.num_layers
+    P = np.array([0.0] + list(accumulate(l.parameter_bytes for l in profile.layers)))
+    W = P[None, 1:] - P[:-1, None]
+    js = np.arange(N)
+    for e in profile.shared_parameters:
+        positions = np.array(e.positions)
+        k = np.searchsorted(positions, js)                   # first position >= i
+        nxt = np.where(k < len(positions), positions[np.minimum(k, len(positions) - 1)], N)
+        W = W + e.bytes * (nxt[:, None] <= js[None, :])
+    return W
+
+
 def _pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int]]:
     """[(first, last, replicas)] of PipeDream's optimal pipeline.
 
@@ -93,10 +109,9 @@ def _pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int
 
     def prefix(f):
         return np.array([0.0] + [f(0, k) for k in range(N)])
-    F, B, P = prefix(profile.forward_ms), prefix(profile.backward_ms), \
-        prefix(profile.parameter_bytes)
+    F, B = prefix(profile.forward_ms), prefix(profile.backward_ms)
     inner = (F[None, 1:] - F[:-1, None]) + (B[None, 1:] - B[:-1, None])   # compute(i..j)
-    W = P[None, 1:] - P[:-1, None]                                         # params(i..j)
+    W = parameter_table(profile)                                           # params(i..j)
     tables = []                      # per level: (count, T, A, comm)
     for k, (count, bw) in enumerate(levels):
         comm = np.array([2 * profile.boundary_bytes(s) / bw for s in range(N - 1)])

@@ -21,6 +21,22 @@ it has past the cut. This matters for DAGs (GNMT, ResNet, AmoebaNet's two-cell s
 Times and output bytes are for the profile's batch and scale linearly with the batch
 (`Profile.scaled`); parameter bytes do not. How devices lose efficiency at small batches is the
 cost model's business, not the profile's.
+
+Shared parameters (native format, optional `"shared_parameters": [{"bytes": B, "positions":
+[p1, p2, ...]}, ...]`): variables used at several layer positions (a layer called in several
+places, a tied embedding and output projection). A layer's `parameter_bytes` holds only the
+variables used at its position alone; each shared entry is held by every stage whose layer range
+contains one of its positions, once per stage (`Profile.parameter_bytes`), so a stage's memory
+and its replicas' allreduce count it. Not modelled: the extra allreduce that keeps the copies
+of a variable held by several stages identical (the cost model ignores it), and the compute of
+a shared layer's later calls where they run: all its calls' time is counted at the position of
+its first call (the profiler counts their outputs where they are produced).
+
+Compute dtype (native format, optional `"compute_dtype"`, default float32): the dtype of the
+activations (Keras's mixed-precision policy). `Profile.with_compute_dtype` rescales a profile
+to another: every layer's output bytes (and so the cut bytes) by new size / old size; the model
+inputs' bytes are kept (Keras does not cast model inputs), and so are parameter bytes (weights
+stay float32 under mixed precision). graph.txt profiles are float32.
 """
 from __future__ import annotations
 
@@ -29,9 +45,13 @@ import heapq
 import json
 import os
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# Bytes per element of the activation dtypes a profile may record.
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 class ProfileError(ValueError):
@@ -49,6 +69,13 @@ class Layer:
     inputs: tuple = ()          # positions of producer layers; -1 = a model input
 
 
+@dataclass(frozen=True)
+class SharedParameters:
+    """Variables used at several layer positions: held once by every stage containing one."""
+    bytes: float
+    positions: Tuple[int, ...]  # sorted, distinct
+
+
 @dataclass
 class Profile:
     name: str
@@ -58,6 +85,8 @@ class Profile:
     model_signature: Optional[str] = None
     device: str = ""
     source: str = ""
+    shared_parameters: Tuple[SharedParameters, ...] = ()
+    compute_dtype: str = "float32"
     # derived
     cut_bytes: List[float] = field(default_factory=list, repr=False)   # length N-1
     content_hash: str = field(default="", repr=False)
@@ -68,6 +97,16 @@ class Profile:
         if not self.batch_size > 0:
             raise ProfileError(f"{self.source or self.name}: batch size must be positive, got "
                                f"{self.batch_size}")
+        if self.compute_dtype not in DTYPE_BYTES:
+            raise ProfileError(f"{self.source or self.name}: compute dtype "
+                               f"{self.compute_dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        self.shared_parameters = tuple(self.shared_parameters)
+        for e in self.shared_parameters:
+            if not e.positions or list(e.positions) != sorted(set(e.positions)) or \
+                    not 0 <= e.positions[0] <= e.positions[-1] < len(self.layers):
+                raise ProfileError(f"{self.source or self.name}: shared parameter positions "
+                                   f"{list(e.positions)} must be distinct, sorted layer positions "
+                                   f"0..{len(self.layers) - 1}")
         self.cut_bytes = _cut_bytes(self.layers, self.input_bytes)
         self._forward_prefix = [0.0] + list(accumulate(l.forward_ms for l in self.layers))
         self._backward_prefix = [0.0] + list(accumulate(l.backward_ms for l in self.layers))
@@ -93,7 +132,14 @@ class Profile:
         return self._backward_prefix[last + 1] - self._backward_prefix[first]
 
     def parameter_bytes(self, first: int, last: int) -> float:
-        return self._param_prefix[last + 1] - self._param_prefix[first]
+        """Parameters a stage of layers first..last holds: its layers' own, plus each shared
+        entry with a position in the range, once. O(shared entries)."""
+        total = self._param_prefix[last + 1] - self._param_prefix[first]
+        for e in self.shared_parameters:
+            i = bisect_left(e.positions, first)
+            if i < len(e.positions) and e.positions[i] <= last:
+                total += e.bytes
+        return total
 
     def output_bytes(self, first: int, last: int) -> float:
         """Sum of layer outputs of first..last at the profile batch (activation memory proxy)."""
@@ -105,7 +151,8 @@ class Profile:
 
     @property
     def total_parameter_bytes(self) -> float:
-        return self._param_prefix[-1]
+        """The model's parameters, each variable once."""
+        return self._param_prefix[-1] + sum(e.bytes for e in self.shared_parameters)
 
     def scaled(self, batch_size: float) -> "Profile":
         """The same model at another batch: times and activations linear, parameters fixed."""
@@ -116,11 +163,33 @@ class Profile:
                         l.parameter_bytes, l.inputs) for l in self.layers]
         return Profile(name=self.name, batch_size=batch_size, layers=layers,
                        input_bytes=self.input_bytes * r, model_signature=self.model_signature,
-                       device=self.device, source=self.source, content_hash=self.content_hash)
+                       device=self.device, source=self.source,
+                       shared_parameters=self.shared_parameters,
+                       compute_dtype=self.compute_dtype, content_hash=self.content_hash)
+
+    def with_compute_dtype(self, dtype: str) -> "Profile":
+        """The same model with activations in `dtype`: layer output bytes times
+        size(dtype) / size(self.compute_dtype); model inputs, parameters and times unchanged.
+        A new content hash (plans made for one dtype do not evaluate against the other)."""
+        if dtype not in DTYPE_BYTES:
+            raise ProfileError(f"unknown compute dtype {dtype!r}; expected one of "
+                               f"{', '.join(DTYPE_BYTES)}")
+        if dtype == self.compute_dtype:
+            return self
+        r = DTYPE_BYTES[dtype] / DTYPE_BYTES[self.compute_dtype]
+        layers = [Layer(l.name, l.type, l.forward_ms, l.backward_ms, l.output_bytes * r,
+                        l.parameter_bytes, l.inputs) for l in self.layers]
+        return Profile(name=self.name, batch_size=self.batch_size, layers=layers,
+                       input_bytes=self.input_bytes, model_signature=self.model_signature,
+                       device=self.device, source=self.source,
+                       shared_parameters=self.shared_parameters, compute_dtype=dtype)
 
     def summary(self) -> Dict[str, object]:
-        return {"name": self.name, "hash": self.content_hash,
-                "model_signature": self.model_signature}
+        d = {"name": self.name, "hash": self.content_hash,
+             "model_signature": self.model_signature}
+        if self.compute_dtype != "float32":
+            d["compute_dtype"] = self.compute_dtype
+        return d
 
     def to_dict(self) -> Dict[str, object]:
         """The native JSON format."""
@@ -133,15 +202,26 @@ class Profile:
                         for l in self.layers]}
         if self.model_signature:
             d["model_signature"] = self.model_signature
+        d["compute_dtype"] = self.compute_dtype
+        if self.shared_parameters:
+            d["shared_parameters"] = [{"bytes": e.bytes, "positions": list(e.positions)}
+                                      for e in self.shared_parameters]
         return d
 
     def _hash(self) -> str:
         """sha256 of the profile's content (not its file bytes), so the same measurements in
-        graph.txt or JSON form, or re-indented, hash the same."""
+        graph.txt or JSON form, or re-indented, hash the same. Shared parameters and a
+        compute dtype other than float32 are hashed only when present (older profiles keep
+        their hash)."""
         canon = [float(self.batch_size), float(self.input_bytes),
                  [[l.name, round(l.forward_ms, 9), round(l.backward_ms, 9),
                    round(l.output_bytes, 3), round(l.parameter_bytes, 3), list(l.inputs)]
                   for l in self.layers]]
+        if self.shared_parameters:
+            canon.append([[round(e.bytes, 3), list(e.positions)]
+                          for e in self.shared_parameters])
+        if self.compute_dtype != "float32":
+            canon.append(self.compute_dtype)
         return hashlib.sha256(json.dumps(canon, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -392,10 +472,29 @@ def parse_native_json(text: str, path: str = "<string>", batch_size: Optional[fl
                                    f"layer position or -1 (a model input)")
         layers.append(Layer(name=str(l.get("name", f"layer{i}")), type=str(l.get("type", "")),
                             inputs=tuple(inputs), **vals))
+    shared = d.get("shared_parameters", [])
+    if not isinstance(shared, list):
+        raise ProfileError(f"{path}: 'shared_parameters' must be a list")
+    entries = []
+    for i, e in enumerate(shared):
+        where = f"{path}: shared_parameters[{i}]"
+        if not isinstance(e, dict) or "bytes" not in e or "positions" not in e:
+            raise ProfileError(f"{where} must be an object with 'bytes' and 'positions'")
+        positions = e["positions"]
+        if not isinstance(positions, list) or not positions or \
+                not all(isinstance(x, int) and 0 <= x < len(layers) for x in positions):
+            raise ProfileError(f"{where}: 'positions' must be a non-empty list of layer "
+                               f"positions 0..{len(layers) - 1}")
+        entries.append(SharedParameters(_number(str(e["bytes"]), where, "bytes"),
+                                        tuple(sorted(set(positions)))))
+    compute_dtype = d.get("compute_dtype", "float32")
+    if compute_dtype not in DTYPE_BYTES:
+        raise ProfileError(f"{path}: compute_dtype {compute_dtype!r} is not one of "
+                           f"{', '.join(DTYPE_BYTES)}")
     return Profile(name=name or str(d.get("name") or _default_name(path)),
                    batch_size=batch_size if batch_size is not None else
                    _number(str(d["batch_size"]), path, "batch_size"),
                    layers=layers, input_bytes=_number(str(d.get("input_bytes", 0)), path,
                                                       "input_bytes"),
                    model_signature=d.get("model_signature"), device=str(d.get("device", "")),
-                   source=path)
+                   source=path, shared_parameters=tuple(entries), compute_dtype=compute_dtype)

@@ -5,8 +5,12 @@
                 [--plan_space=paper|full]
     dapple plan --profile=FILE --topology=SPEC --global_batch_size=64,128,256   # one row each
     dapple plan --evaluate=plan.json --profile=FILE --topology=SPEC [--format=json]
+    dapple plan ... --compute_dtype=float16     # activations in 16 bits (mixed precision)
 
-With --format=json stdout is the Plan JSON and nothing else.
+With --format=json stdout is the Plan JSON and nothing else. --compute_dtype rescales the
+profile's activation bytes (every layer's output, so boundary transfers and activation memory)
+by size(new) / size(the profile's compute dtype; graph.txt: float32); model inputs, weights
+and times are kept (`Profile.with_compute_dtype`).
 """
 from __future__ import annotations
 
@@ -32,6 +36,12 @@ flags.DEFINE_enum("plan_space", "paper", ["paper", "full"],
                   "paper: data parallelism, two-stage plans and the straight pipeline (the shapes "
                   "the DAPPLE paper reports; searched deeper only if none fits); full: every "
                   "pipeline, however deep (planner/search.py explains both)")
+COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
+flags.DEFINE_string("compute_dtype", None,
+                    "activation dtype to plan for: float32, float16 or bfloat16 (Keras mixed "
+                    "precision); scales the profile's activation bytes by its size over that of "
+                    "the profile's own compute dtype (graph.txt profiles: float32). Default: the "
+                    "profile's")
 flags.DEFINE_bool("even_slices", False,
                   "consider only plans whose every stage splits a micro-batch into equal slices "
                   "(what the dapple runtime needs: the global batch divisible by M x replicas)")
@@ -81,8 +91,12 @@ def main(argv) -> None:
     for name in ("profile", "topology"):
         if not getattr(FLAGS, name):
             _fail(f"--{name} is required")
+    if FLAGS.compute_dtype is not None and FLAGS.compute_dtype not in COMPUTE_DTYPES:
+        _fail(f"--compute_dtype={FLAGS.compute_dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
     try:
         profile = load_profile(FLAGS.profile, batch_size=FLAGS.profile_batch_size)
+        if FLAGS.compute_dtype:
+            profile = profile.with_compute_dtype(FLAGS.compute_dtype)
         topo = parse_topology(FLAGS.topology)
         if FLAGS.memory:
             import dataclasses
@@ -112,9 +126,13 @@ def _evaluate(profile, topo) -> None:
                         f"file or pass --global_batch_size")
     plan.validate(num_layers=profile.num_layers, num_devices=topo.num_devices)
     if plan.profile and plan.profile.get("hash") not in (None, profile.content_hash):
+        dtype = plan.profile.get("compute_dtype", "float32")
+        hint = (f"; it was planned for compute dtype {dtype} (pass --compute_dtype={dtype})"
+                if dtype != profile.compute_dtype else "")
         raise PlanError(f"{FLAGS.evaluate} was made for profile {plan.profile.get('name')!r} "
                         f"(hash {str(plan.profile.get('hash'))[:12]}...), not {profile.name} "
-                        f"(hash {profile.content_hash[:12]}...)")
+                        f"(hash {profile.content_hash[:12]}..., compute dtype "
+                        f"{profile.compute_dtype}){hint}")
     finish_plan(plan, profile, topo, keep_warmup=True)
     if FLAGS.output:
         plan.save(FLAGS.output)

@@ -177,3 +177,48 @@ def test_plan_space_flag_and_the_report_names_the_other_space():
     r = dapple(f"--profile={path}", "--topology=B", "--global_batch_size=128",
                "--plan_space=deep")
     assert r.returncode != 0 and "plan_space" in r.stderr
+
+
+def test_compute_dtype_flag_plans_with_halved_activations(tmp_path):
+    path, profile = write_profile(tmp_path)
+    half = profile.with_compute_dtype("float16")
+    topo = parse_topology("2x2,net=10Gbps")
+    r = dapple(f"--profile={path}", "--topology=2x2,net=10Gbps", "--global_batch_size=64",
+               "--format=json", "--compute_dtype=float16")
+    assert r.returncode == 0, r.stderr
+    plan = Plan.from_json(r.stdout)
+    expected = plan_dapple(half, topo, 64)
+    assert [s.layers for s in plan.stages] == [s.layers for s in expected.stages]
+    assert plan.estimate.latency_ms == pytest.approx(expected.estimate.latency_ms)
+    assert plan.profile["compute_dtype"] == "float16"
+    assert plan.profile["hash"] == half.content_hash != profile.content_hash
+    # --evaluate: a hand plan's transfers are those of the halved cut bytes.
+    hand = {"version": 1, "micro_batches": 4, "global_batch_size": 32,
+            "stages": [{"layers": [0, 1], "devices": [0]}, {"layers": [2, 3], "devices": [2]}]}
+    plan_file = tmp_path / "hand.json"
+    plan_file.write_text(json.dumps(hand))
+    r = dapple(f"--evaluate={plan_file}", f"--profile={path}", "--topology=2x2,net=10Gbps",
+               "--format=json", "--compute_dtype=bfloat16")
+    assert r.returncode == 0, r.stderr
+    want = cm.evaluate(Plan.from_dict(hand), profile.with_compute_dtype("bfloat16"), topo)
+    assert Plan.from_json(r.stdout).estimate.latency_ms == pytest.approx(want.latency_ms)
+    costs = cm.pipeline_costs(Plan.from_dict(hand), half, topo)
+    x = profile.cut_bytes[1] / 2 * 8 / 4               # micro-batch 8, profile batch 4
+    assert costs.send_forward_ms[0] == pytest.approx(
+        x / (topo.inter_host_bandwidth / 1e3) + topo.inter_host_latency * 1e3)
+    # A plan made for float16 is refused against the float32 profile, with the flag to pass.
+    made = tmp_path / "made.json"
+    made.write_text(plan.to_json())
+    r = dapple(f"--evaluate={made}", f"--profile={path}", "--topology=2x2,net=10Gbps")
+    assert r.returncode == 2 and "pass --compute_dtype=float16" in r.stderr
+    r = dapple(f"--profile={path}", "--topology=1x2", "--global_batch_size=32",
+               "--compute_dtype=float16")
+    assert r.returncode == 0 and "(activations in float16)" in r.stdout
+
+
+def test_compute_dtype_flag_rejects_an_unknown_dtype(tmp_path):
+    path, _ = write_profile(tmp_path)
+    r = dapple(f"--profile={path}", "--topology=1x2", "--global_batch_size=8",
+               "--compute_dtype=fp8")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "--compute_dtype=fp8 is not one of float32, float16, bfloat16" in r.stderr
