@@ -11,10 +11,21 @@ the positions a Plan's `layers: [first, last]` refer to. For each layer:
   `runs` times, the median kept. Backward is measured as (forward + gradients of the outputs
   with respect to the float inputs and trainable weights) minus forward, since TensorFlow 2 has
   no separate backward to time; it is floored at 1 microsecond when noise makes it smaller.
-  A layer called several times (shared) counts all its calls.
-* `output_bytes`: all outputs of the layer's calls at the profiled batch (exact: elements x
-  dtype size); `parameter_bytes`: all its weights, trainable and not, counted once.
-* `inputs`: positions of the layers whose outputs it consumes, -1 for a model input.
+  A layer called several times (shared) counts all its calls, at its own (first call's)
+  position.
+* `output_bytes`: the outputs of the calls made at this position (`model_graph.call_positions`:
+  a shared layer's later call runs where its inputs are, possibly at a later position) at the
+  profiled batch (exact: elements x dtype size, so halved under mixed precision).
+* `inputs`: positions producing what the calls at this position consume, -1 for a model input.
+* `parameter_bytes`: the variables (trainable and not) used only at this position. A variable
+  used at several positions (a layer called in several places, a variable shared by two layers
+  such as a tied embedding) goes to the top-level `shared_parameters` instead: one entry per
+  set of positions, `{"bytes": B, "positions": [...]}`, where the positions are the call
+  positions of every call whose layer's `weights` hold the variable (identified by object, not
+  by name). `planner.profile` says how the planner counts them.
+
+`compute_dtype` is the layers' compute dtype (`mixed_float16` gives float16), the dtype of the
+activations the output bytes measure.
 
 `model_signature` ties the profile, and plans made from it, to this model
 (`dapple.pipelined_model.check_plan_matches_model`). `y` is not needed to profile layers (the
@@ -22,6 +33,7 @@ loss is not a layer); it is accepted so the call reads like Keras's and its rows
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import statistics
@@ -32,8 +44,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from graph_rewrite.model_graph import (layer_order, model_input_ids, model_signature,
-                                       node_call_arguments, nodes_in_execution_order)
+from graph_rewrite.model_graph import (call_positions, layer_order, model_input_ids,
+                                       model_signature, node_call_arguments)
 
 MIN_BACKWARD_MS = 1e-3
 
@@ -116,44 +128,87 @@ def profile_dict(model: tf.keras.Model, x, name: Optional[str] = None, warmup: i
     finally:
         tf.get_logger().setLevel(previous_level)
 
+    own_bytes, shared = parameter_bytes(model, len(order))
     device = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
     threads = tf.config.threading.get_intra_op_parallelism_threads()
-    return {
+    d = {
         "format": "dapple-profile",
         "version": 1,
         "name": name or model.name,
         "batch_size": batch,
         "device": f"{device[0].name} ({threads or 'default'} intra-op threads)",
         "model_signature": model_signature(model),
+        "compute_dtype": _compute_dtype(order),
         "input_bytes": _nbytes(list(values[tid] for tid in input_ids)),
         "layers": [dict(name=layer.name, type=type(layer).__name__,
                         forward_ms=s["forward_ms"], backward_ms=s["backward_ms"],
                         output_bytes=s["output_bytes"],
-                        parameter_bytes=_nbytes(layer.weights), inputs=s["inputs"])
-                   for layer, s in zip(order, stats)],
+                        parameter_bytes=own_bytes[p], inputs=s["inputs"])
+                   for p, (layer, s) in enumerate(zip(order, stats))],
     }
+    if shared:
+        d["shared_parameters"] = shared
+    return d
+
+
+def _compute_dtype(order) -> str:
+    """The compute dtype most of the layers run in (their mixed-precision policy)."""
+    dtypes = collections.Counter(l.compute_dtype for l in order
+                                 if getattr(l, "compute_dtype", None))
+    if not dtypes:
+        return tf.keras.mixed_precision.global_policy().compute_dtype or "float32"
+    return dtypes.most_common(1)[0][0]
+
+
+def _variable_key(v) -> int:
+    """A variable's identity; a mixed-precision AutoCastVariable is its wrapped variable."""
+    return id(getattr(v, "_variable", v))
+
+
+def parameter_bytes(model: tf.keras.Model, num_positions: int):
+    """(bytes of the variables used at each position alone, shared entries): every variable
+    in the `weights` of a call's layer is used at that call's position."""
+    used_at: Dict[int, set] = {}
+    size: Dict[int, int] = {}
+    for node, p in call_positions(model):
+        for v in node.layer.weights:
+            key = _variable_key(v)
+            used_at.setdefault(key, set()).add(p)
+            size[key] = _nbytes([v])
+    own = [0] * num_positions
+    groups: Dict[tuple, int] = {}
+    for key, positions in used_at.items():
+        if len(positions) == 1:
+            own[next(iter(positions))] += size[key]
+        else:
+            group = tuple(sorted(positions))
+            groups[group] = groups.get(group, 0) + size[key]
+    return own, [{"bytes": b, "positions": list(g)} for g, b in sorted(groups.items())]
 
 
 def _measure(model, order, values, producer, warmup, runs) -> List[dict]:
-    """Run the model node by node on concrete tensors, timing each node on its own inputs."""
+    """Run the model call by call on concrete tensors, timing each call on its own inputs.
+    Times go to the layer's position; outputs and inputs to the call's position."""
     position = {id(layer): p for p, layer in enumerate(order)}
     stats = [{"forward_ms": 0.0, "backward_ms": 0.0, "output_bytes": 0, "inputs": []}
              for _ in order]
-    for node in nodes_in_execution_order(model):
-        p = position[id(node.layer)]
+    for node, q in call_positions(model):
         args, kwargs = _node_call(node, values)
         outputs = node.layer(*args, **kwargs)
         for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
             values[tid] = y
-            producer[tid] = p
         forward_ms, backward_ms = _time_node(node, args, kwargs, warmup, runs)
-        s = stats[p]
+        s = stats[position[id(node.layer)]]
         s["forward_ms"] += forward_ms
         s["backward_ms"] += backward_ms
+        s = stats[q]
         s["output_bytes"] += _nbytes(outputs)
         for tid in node.flat_input_ids:
-            if producer[tid] not in s["inputs"]:
-                s["inputs"].append(producer[tid])
+            src = producer[tid]
+            if src != q and src not in s["inputs"]:
+                s["inputs"].append(src)
+        for tid in node.flat_output_ids:
+            producer[tid] = q
     return stats
 
 

@@ -14,7 +14,7 @@ from dapple.pipelined_model import PipelinedModel
 from dapple.profiler import profile
 from graph_rewrite.model_graph import model_signature
 from planner.plan import straight_plan
-from planner.profile import load_profile
+from planner.profile import SharedParameters, load_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,3 +121,109 @@ def test_dapple_profile_command_explains_a_bad_model_flag():
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
     assert "module:builder" in proc.stderr
+
+
+class TiedProjection(tf.keras.layers.Layer):
+    """Logits from the embedding matrix itself (a tied input embedding and output layer)."""
+
+    def __init__(self, embedding, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embedding
+
+    def call(self, h):
+        return tf.matmul(h, self.embedding.embeddings, transpose_b=True)
+
+
+def tied_model():
+    """ids(5) int32 -> emb: Embedding(10, 3) -> d: Dense 3 -> proj: h @ emb^T (10)."""
+    tf.keras.utils.set_random_seed(0)
+    ids = tf.keras.Input((5,), dtype="int32", name="ids")
+    emb = tf.keras.layers.Embedding(10, 3, name="emb")
+    h = tf.keras.layers.Dense(3, name="d")(emb(ids))
+    return tf.keras.Model(ids, TiedProjection(emb, name="proj")(h), name="tied")
+
+
+def twice_model():
+    """x(4) -> d: Dense 4 -> e: Dense 4 -> d again (runs at e's position) ->
+    cat: Concatenate(d's first output, d's second) (8) -> out: Dense 2."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((4,), name="x")
+    d = tf.keras.layers.Dense(4, name="d")
+    a = d(x)
+    c = d(tf.keras.layers.Dense(4, name="e")(a))
+    h = tf.keras.layers.Concatenate(name="cat")([a, c])
+    return tf.keras.Model(x, tf.keras.layers.Dense(2, name="out")(h), name="twice")
+
+
+def stage_bytes(model, ranges):
+    """Bytes of the variables each stage of a cut holds (what the runtime places there)."""
+    from graph_rewrite.model_graph import cut_model
+    return [sum(int(np.prod(v.shape)) * v.dtype.size for v in st.trainable_variables)
+            for st in cut_model(model, ranges)]
+
+
+def test_a_tied_embedding_is_one_shared_entry(tmp_path):
+    model = tied_model()
+    ids = np.random.RandomState(0).randint(0, 10, size=(4, 5)).astype("int32")
+    out = str(tmp_path / "tied.json")
+    prof = profile(model, ids, output=out, warmup=0, runs=1)
+    assert [l.name for l in prof.layers] == ["emb", "d", "proj"]
+    # The 10 x 3 fp32 embedding is used by emb (position 0) and proj (2): shared, not owned.
+    assert [l.parameter_bytes for l in prof.layers] == [0, (3 * 3 + 3) * 4, 0]
+    with open(out) as f:
+        assert json.load(f)["shared_parameters"] == [{"bytes": 10 * 3 * 4, "positions": [0, 2]}]
+    assert [l.output_bytes for l in prof.layers] == [4 * 5 * 3 * 4, 4 * 5 * 3 * 4,
+                                                     4 * 5 * 10 * 4]
+    assert [list(l.inputs) for l in prof.layers] == [[-1], [0], [1]]
+    assert prof.compute_dtype == "float32"
+    assert prof.total_parameter_bytes == 120 + 48
+    assert [prof.parameter_bytes(a, b) for a, b in [(0, 0), (1, 1), (2, 2), (0, 1), (1, 2)]] == \
+        [120, 48, 120, 168, 168]
+    assert prof.layers[2].backward_ms > 0             # proj's gradient reaches the embedding
+    for ranges in ([(0, 0), (1, 2)], [(0, 1), (2, 2)], [(0, 0), (1, 1), (2, 2)]):
+        assert stage_bytes(model, ranges) == [prof.parameter_bytes(a, b) for a, b in ranges]
+
+
+def test_a_layer_called_at_two_positions(tmp_path):
+    model = twice_model()
+    x = np.random.RandomState(0).randn(8, 4).astype("float32")
+    prof = profile(model, x, warmup=0, runs=1)
+    assert [l.name for l in prof.layers] == ["d", "e", "cat", "out"]
+    # d's kernel and bias, (4 x 4 + 4) x 4 bytes, are used at positions 0 and 1.
+    assert prof.shared_parameters == (SharedParameters(80, (0, 1)),)
+    assert [l.parameter_bytes for l in prof.layers] == [0, 80, 0, (8 * 2 + 2) * 4]
+    # d's second call runs at e's position: its output (8 x 4 floats) is counted there, and
+    # it reads e's output at that same position (no input of its own to record).
+    assert [l.output_bytes for l in prof.layers] == [128, 128 + 128, 8 * 8 * 4, 8 * 2 * 4]
+    assert [list(l.inputs) for l in prof.layers] == [[-1], [0], [0, 1], [2]]
+    assert prof.boundary_bytes(0) == 128
+    # After e: d's first output and position 1's outputs (counted together, as a multi-output
+    # layer: e's own output crosses in the profile although only d's second call reads it).
+    assert prof.boundary_bytes(1) == 128 + 256
+    assert [prof.parameter_bytes(a, b) for a, b in [(0, 0), (1, 1), (0, 1), (2, 3), (1, 3)]] == \
+        [80, 160, 160, 72, 232]
+    assert all(l.forward_ms > 0 for l in prof.layers)
+    for ranges in ([(0, 0), (1, 3)], [(0, 1), (2, 3)], [(0, 0), (1, 1), (2, 3)]):
+        assert stage_bytes(model, ranges) == [prof.parameter_bytes(a, b) for a, b in ranges]
+
+
+def test_a_mixed_precision_profile_records_its_compute_dtype(tmp_path):
+    x = np.random.RandomState(0).randn(8, 6).astype("float32")
+    full = profile(skip_model(), x, warmup=0, runs=1)
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = skip_model()
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    out = str(tmp_path / "half.json")
+    half = profile(model, x, output=out, warmup=0, runs=1)     # built in 16 bits, policy reset
+    assert half.compute_dtype == "float16"
+    with open(out) as f:
+        assert json.load(f)["compute_dtype"] == "float16"
+    assert [l.output_bytes for l in half.layers] == [l.output_bytes / 2 for l in full.layers]
+    assert half.cut_bytes == [b / 2 for b in full.cut_bytes]
+    # Weights stay float32 and the model input is not cast.
+    assert [l.parameter_bytes for l in half.layers] == [l.parameter_bytes for l in full.layers]
+    assert half.input_bytes == full.input_bytes
+    # A float32 profile rescaled to float16 reads the same bytes as the measured one.
+    assert full.with_compute_dtype("float16").cut_bytes == half.cut_bytes
