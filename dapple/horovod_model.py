@@ -13,6 +13,12 @@ the same user script; rank r runs plan device r (`graph_rewrite.horovod_ranks`):
   updates only this rank's stage; the other stages' variables on this rank are left stale until
   `save_weights` gathers them.
 * `fit` shuffles with a seed shared by all ranks, so every rank sees the same global batches.
+* The optimizer sees what it would see on one process: a variable shared by several stages
+  gets the sum of their gradients on every rank that holds it; under mixed precision a
+  non-finite gradient on any rank makes every rank skip the step and lower its loss scale
+  (one allreduce of a flag); `global_clipnorm` clips by the norm of the whole model's gradient
+  (one allreduce of squared norms, each variable counted once); a rank whose stage has no
+  trainable variables still steps its optimizer (iterations, loss scale) on a placeholder.
 * Loss, compiled metrics, `evaluate` and `predict` give every rank the global batch's values:
   the loss is summed over ranks, and the last stage's predictions are allgathered (one
   collective per output per step, only when metrics are compiled for training).
@@ -36,7 +42,9 @@ import tensorflow as tf
 
 from graph_rewrite.horovod_ranks import RankLayout, WorldSizeError
 from graph_rewrite.horovod_transport import (HorovodPipelineStep, init_horovod,
-                                             pin_gpu_to_local_rank, rank_device)
+                                             pin_gpu_to_local_rank, rank_device,
+                                             shared_stage_groups)
+from graph_rewrite.model_graph import cut_model
 from graph_rewrite.horovod_watchdog import StepWatchdog
 from graph_rewrite.losses import PipelineLoss
 from planner.plan import Plan
@@ -72,7 +80,8 @@ class HorovodPipelinedModel(PipelinedModel):
         self.layout = RankLayout(plan, size if size is not None else plan.num_devices)
         if not hvd.is_initialized():
             pin_gpu_to_local_rank()
-        self.process_sets = init_horovod(self.layout.process_sets())
+        stages = cut_model(model, [tuple(st.layers) for st in plan.stages])
+        self.process_sets = init_horovod(self.layout.process_sets(shared_stage_groups(stages)))
         if hvd.size() != self.layout.size:
             raise WorldSizeError(f"the plan uses {self.layout.size} devices but Horovod runs "
                                  f"{hvd.size()} processes")
@@ -84,6 +93,8 @@ class HorovodPipelinedModel(PipelinedModel):
         # Every plan device id of this process's step names this rank's one device.
         super().__init__(model, plan, devices=[self.device] * plan.num_devices)
         self.watchdog = StepWatchdog(self.who)
+        self._placeholder = None
+        self._poison = 0.0
         self._traced = set()
         with self.watchdog.step("broadcasting rank 0's initial weights", first=True):
             hvd.broadcast_variables(model.variables, root_rank=0)
@@ -95,6 +106,46 @@ class HorovodPipelinedModel(PipelinedModel):
     def _make_step(self, loss: Optional[PipelineLoss]) -> HorovodPipelineStep:
         return HorovodPipelineStep(self.model, self.plan, loss, self.device,
                                    self.process_sets, self.layout)
+
+    # ---- the optimizer sees the whole model's gradient -------------------------------------------
+    def _finish_gradients(self, gradients):
+        gradients = super()._finish_gradients(gradients)
+        transport = self._step.transport
+        if self._loss_scale() is not None:
+            local = tf.constant(0.0)
+            for g in gradients:
+                if g is not None:
+                    local = local + tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(g))),
+                                            tf.float32)
+            nonfinite = transport.sum_over_ranks(local, "nonfinite")
+            # NaN in every rank's gradients when any rank had a non-finite one: every
+            # LossScaleOptimizer then skips the step and lowers its scale alike.
+            poison = tf.where(nonfinite > 0, float("nan"), 0.0)
+            gradients = [None if g is None else g + tf.cast(poison, g.dtype) for g in gradients]
+            self._poison = poison
+        clip = _global_clipnorm(self.optimizer)
+        if clip:
+            squares = tf.constant(0.0)
+            for g, v in zip(gradients, self.model.trainable_variables):
+                if g is not None and self._step.owns_norm_of(v):
+                    squares = squares + tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+            norm = tf.sqrt(transport.sum_over_ranks(squares, "gradnorm"))
+            # tf.clip_by_global_norm's factor; the optimizer's own clip, on this rank's share
+            # only, then changes nothing (that share's norm is at most the clipped norm).
+            scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
+            gradients = [None if g is None else g * tf.cast(scale, g.dtype) for g in gradients]
+        return gradients
+
+    def _apply(self, gradients) -> None:
+        if any(g is not None for g in gradients):
+            return super()._apply(gradients)
+        # No trainable variables here: step the optimizer anyway, so its iteration count and
+        # loss scale stay those of every other rank.
+        if self._placeholder is None:
+            with tf.init_scope():
+                self._placeholder = tf.Variable(0.0, name="dapple_no_weights")
+        zero = tf.zeros_like(self._placeholder) + getattr(self, "_poison", 0.0)
+        self.optimizer.apply_gradients([(zero, self._placeholder)])
 
     def _compiled(self, what: str, fn):
         """Run the compiled `fn` under the watchdog (the first call also traces)."""
@@ -168,6 +219,13 @@ class HorovodPipelinedModel(PipelinedModel):
         with self.watchdog.step("broadcasting loaded weights"):
             hvd.broadcast_variables(self.model.variables, root_rank=0)
         return status
+
+
+def _global_clipnorm(optimizer) -> Optional[float]:
+    """The optimizer's `global_clipnorm` (the inner optimizer's under mixed precision)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    clip = getattr(inner, "global_clipnorm", None)
+    return float(clip) if clip else None
 
 
 def _stage_variables(graph) -> List[tf.Variable]:

@@ -102,6 +102,7 @@ class PipelinedModel:
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
         check_plan_matches_model(self.plan, model)
         check_supported_model(model)
+        check_recompute(self.plan, model)
         self.devices = list(devices) if devices is not None else local_devices(
             max(d for s in self.plan.stages for d in s.devices) + 1)
         self._transport_factory = LocalTransport
@@ -424,6 +425,22 @@ def check_supported_model(model: tf.keras.Model) -> None:
             f"from activations (activity regularizers or add_loss): the pipelined step does not "
             f"include them, so it would train a different objective than Keras; remove them or "
             f"add them to the compiled loss")
+
+
+def check_recompute(plan: Plan, model: tf.keras.Model) -> None:
+    """Recomputation runs a stage's forward twice; a layer that draws random numbers in
+    training (Dropout and its kin) would draw a different mask the second time, and the
+    backward would not be that of the forward."""
+    if not plan.recompute:
+        return
+    for layer in model._flatten_layers(include_self=False):
+        if getattr(layer, "_random_generator", None) is not None \
+                and getattr(layer, "rate", 1.0) != 0:
+            raise ValueError(
+                f"layer {layer.name!r} ({type(layer).__name__}) draws random numbers in "
+                f"training, and the plan recomputes activations (recompute: true): the "
+                f"recomputed forward would draw other numbers than the first, so the gradients "
+                f"would be wrong. Set \"recompute\": false in the plan")
 
 
 def _rows(x) -> int:

@@ -89,15 +89,22 @@ class RankLayout:
         """Ranks of the process set for boundary `boundary` -> `boundary + 1`, ascending."""
         return sorted(self.stage_ranks(boundary) + self.stage_ranks(boundary + 1))
 
-    def process_sets(self) -> List[List[int]]:
+    def ranks_of_stages(self, stages) -> List[int]:
+        """Every rank of the given stages, ascending."""
+        return sorted(r for s in stages for r in self.stage_ranks(s))
+
+    def process_sets(self, stage_groups=()) -> List[List[int]]:
         """Every process set the plan needs besides the global one, each once, in a fixed
-        order (every rank must register the same sets in the same order)."""
+        order (every rank must register the same sets in the same order). `stage_groups`:
+        groups of stages that share variables; each gets the set of all their ranks."""
         wanted: List[List[int]] = []
         for s in range(self.num_stages):
             if self.plan.stages[s].replicas > 1:
                 wanted.append(sorted(self.stage_ranks(s)))
         for b in range(self.num_stages - 1):
             wanted.append(self.boundary_ranks(b))
+        for group in stage_groups:
+            wanted.append(self.ranks_of_stages(group))
         out, seen = [], {tuple(range(self.size))}
         for ranks in wanted:
             if tuple(ranks) not in seen:

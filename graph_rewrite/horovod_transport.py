@@ -47,7 +47,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from graph_rewrite.batch_statistics import UnsupportedLayerError, is_batch_normalization
 from graph_rewrite.horovod_ranks import RankLayout
+from graph_rewrite.model_graph import variable_holders
 from graph_rewrite.pipeline import PipelineStep, StepResult, Tensors, Unit
 
 ENV_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
@@ -244,23 +246,33 @@ class HorovodTransport:
                 for tid in ids}
 
     # ---- replicas ---------------------------------------------------------------------------
-    def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]]) -> List[tf.Tensor]:
+    def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
+                     tag: str = "ar") -> List[tf.Tensor]:
+        """Allreduce (sum) in the stage's process set; `tag` names the collectives."""
         grads = grads_by_replica[self.replica]
         if self.p.plan.stages[stage].replicas == 1:
             return grads
         ps = self.sets[tuple(sorted(self.layout.stage_ranks(stage)))]
-        with tf.name_scope(f"stage{stage}/allreduce"):
-            return [hvd.allreduce(g, op=hvd.Sum, process_set=ps, name=f"dapple.ar{stage}.{i}",
-                                  ignore_name_scope=True)
+        with tf.name_scope(f"stage{stage}/{tag}"):
+            return [hvd.allreduce(self.distinct(g), op=hvd.Sum, process_set=ps,
+                                  name=f"dapple.{tag}{stage}.{i}", ignore_name_scope=True)
                     for i, g in enumerate(grads)]
+
+    def sum_over_ranks(self, tensor: tf.Tensor, name: str, ranks=None) -> tf.Tensor:
+        """Allreduce (sum) over `ranks` (default: all)."""
+        ps = hvd.global_process_set if ranks is None else self.sets[tuple(sorted(ranks))]
+        return hvd.allreduce(self.distinct(tensor), op=hvd.Sum, process_set=ps,
+                             name=f"dapple.{name}", ignore_name_scope=True)
 
 
 class HorovodPipelineStep(PipelineStep):
     """`PipelineStep` for this rank's unit; results cover this rank's stage only.
 
     `gradients` holds this stage's (replica-summed) gradients and None for other stages'
-    variables; `loss` is the global batch's loss on every rank; `predictions` are non-empty on
-    last-stage ranks only (their own rows).
+    variables; a variable shared with other stages gets the sum over all of them (an
+    allreduce in the process set of every rank of those stages, to which each stage's replica
+    0 contributes), so every copy is updated alike. `loss` is the global batch's loss on every
+    rank; `predictions` are non-empty on last-stage ranks only (their own rows).
     """
 
     def __init__(self, model, plan, loss, device: str, process_sets, layout: RankLayout):
@@ -268,12 +280,34 @@ class HorovodPipelineStep(PipelineStep):
         self.process_sets = process_sets
         super().__init__(model, plan, loss, [device] * layout.size,
                          transport_factory=HorovodTransport)
+        check_shared_across_processes(self.stages)
+        self.holders = variable_holders(self.stages)
 
-    def run(self, x, y=None, training: bool = True) -> StepResult:
+    def owns_norm_of(self, variable) -> bool:
+        """Whether this rank counts `variable` in the global gradient norm: the first replica of
+        the first stage that holds it (every holder has the same summed gradient)."""
+        holders = self.holders.get(id(variable), [])
+        return bool(holders) and self.transport.stage == holders[0] \
+            and self.transport.replica == 0
+
+    def _sum_shared(self, gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+        out = list(gradients)
+        for i, v in enumerate(self.model.trainable_variables):
+            stages = self.holders.get(id(v), [])
+            if len(stages) < 2 or out[i] is None:
+                continue
+            mine = out[i] if self.transport.replica == 0 else tf.zeros_like(out[i])
+            out[i] = self.transport.sum_over_ranks(mine, f"shared.{i}",
+                                                   self.layout.ranks_of_stages(stages))
+        return out
+
+    def run(self, x, y=None, training: bool = True, **kwargs) -> StepResult:
         """Callers must fetch `loss` (return it from the tf.function): it carries the data
         dependencies that keep every transfer; a control dependency on it may be dropped."""
         self.transport.begin_step()
-        result = super().run(x, y, training)
+        result = super().run(x, y, training, **kwargs)
+        if result.gradients:
+            result.gradients = self._sum_shared(result.gradients)
         # Sends' outputs are empty; summing them adds an exact 0 and keeps them in the graph
         # (a control dependency alone did not: the job hung, see the module docstring).
         kept = result.loss
@@ -287,6 +321,24 @@ class HorovodPipelineStep(PipelineStep):
             gradients = [None if g is None else tf.identity(g) for g in result.gradients]
         return StepResult(loss=loss, gradients=gradients, predictions=result.predictions)
 
-    @property
-    def unit(self) -> Unit:
-        return self.transport.stage, self.transport.replica
+
+
+def shared_stage_groups(stages) -> List[Tuple[int, ...]]:
+    """The groups of stages that share a trainable variable, each once."""
+    return sorted({tuple(h) for h in variable_holders(stages).values() if len(h) > 1})
+
+
+def check_shared_across_processes(stages) -> None:
+    """Refuse a BatchNormalization layer whose calls run in two stages: its moving statistics
+    would need one stage's update before the other's, across processes."""
+    seen = {}
+    for graph in stages:
+        for node in graph.nodes:
+            if is_batch_normalization(node.layer):
+                first = seen.setdefault(id(node.layer), graph.index)
+                if first != graph.index:
+                    raise UnsupportedLayerError(
+                        f"layer {node.layer.name!r} (BatchNormalization) is called in stages "
+                        f"{first} and {graph.index}; under horovodrun its moving statistics "
+                        f"cannot be updated in order across processes: move the cut so that "
+                        f"its calls share a stage, or use separate layers")

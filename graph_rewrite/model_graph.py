@@ -242,6 +242,15 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
     return stages
 
 
+def variable_holders(stages: Sequence[StageGraph]) -> Dict[int, List[int]]:
+    """For every trainable variable (by id), the stages that use it, in order."""
+    holders: Dict[int, List[int]] = {}
+    for graph in stages:
+        for v in graph.trainable_variables:
+            holders.setdefault(id(v), []).append(graph.index)
+    return holders
+
+
 def model_input_ids(model: tf.keras.Model) -> List[str]:
     return [str(id(t)) for t in model.inputs]
 

@@ -120,3 +120,41 @@ def ghost_batch_loss_and_grads(model, loss, x, y, slice_rows):
     for v, value in zip(model.non_trainable_variables, state):
         v.assign(value)
     return total, grads
+
+
+class TiedOutput(tf.keras.layers.Layer):
+    """Logits from the input embedding's own matrix (weight tying, as in transformer LMs)."""
+
+    def __init__(self, embedding, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embedding
+
+    def call(self, h):
+        table = tf.cast(self.embedding.embeddings, h.dtype)
+        return tf.matmul(h, table, transpose_b=True)
+
+
+def tied_language_model(seed=0, vocab=24, width=8, length=6, heads=2):
+    """A one-block transformer language model from Keras layers, its output projection tied to
+    its input embedding: token + position embedding, self-attention, feed-forward, layer norms."""
+    tf.keras.utils.set_random_seed(seed)
+    ids = tf.keras.Input((length,), dtype="int32", name="ids")
+    embedding = tf.keras.layers.Embedding(vocab, width, name="embed")
+    h = embedding(ids)
+    positions = tf.keras.layers.Embedding(length, width, name="positions")(
+        tf.range(length)[None, :] * tf.ones_like(ids))
+    h = tf.keras.layers.Add(name="add_pos")([h, positions])
+    a = tf.keras.layers.MultiHeadAttention(heads, width // heads, name="attention")(
+        h, h, use_causal_mask=True)
+    h = tf.keras.layers.LayerNormalization(name="norm1")(tf.keras.layers.Add(name="res1")([h, a]))
+    f = tf.keras.layers.Dense(2 * width, activation="relu", name="ffn1")(h)
+    f = tf.keras.layers.Dense(width, name="ffn2")(f)
+    h = tf.keras.layers.LayerNormalization(name="norm2")(tf.keras.layers.Add(name="res2")([h, f]))
+    logits = TiedOutput(embedding, name="tied_logits")(h)
+    return tf.keras.Model(ids, logits, name="tied_language_model")
+
+
+def token_batch(batch, seed, vocab=24, length=6):
+    rng = np.random.RandomState(seed)
+    x = rng.randint(0, vocab, size=(batch, length)).astype("int32")
+    return x, np.roll(x, -1, axis=1)

@@ -7,9 +7,11 @@ inputs), and compares the pipelined gradients (`PipelinedModel.gradients`) with 
 model's (`tf.GradientTape`) under a mean squared error against random targets. Prints the
 largest absolute difference; exits 1 when it is above `--tolerance` (default 1e-5).
 
-Batch-dependent layers (BatchNormalization in training mode) see micro-batch statistics in a
-pipeline, as in GPipe and DAPPLE, so such models differ by design when micro_batches > 1 or a
-stage is replicated; the command says so when it finds them.
+BatchNormalization in training mode normalizes each micro-batch slice on its own in a pipeline,
+as in GPipe and DAPPLE. For such models the reference is the plain model run slice by slice
+("ghost batches" of the plan's slice size, each slice's loss weighted by its share), and the
+command says so; it can do that when every stage with such layers has the same slice size.
+Layers that draw random numbers in training (Dropout) differ by design; the command names them.
 
 With `--timing` it then holds the cost model to measurement (`dapple.timing`): it prints the
 plan's step time predicted by the formula (`planner.cost_model.evaluate`), simulated
@@ -87,10 +89,14 @@ def main(argv):
         pipelined = pm.gradients(x, y)
     except ValueError as e:
         return fail(str(e))
-    with tf.GradientTape() as tape:
-        preds = tf.nest.flatten(model(x, training=True))
-        total = tf.add_n([loss(t, p) for t, p in zip(tf.nest.flatten(y), preds)])
-    plain = tape.gradient(total, model.trainable_variables)
+    slice_rows, why = _reference_slices(pm, batch)
+    if slice_rows is None:
+        print(f"dapple verify: {why}", file=sys.stderr)
+        return 1
+    if slice_rows < batch:
+        print(f"reference: the plain model run on {batch // slice_rows} slices of {slice_rows} "
+              f"rows (ghost batches), since {why}")
+    plain = _plain_gradients(model, loss, x, y, batch, slice_rows)
 
     worst, worst_name, scale = 0.0, None, 0.0
     for g, w, v in zip(pipelined, plain, model.trainable_variables):
@@ -108,14 +114,63 @@ def main(argv):
     if worst <= FLAGS.tolerance:
         print("OK: the pipelined gradients equal the plain model's")
         return _timing(pm, model, plan, x, y, batch) if FLAGS.timing else 0
-    batch_dependent = [l.name for l in model.layers
-                       if isinstance(l, tf.keras.layers.BatchNormalization)]
     print("FAILED: the pipelined gradients differ from the plain model's", file=sys.stderr)
-    if batch_dependent:
-        print(f"note: {len(batch_dependent)} BatchNormalization layer(s) (e.g. "
-              f"{batch_dependent[0]!r}) normalize each micro-batch on its own, so this model is "
-              f"not micro-batch transparent by design", file=sys.stderr)
+    random = [l.name for l in model._flatten_layers(include_self=False)
+              if getattr(l, "_random_generator", None) is not None and getattr(l, "rate", 1)]
+    if random:
+        print(f"note: {len(random)} layer(s) draw random numbers in training (e.g. "
+              f"{random[0]!r}): their masks differ between any two runs, so gradients differ "
+              f"by design", file=sys.stderr)
     return 1
+
+
+def _reference_slices(pm, batch):
+    """(rows per reference slice, why) for the plain reference: the whole batch, or the plan's
+    slice size when BatchNormalization layers normalize per slice; (None, why) when their stages
+    have different slice sizes, which no plain run reproduces."""
+    from graph_rewrite.batch_statistics import updates_in_training
+
+    plan = pm.plan
+    sizes, example = {}, None
+    for graph, stage in zip(pm._step.stages, plan.stages):
+        for node in graph.nodes:
+            if updates_in_training(node.layer, {"training": True}):
+                sizes.setdefault(batch // (plan.micro_batches * stage.replicas), graph.index)
+                example = example or node.layer.name
+    if not sizes or (len(sizes) == 1 and batch in sizes):
+        return batch, ""
+    if len(sizes) > 1:
+        return None, (f"BatchNormalization layers (e.g. {example!r}) normalize slices of "
+                      f"{sorted(sizes)} rows in different stages, which no plain run of the "
+                      f"model reproduces; verify a plan whose stages with such layers have equal "
+                      f"replica counts")
+    rows = next(iter(sizes))
+    return rows, (f"BatchNormalization layers (e.g. {example!r}) normalize each slice of "
+                  f"{rows} rows on its own in this plan")
+
+
+def _plain_gradients(model, loss, x, y, batch, slice_rows):
+    """The plain model's gradients on consecutive slices of `slice_rows` rows (the whole batch
+    when equal), each slice's loss weighted by its share; training state left as it was."""
+    import numpy as np
+    import tensorflow as tf
+
+    state = [v.numpy() for v in model.non_trainable_variables]
+    grads = None
+    for lo in range(0, batch, slice_rows):
+        part = lambda a: a[lo:lo + slice_rows]
+        xs, ys = tf.nest.map_structure(part, x), tf.nest.map_structure(part, y)
+        with tf.GradientTape() as tape:
+            preds = tf.nest.flatten(model(xs, training=True))
+            total = tf.add_n([loss(t, p) for t, p in zip(tf.nest.flatten(ys), preds)])
+            total = total * (slice_rows / batch)
+        g = [None if t is None else tf.convert_to_tensor(t)
+             for t in tape.gradient(total, model.trainable_variables)]
+        grads = g if grads is None else [a if b is None else (b if a is None else a + b)
+                                         for a, b in zip(grads, g)]
+    for v, value in zip(model.non_trainable_variables, state):
+        v.assign(value)
+    return [None if g is None else np.asarray(g) for g in grads]
 
 
 def _set_intra_op_threads(tf, threads: int) -> None:

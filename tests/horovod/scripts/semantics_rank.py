@@ -1,0 +1,124 @@
+"""One rank of a multi-process job checking Keras training semantics against the plain model,
+which every rank computes itself (same seed, same data). Prints `DAPPLE_RESULT <json>`.
+
+--case=batchnorm  Dense-input and Conv2D BatchNormalization, 2:1 plan, M = 4, learning rate 0,
+                  2 steps: moving statistics against plain `train_on_batch`.
+--case=tied       tied input/output embedding across a 2-stage cut, 3 SGD steps: weights
+                  against 3 plain steps, and this rank's copy of the embedding.
+--case=clip       `global_clipnorm=0.1`, 2:1 plan, 3 SGD steps: weights against plain steps.
+--case=mixed      mixed_float16, 2:1 plan, M = 4, 12 steps with an overflow in step 5:
+                  loss scale and weights against plain `train_on_batch`.
+"""
+import argparse
+import json
+
+import dapple
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from graph_rewrite.model_graph import layer_order
+from planner.plan import straight_plan
+from tests import models
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--case", required=True)
+args = parser.parse_args()
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+
+
+def pipelined(model, cuts, replicas, m, batch, optimizer):
+    plan = straight_plan(cuts, len(layer_order(model)), m, batch, replicas=replicas)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer=optimizer, loss=LOSS)
+    return pm
+
+
+report = {}
+if args.case == "batchnorm":
+    for builder, cut in ((models.dense_batchnorm, 2), (models.conv_batchnorm, 3)):
+        model, reference = builder(), builder()
+        pm = pipelined(model, [cut], [2, 1], 4, 16, tf.keras.optimizers.SGD(0.0))
+        reference.compile(tf.keras.optimizers.SGD(0.0), LOSS)
+        rng = np.random.RandomState(0)
+        for _ in range(2):
+            x = (rng.randn(16, *model.input.shape[1:]) * 2.0 + 1.5).astype("float32")
+            y = rng.randint(0, 3, 16).astype("int32")
+            pm.train_step(x, y)
+            reference.train_on_batch(x, y)
+        pm.gather_weights()
+        initial = builder()
+        report[builder.__name__] = diff(model.non_trainable_variables,
+                                        reference.non_trainable_variables)
+        report[builder.__name__ + "_moved"] = diff(initial.non_trainable_variables,
+                                                   reference.non_trainable_variables)
+elif args.case == "tied":
+    model, reference = models.tied_language_model(), models.tied_language_model()
+    pm = pipelined(model, [5], [1, 1], 4, 16, tf.keras.optimizers.SGD(0.5))
+    ref_opt = tf.keras.optimizers.SGD(0.5)
+    for step in range(3):
+        x, y = models.token_batch(16, seed=step)
+        pm.train_step(x, y)
+        _, grads = models.plain_loss_and_grads(reference, LOSS, x, y)
+        ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
+    own = model.get_layer("embed").embeddings.numpy()      # before gathering: this rank's copy
+    want = reference.get_layer("embed").embeddings.numpy()
+    report["own_embedding_diff"] = float(np.max(np.abs(own - want)))
+    report["embedding_moved"] = float(np.max(np.abs(
+        models.tied_language_model().get_layer("embed").embeddings.numpy() - want)))
+    pm.gather_weights()
+    report["weight_diff"] = diff(model.get_weights(), reference.get_weights())
+elif args.case == "clip":
+    model, reference = models.mlp_with_skip(seed=3), models.mlp_with_skip(seed=3)
+    pm = pipelined(model, [2], [2, 1], 2, 24, tf.keras.optimizers.SGD(0.5, global_clipnorm=0.1))
+    reference.compile(tf.keras.optimizers.SGD(0.5, global_clipnorm=0.1), LOSS)
+    for step in range(3):
+        x, y = models.data_for(model, 24, seed=100 + step)
+        pm.train_step(x, y)
+        reference.train_on_batch(x, y)
+    pm.gather_weights()
+    report["weight_diff"] = diff(model.get_weights(), reference.get_weights())
+    # the same run clipped per stage would differ by more than this
+    report["clip_changed_weights"] = diff(models.mlp_with_skip(seed=3).get_weights(),
+                                          reference.get_weights())
+elif args.case == "mixed":
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+
+    def mlp(seed=0):
+        tf.keras.utils.set_random_seed(seed)
+        x = tf.keras.Input((6,))
+        h = tf.keras.layers.Dense(16, activation="relu", name="d1")(x)
+        h = tf.keras.layers.Dense(16, activation="tanh", name="d2")(h)
+        h = tf.keras.layers.Dense(16, activation="relu", name="d3")(h)
+        return tf.keras.Model(x, tf.keras.layers.Dense(4, name="out", dtype="float32")(h))
+
+    def lso():
+        return tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.05),
+                                                           dynamic_growth_steps=3)
+    model, reference = mlp(), mlp()
+    pm = pipelined(model, [2], [2, 1], 4, 16, lso())
+    reference.compile(lso(), LOSS)
+    rng = np.random.RandomState(0)
+    scales = []
+    for step in range(12):
+        x = rng.randn(16, 6).astype("float32")
+        if step == 5:
+            x[3] = 1e6
+        y = rng.randint(0, 4, 16).astype("int32")
+        pm.train_step(x, y)
+        reference.train_on_batch(x, y)
+        scales.append([float(pm.optimizer.loss_scale), float(reference.optimizer.loss_scale)])
+    pm.gather_weights()
+    report["scales"] = scales
+    # np.allclose(rtol=1e-3, atol=1e-3) holds when this is at most 1
+    report["weight_closeness"] = max(float(np.max(np.abs(a - b) / (1e-3 + 1e-3 * np.abs(b))))
+                                     for a, b in zip(model.get_weights(), reference.get_weights()))
+else:
+    raise SystemExit(f"unknown case {args.case}")
+
+report["rank"] = hvd.rank()
+print("DAPPLE_RESULT " + json.dumps(report), flush=True)
