@@ -123,10 +123,15 @@ def profile_dict(model: tf.keras.Model, x, name: Optional[str] = None, warmup: i
     # Every layer gets its own tf.functions; TensorFlow's retracing warning does not apply.
     previous_level = tf.get_logger().level
     tf.get_logger().setLevel("ERROR")
+    # Layers run in training mode here, and some move their state when they do
+    # (BatchNormalization's moving statistics): profiling must leave the model as it was.
+    state = [(v, v.numpy()) for v in model.non_trainable_variables]
     try:
         stats = _measure(model, order, values, producer, warmup, runs)
     finally:
         tf.get_logger().setLevel(previous_level)
+        for v, value in state:
+            v.assign(value)
 
     own_bytes, shared = parameter_bytes(model, len(order))
     device = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")

@@ -227,3 +227,15 @@ def test_a_mixed_precision_profile_records_its_compute_dtype(tmp_path):
     assert half.input_bytes == full.input_bytes
     # A float32 profile rescaled to float16 reads the same bytes as the measured one.
     assert full.with_compute_dtype("float16").cut_bytes == half.cut_bytes
+
+
+def test_profiling_leaves_batchnorm_statistics_as_they_were():
+    """The profiler runs layers in training mode; BatchNormalization would move its moving
+    statistics each time, so the model the user trains next would start elsewhere."""
+    from tests.models import conv_batchnorm
+    model = conv_batchnorm()
+    before = [v.numpy() for v in model.non_trainable_variables]
+    x = np.random.RandomState(0).randn(8, 6, 6, 3).astype("float32") * 3 + 2
+    profile(model, x, runs=2, warmup=1)
+    for v, value in zip(model.non_trainable_variables, before):
+        np.testing.assert_array_equal(v.numpy(), value)
