@@ -1,6 +1,7 @@
 """A user's training script, unchanged between one machine and horovodrun: `fit` (with a
-metric and validation data), `evaluate` and `predict` on the plan in $DAPPLE_PLAN (set by
-`dapple launch`), compared with plain Keras on the same data (no shuffling, same batches).
+metric, sample weights and validation data), `evaluate` (weighted) and `predict` on the plan in
+$DAPPLE_PLAN (set by `dapple launch`), compared with plain Keras on the same data (no
+shuffling, same batches).
 Prints `DAPPLE_RESULT <json>` per rank."""
 import json
 import os
@@ -17,19 +18,22 @@ batch = plan.global_batch_size
 model, reference = models.mlp_with_skip(seed=5), models.mlp_with_skip(seed=5)
 x, y = models.data_for(model, 4 * batch, seed=9)
 x_val, y_val = models.data_for(model, 2 * batch, seed=10)
+weights = np.random.RandomState(11).uniform(0.0, 3.0, len(y)).astype("float32")
+val_weights = np.random.RandomState(12).uniform(0.0, 3.0, len(y_val)).astype("float32")
 loss = models.losses_for(model)
 
 pm = dapple.PipelinedModel(model, plan)
 pm.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=loss, metrics=["accuracy"])
 history = pm.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0,
-                 validation_data=(x_val, y_val))
-got_eval = pm.evaluate(x_val, y_val, return_dict=True)
+                 validation_data=(x_val, y_val), sample_weight=weights)
+got_eval = pm.evaluate(x_val, y_val, sample_weight=val_weights, return_dict=True)
 got_pred = pm.predict(x[:batch + 5])                     # a padded last batch
 
 reference.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=loss, metrics=["accuracy"])
 want = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0,
-                     validation_data=(x_val, y_val))
-want_eval = reference.evaluate(x_val, y_val, batch_size=batch, return_dict=True, verbose=0)
+                     validation_data=(x_val, y_val), sample_weight=weights)
+want_eval = reference.evaluate(x_val, y_val, batch_size=batch, sample_weight=val_weights,
+                               return_dict=True, verbose=0)
 want_pred = reference.predict(x[:batch + 5], batch_size=batch, verbose=0)
 
 pm.gather_weights()
