@@ -158,3 +158,13 @@ def token_batch(batch, seed, vocab=24, length=6):
     rng = np.random.RandomState(seed)
     x = rng.randint(0, vocab, size=(batch, length)).astype("int32")
     return x, np.roll(x, -1, axis=1)
+
+
+def float32_logits_mlp(seed=0):
+    """Dense layers with float32 logits, as Keras recommends under a mixed-precision policy."""
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((6,))
+    h = tf.keras.layers.Dense(16, activation="relu", name="d1")(x)
+    h = tf.keras.layers.Dense(16, activation="tanh", name="d2")(h)
+    h = tf.keras.layers.Dense(16, activation="relu", name="d3")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(4, name="out", dtype="float32")(h))

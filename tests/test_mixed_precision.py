@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from dapple.pipelined_model import PipelinedModel
 from planner.plan import straight_plan
+from tests.models import float32_logits_mlp as mlp
 
 BATCH, STEPS, BAD_STEP = 16, 20, 7
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -19,16 +20,6 @@ def policy(request):
     tf.keras.mixed_precision.set_global_policy(request.param)
     yield request.param
     tf.keras.mixed_precision.set_global_policy("float32")
-
-
-def mlp(seed=0):
-    tf.keras.utils.set_random_seed(seed)
-    x = tf.keras.Input((6,))
-    h = tf.keras.layers.Dense(16, activation="relu", name="d1")(x)
-    h = tf.keras.layers.Dense(16, activation="tanh", name="d2")(h)
-    h = tf.keras.layers.Dense(16, activation="relu", name="d3")(h)
-    out = tf.keras.layers.Dense(4, name="out", dtype="float32")(h)   # float32 logits
-    return tf.keras.Model(x, out)
 
 
 def optimizer(clipnorm=None):

@@ -88,18 +88,10 @@ elif args.case == "clip":
 elif args.case == "mixed":
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
 
-    def mlp(seed=0):
-        tf.keras.utils.set_random_seed(seed)
-        x = tf.keras.Input((6,))
-        h = tf.keras.layers.Dense(16, activation="relu", name="d1")(x)
-        h = tf.keras.layers.Dense(16, activation="tanh", name="d2")(h)
-        h = tf.keras.layers.Dense(16, activation="relu", name="d3")(h)
-        return tf.keras.Model(x, tf.keras.layers.Dense(4, name="out", dtype="float32")(h))
-
     def lso():
         return tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.05),
                                                            dynamic_growth_steps=3)
-    model, reference = mlp(), mlp()
+    model, reference = models.float32_logits_mlp(), models.float32_logits_mlp()
     pm = pipelined(model, [2], [2, 1], 4, 16, lso())
     reference.compile(lso(), LOSS)
     rng = np.random.RandomState(0)
