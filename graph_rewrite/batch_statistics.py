@@ -107,19 +107,21 @@ def combine(parts: Sequence[SliceStatistics]) -> SliceStatistics:
 
 
 def combine_replicas(by_replica: Dict[int, List[SliceStatistics]], replicas: int,
-                     sum_over_replicas: Callable[[Dict[int, List[tf.Tensor]]], List[tf.Tensor]]
+                     sum_over_replicas: Callable[[Dict[int, List[tf.Tensor]], str],
+                                                 List[tf.Tensor]]
                      ) -> List[SliceStatistics]:
     """Statistics over all `replicas` replicas of a stage, from those of the replicas held here
-    (`by_replica`: one entry per call, equal counts across replicas). `sum_over_replicas` adds
-    lists of tensors elementwise across all replicas (an add locally, an allreduce in the
-    stage's process set across processes)."""
+    (`by_replica`: one entry per call, equal counts across replicas). `sum_over_replicas(lists,
+    tag)` adds lists of tensors elementwise across all replicas (an add locally, an allreduce
+    named by `tag` in the stage's process set across processes)."""
     if replicas == 1:
         return next(iter(by_replica.values()))
-    means = sum_over_replicas({r: [s.mean for s in stats] for r, stats in by_replica.items()})
+    means = sum_over_replicas({r: [s.mean for s in stats] for r, stats in by_replica.items()},
+                              "bnmean")
     means = [m / replicas for m in means]
     spread = sum_over_replicas({r: [s.m2 + s.count * tf.square(s.mean - m)
                                     for s, m in zip(stats, means)]
-                                for r, stats in by_replica.items()})
+                                for r, stats in by_replica.items()}, "bnspread")
     first = next(iter(by_replica.values()))
     return [SliceStatistics(s.count * replicas, m, v) for s, m, v in zip(first, means, spread)]
 

@@ -372,7 +372,7 @@ class PipelineStep:
                           for r, rec in mine.items()}
             combined = bstats.combine_replicas(
                 by_replica, self.replicas[stage],
-                lambda lists: self.transport.sum_replicas(stage, lists, tag="bn"))
+                lambda lists, tag: self.transport.sum_replicas(stage, lists, tag=tag))
             with tf.device(self.device(stage, min(mine))), tf.name_scope(f"stage{stage}/bn"):
                 for node, stats in zip(calls, combined):
                     layer = node.layer
