@@ -12,7 +12,7 @@ setup(
     description="Planner, graph rewriter and runtime for synchronous pipeline + data parallel "
                 "training of Keras models (after the DAPPLE paper)",
     python_requires=">=3.9",
-    packages=["topology", "planner", "graph_rewrite", "dapple", "examples"],
+    packages=["topology", "planner", "reports", "graph_rewrite", "dapple", "examples"],
     install_requires=["absl-py", "numpy<2"],   # numpy: the planner's PipeDream DP
     extras_require={
         "tf": ["tensorflow-cpu==2.15.1", "numpy<2"],

@@ -2,7 +2,8 @@
 
 Owns the Plan data type (`planner.plan`), schedules as data (`planner.schedule`), profile
 readers, the cost model (DAPPLE eq. 1-3), the DAPPLE search (eq. 4-5 with Fresh / Append /
-Scatter placement), the PipeDream baseline, the simulator and the strategy reports.
+Scatter placement), the PipeDream baseline and the simulator.
 
-Depends only on `topology`; never imports TensorFlow or Horovod, so planner-only installs work.
+Depends only on `topology` (reports live in `reports`, which depends on planner, never the
+reverse); never imports TensorFlow or Horovod, so planner-only installs work.
 """

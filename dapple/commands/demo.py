@@ -22,7 +22,7 @@ def main(argv):
 
     from examples import demo_model
     from planner.profile import load_profile
-    from planner.report import strategy_report
+    from reports.text_report import strategy_report
     from planner.search import best_straight_plan, plan_dapple
     from topology import local_topology
 

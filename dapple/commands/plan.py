@@ -86,7 +86,7 @@ def main(argv) -> None:
         _fail(f"unexpected arguments {argv[1:]}")
     from planner.plan import Plan, PlanError
     from planner.profile import ProfileError, load_profile
-    from planner.report import strategy_report
+    from reports.text_report import strategy_report
     from topology import TopologyError, parse_topology
     for name in ("profile", "topology"):
         if not getattr(FLAGS, name):
@@ -116,7 +116,7 @@ def main(argv) -> None:
 def _evaluate(profile, topo) -> None:
     from planner import cost_model as cm
     from planner.plan import Plan, PlanError
-    from planner.report import strategy_report
+    from reports.text_report import strategy_report
     from planner.search import finish_plan
     plan = Plan.load(FLAGS.evaluate)
     if FLAGS.global_batch_size:
@@ -144,7 +144,7 @@ def _evaluate(profile, topo) -> None:
 
 def _plan(profile, topo) -> None:
     from planner.plan import PlanError
-    from planner.report import strategy_report
+    from reports.text_report import strategy_report
     from planner.search import plan_dapple
     if not FLAGS.global_batch_size:
         _fail("--global_batch_size is required (or --evaluate=plan.json)")
@@ -184,7 +184,7 @@ def _plan(profile, topo) -> None:
 
 
 def _report(profile, topo, sizes) -> None:
-    from planner.report_html import check_report_path, strategy_row, write_report
+    from reports.html_report import check_report_path, strategy_row, write_report
     check_report_path(FLAGS.report)
     rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
                          plan_space=FLAGS.plan_space) for gbs in sizes]

@@ -123,13 +123,13 @@ def run() -> int:
     result = simulate_plan(plan, costs, link_duplex=FLAGS.link_duplex)
     # Pictures first: the printed results may go to a pipe that closes early (| head).
     if FLAGS.output:
-        from planner.timeline import save_figure, timeline_figure
+        from reports.timeline import save_figure, timeline_figure
         title = (f"plan {plan.shape()}, {plan.micro_batches} micro-batches, schedule "
                  f"{plan.schedule}, warm-up K = {plan.warmup_depths()}")
         save_figure(timeline_figure(result, plan, title=title), FLAGS.output)
         print(f"timeline written to {FLAGS.output}", file=sys.stderr)
     if FLAGS.held_output:
-        from planner.timeline import held_activations_figure, save_figure
+        from reports.timeline import held_activations_figure, save_figure
         stages = [0] if plan.num_stages == 1 else [0, plan.num_stages - 1]
         save_figure(held_activations_figure(held_comparison(plan, costs), stages=stages,
                                             title=f"activations held, plan {plan.shape()}, "

@@ -13,7 +13,7 @@ from planner.plan import straight_plan
 from planner.schedule import pipeline_schedule
 from planner.simulator import simulate, simulate_plan
 from tests.paths import published_profile
-from planner.timeline import (MAX_DEVICE_ROWS, figure_png, held_activations_figure,
+from reports.timeline import (MAX_DEVICE_ROWS, figure_png, held_activations_figure,
                               save_figure, timeline_figure)
 
 

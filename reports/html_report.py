@@ -100,7 +100,7 @@ def speedups(row: ReportRow, baseline: Optional[str] = None) -> Dict[str, Option
 def speedup_figure(rows: Sequence[ReportRow], baseline: Optional[str] = None,
                    title: Optional[str] = None):
     """Grouped bars: one group per global batch size, one bar per candidate (Fig. 12/13)."""
-    from planner.timeline import _require_matplotlib
+    from reports.timeline import _require_matplotlib
     Figure = _require_matplotlib()
     from matplotlib.patches import Patch
     names: List[str] = []
@@ -255,7 +255,7 @@ def table_rows(rows: Sequence[ReportRow], baseline: Optional[str] = None) -> Lis
 
 def _pictures(rows: Sequence[ReportRow], baseline, title) -> List[tuple]:
     """[(caption, Figure)] in report order."""
-    from planner.timeline import held_activations_figure, timeline_figure
+    from reports.timeline import held_activations_figure, timeline_figure
     pictures = [("speedups", speedup_figure(rows, baseline, title=f"{title}: speedups "
                                                                   f"(simulated iterations)"))]
     for row in rows:
@@ -298,7 +298,7 @@ def write_report(path: str, rows: Sequence[ReportRow], title: str = "dapple stra
         if not row.candidates:
             raise ValueError(f"global batch {row.global_batch_size}: no candidates to report")
     ext = os.path.splitext(path)[1].lower()
-    from planner.timeline import figure_png
+    from reports.timeline import figure_png
     pictures = [(caption, figure_png(fig)) for caption, fig in _pictures(rows, baseline, title)]
     table = table_rows(rows, baseline)
     if ext == ".md":

@@ -6,7 +6,7 @@ import pytest
 
 from planner.costs import PipelineCosts
 from planner.plan import Estimate, straight_plan
-from planner.report_html import (Candidate, ReportRow, speedups, stage_notation, table_rows,
+from reports.html_report import (Candidate, ReportRow, speedups, stage_notation, table_rows,
                                  write_report)
 from planner.simulator import simulate_plan
 
@@ -90,7 +90,7 @@ def tiny_profile():
 
 def test_single_device_reference_runs_every_micro_batch_on_one_device():
     from planner.cost_model import SMALL_BATCH_HALF_SAMPLES as H, TASK_OVERHEAD_MS
-    from planner.report_html import single_device_ms
+    from reports.html_report import single_device_ms
     from topology.parse import parse_topology
     # The cost model's documented task time: t(b) = T_profile (b + H) / (pbs + H) + overhead.
     # The tiny profile (batch 4) has F = 10 ms, B = 20 ms; global batch 8 in M micro-batches
@@ -102,7 +102,7 @@ def test_single_device_reference_runs_every_micro_batch_on_one_device():
 
 def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
     from planner.plan import PlanError
-    from planner.report_html import strategy_row
+    from reports.html_report import strategy_row
     from topology.parse import parse_topology
 
     def refuses(profile, topology, gbs):
