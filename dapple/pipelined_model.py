@@ -36,10 +36,10 @@ import tensorflow as tf
 from dapple.devices import local_devices
 from graph_rewrite.batch_statistics import check_batch_normalization
 from graph_rewrite.losses import PipelineLoss
-from graph_rewrite.micro_batch import check_divisible
 from graph_rewrite.model_graph import layer_order, model_signature
 from graph_rewrite.pipeline import LocalTransport, PipelineStep
 from planner.plan import Plan, PlanError
+from planner.slicing import check_even
 
 
 class PlanMismatchError(PlanError):
@@ -144,7 +144,7 @@ class PipelinedModel:
                              f"slices, memory) was made for that batch; use it or re-plan"
                              + (" (batch a tf.data.Dataset with drop_remainder=True)" if where
                                 else ""))
-        check_divisible(n, self.plan.micro_batches, [s.replicas for s in self.plan.stages])
+        check_even(n, self.plan.micro_batches, [s.replicas for s in self.plan.stages])
 
     # ---- hooks a runtime across processes overrides (dapple.horovod_model) ---------------------
     def _compiled(self, what: str, fn):

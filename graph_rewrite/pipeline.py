@@ -10,7 +10,7 @@ Built inside a `tf.function`, one graph per step (the paper's §V design on TF2)
   the forward again under a fresh tape.
 * Boundaries. A `Transport` moves boundary tensors forward and their gradients backward. The
   local transport (one process, many devices) slices and concatenates row ranges on the
-  receiving device (`micro_batch.overlaps`): split, concat, both, or nothing when replica counts
+  receiving device (`planner.slicing.overlaps`): split, concat, both, or nothing when replica counts
   are equal. `graph_rewrite.horovod_transport` moves them between processes.
 * Update. Each unit's variable gradients are accumulated over micro-batches per replica, summed
   across the stage's replicas (the allreduce; locally an add on the stage's first device), and
@@ -44,9 +44,9 @@ import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.losses import PipelineLoss
-from graph_rewrite.micro_batch import check_divisible, overlaps, unit_rows
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from planner.plan import Plan
+from planner.slicing import check_even, overlaps, unit_rows
 from planner.schedule import BACKWARD, FORWARD, plan_schedule, replay
 
 Unit = Tuple[int, int]                 # (stage, replica)
@@ -178,7 +178,7 @@ class PipelineStep:
             raise ValueError("the global batch size must be static; batch the data with "
                              "drop_remainder=True")
         self.global_batch = int(global_batch)
-        check_divisible(self.global_batch, self.plan.micro_batches, self.replicas)
+        check_even(self.global_batch, self.plan.micro_batches, self.replicas)
         model_inputs = dict(zip(self.input_ids, xs))
         ys = tf.nest.flatten(y) if y is not None else None
         self._sample_weights = _per_output(sample_weight, len(self.output_ids))

@@ -30,6 +30,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from planner import slicing
+
 PLAN_VERSION = 1
 SCHEDULE_POLICIES = ("A", "B", "gpipe")
 
@@ -134,10 +136,10 @@ class Plan:
         """Samples of one micro-batch on each replica of `stage`, as even as possible:
         replica r of R takes rows [r*n//R, (r+1)*n//R) of an n-sample micro-batch, so slices
         differ by at most one sample (e.g. 15 replicas of a 128-sample micro-batch)."""
-        n, R = self.micro_batch_size(), self.stages[stage].replicas
+        n = self.micro_batch_size()
         if n is None:
             raise PlanError("the plan has no global_batch_size, so slices are unknown")
-        return [(r + 1) * n // R - r * n // R for r in range(R)]
+        return slicing.slice_sizes(n, self.stages[stage].replicas)
 
     # ---- checking ------------------------------------------------------------------
     def validate(self, num_layers: Optional[int] = None,

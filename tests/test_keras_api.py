@@ -15,9 +15,9 @@ import tensorflow as tf
 
 from dapple.devices import DeviceError
 from dapple.pipelined_model import PipelinedModel, PlanMismatchError
-from graph_rewrite.micro_batch import BatchSplitError
 from graph_rewrite.model_graph import layer_order, model_signature
 from planner.plan import straight_plan
+from planner.slicing import BatchSplitError
 from tests.models import data_for, losses_for, mlp_with_skip, small_conv, two_in_two_out
 
 BATCH = 16
