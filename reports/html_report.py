@@ -1,23 +1,13 @@
-"""Strategy report with pictures (the DAPPLE paper's Fig. 12/13 and Table V/VII, for one model).
-
-`write_report(path, rows)` takes plans that are already made and costed: for each global
-batch size a `ReportRow` listing candidates (the best plan first, then e.g. the best
-data-parallel plan, a straight pipeline and PipeDream's plan) and writes
+"""The strategy report with pictures (the DAPPLE paper's Fig. 12/13 and Table V/VII, for one
+model), from rows that `reports.comparison` computed: for each global batch size
 
 * the plan table: stages as `(first, last) @ [devices]` (Table VII's form), micro-batches,
   schedule, the formula's latency (eq. 1-3), the simulated iteration and the speedup;
-* the timeline of the best plan (and the held-activation picture, if given) per batch size;
+* the timeline of the best plan (and the held-activation picture, if given);
 * a bar chart of speedups, one group per global batch size, one bar per candidate.
 
-Speedup is the paper's (§VI-C): the time to run the whole global batch on one device divided
-by the candidate's time, when `single_device_ms` is known; otherwise relative to the
-candidate named by `baseline` (Fig. 13 compares against data parallelism). A candidate's time
-is its simulated iteration when it was simulated, else the formula's latency.
-
 A `.html` path gets one self-contained file (PNG pictures embedded as base64); a `.md` path gets
-markdown with the PNGs written next to it. This module computes nothing about plans: the
-caller (`dapple plan --report`) runs the planner, the cost model and the simulator. matplotlib
-is imported only when drawing.
+markdown with the PNGs written next to it.
 """
 from __future__ import annotations
 
@@ -25,45 +15,13 @@ import base64
 import html
 import os
 import textwrap
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-from planner.simulator import SimulationResult
+from reports.comparison import ReportRow, speedups
+from reports.timeline import (figure_png, held_activations_figure, held_stages, require_matplotlib,
+                              timeline_figure)
 
 BAR_COLOURS = ["#2f5597", "#c55a11", "#7f7f7f", "#bf9000", "#548235", "#7030a0"]
-
-
-@dataclass
-class Candidate:
-    """One strategy for one global batch size; `plan` None means it is not feasible (`note`
-    says why, e.g. "does not fit in device memory")."""
-    name: str
-    plan: Optional[object] = None                 # planner.plan.Plan
-    latency_ms: Optional[float] = None            # default: plan.estimate.latency_ms
-    simulation: Optional[SimulationResult] = None
-    note: str = ""
-
-    def formula_ms(self) -> Optional[float]:
-        if self.latency_ms is not None:
-            return self.latency_ms
-        if self.plan is not None and getattr(self.plan, "estimate", None) is not None:
-            return self.plan.estimate.latency_ms
-        return None
-
-    def time_ms(self) -> Optional[float]:
-        """The time speedups are computed from: the simulated iteration (it includes the
-        bubbles eq. 1 leaves out), else the formula's latency."""
-        if self.simulation is not None:
-            return self.simulation.iteration_ms
-        return self.formula_ms()
-
-
-@dataclass
-class ReportRow:
-    global_batch_size: int
-    candidates: List[Candidate]                   # the best plan first: its timeline is drawn
-    single_device_ms: Optional[float] = None      # whole global batch on one device
-    held: Optional[Dict[str, SimulationResult]] = None   # GPipe vs early backward, best plan
 
 
 def stage_notation(plan) -> str:
@@ -79,29 +37,10 @@ def stage_notation(plan) -> str:
     return "; ".join(parts)
 
 
-def speedups(row: ReportRow, baseline: Optional[str] = None) -> Dict[str, Optional[float]]:
-    """Speedup of every feasible candidate (None where there is no time)."""
-    if row.single_device_ms is not None and baseline is None:
-        reference = row.single_device_ms
-    else:
-        name = baseline or row.candidates[0].name
-        matches = [c for c in row.candidates if c.name == name]
-        if not matches:
-            raise ValueError(f"speedup baseline {name!r} is not a candidate of global batch "
-                             f"{row.global_batch_size}: {[c.name for c in row.candidates]}")
-        reference = matches[0].time_ms()
-    out = {}
-    for c in row.candidates:
-        t = c.time_ms() if c.plan is not None or c.latency_ms is not None else None
-        out[c.name] = reference / t if (t and reference) else None
-    return out
-
-
 def speedup_figure(rows: Sequence[ReportRow], baseline: Optional[str] = None,
                    title: Optional[str] = None):
     """Grouped bars: one group per global batch size, one bar per candidate (Fig. 12/13)."""
-    from reports.timeline import _require_matplotlib
-    Figure = _require_matplotlib()
+    Figure = require_matplotlib()
     from matplotlib.patches import Patch
     names: List[str] = []
     for row in rows:
@@ -148,85 +87,6 @@ def speedup_figure(rows: Sequence[ReportRow], baseline: Optional[str] = None,
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-def single_device_ms(profile, topology, global_batch_size: int) -> float:
-    """The paper's speedup reference (§VI-C): the whole global batch run on one device, as
-    micro-batches one after another, costed by the same cost model with the best micro-batch
-    count and no memory limit (the same reference as `dapple plan`'s table)."""
-    from planner.cost_model import pipeline_costs
-    from planner.plan import Plan, Stage
-    best = None
-    for M in range(1, global_batch_size + 1):
-        if global_batch_size % M:
-            continue
-        one = Plan(stages=[Stage(layers=[0, profile.num_layers - 1], devices=[0])],
-                   micro_batches=M, global_batch_size=global_batch_size)
-        costs = pipeline_costs(one, profile, topology)
-        total = M * (costs.forward_ms[0] + costs.backward_ms[0])
-        best = total if best is None else min(best, total)
-    return best
-
-
-def strategy_row(profile, topology, global_batch_size: int, best_plan=None,
-                 planners: Optional[Sequence[tuple]] = None, memory_limit=None,
-                 with_held: bool = True, even_slices: bool = False,
-                 plan_space: str = "paper") -> ReportRow:
-    """One report row: the DAPPLE plan (`best_plan`, or planned here), then each of `planners`
-    ((name, function(profile, topology, global_batch_size) -> Plan) pairs; default: the best
-    data-parallel plan, the best straight pipeline and PipeDream's plan), each simulated with
-    the cost model's durations. A planner that finds no plan gives an infeasible candidate
-    whose note says why."""
-    from planner import search
-    from planner.cost_model import pipeline_costs
-    from planner.plan import PlanError
-    from planner.simulator import simulate_plan
-    if best_plan is None:
-        best_plan = search.plan_dapple(profile, topology, global_batch_size,
-                                       memory_limit=memory_limit, even_slices=even_slices,
-                                       plan_space=plan_space)
-    if planners is None:
-        planners = default_baselines(memory_limit, even_slices)
-    candidates = [("DAPPLE", best_plan, "")]
-    for name, planner in planners:
-        try:
-            candidates.append((name, planner(profile, topology, global_batch_size), ""))
-        except PlanError as e:
-            candidates.append((name, None, str(e).split(";")[0]))
-    out = []
-    for name, plan, note in candidates:
-        simulation = None
-        if plan is not None:
-            simulation = simulate_plan(plan, pipeline_costs(plan, profile, topology))
-        out.append(Candidate(name, plan, simulation=simulation, note=note))
-    held = None
-    if with_held and best_plan.num_stages > 1:
-        import dataclasses
-        costs = pipeline_costs(best_plan, profile, topology)
-        gpipe = dataclasses.replace(best_plan, schedule="gpipe", warmup=None)
-        held = {"GPipe": simulate_plan(gpipe, costs),
-                f"early backward ({best_plan.schedule})": out[0].simulation}
-    return ReportRow(global_batch_size, out,
-                     single_device_ms=single_device_ms(profile, topology, global_batch_size),
-                     held=held)
-
-
-def default_baselines(memory_limit=None, even_slices: bool = False) -> List[tuple]:
-    """(name, planner) pairs of the paper's comparisons (Fig. 12 and 13), named as in
-    `dapple plan`'s report. PipeDream's partition is its own (no even-slices option)."""
-    from planner import search
-    from planner.pipedream import plan_pipedream
-    options = {"memory_limit": memory_limit, "even_slices": even_slices}
-    out = []
-    for name, planner, kwargs in (
-            ("best data parallel", search.best_data_parallel_plan, options),
-            ("best straight", search.best_straight_plan, options),
-            ("PipeDream", plan_pipedream, {"memory_limit": memory_limit})):
-        out.append((name, lambda profile, topology, gbs, planner=planner, kwargs=kwargs:
-                    planner(profile, topology, gbs, **kwargs)))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 def _fmt(v: Optional[float], digits: int = 4) -> str:
     return "-" if v is None else f"{v:.{digits}g}"
 
@@ -255,7 +115,6 @@ def table_rows(rows: Sequence[ReportRow], baseline: Optional[str] = None) -> Lis
 
 def _pictures(rows: Sequence[ReportRow], baseline, title) -> List[tuple]:
     """[(caption, Figure)] in report order."""
-    from reports.timeline import held_activations_figure, timeline_figure
     pictures = [("speedups", speedup_figure(rows, baseline, title=f"{title}: speedups "
                                                                   f"(simulated iterations)"))]
     for row in rows:
@@ -269,10 +128,8 @@ def _pictures(rows: Sequence[ReportRow], baseline, title) -> List[tuple]:
                                                    f"warm-up K = "
                                                    f"{best.plan.warmup_depths()}")))
         if row.held:
-            stages = [0] if best.plan is None or best.plan.num_stages == 1 else \
-                [0, best.plan.num_stages - 1]
             pictures.append((f"activations held at global batch {row.global_batch_size}",
-                             held_activations_figure(row.held, stages=stages)))
+                             held_activations_figure(row.held, stages=held_stages(best.plan))))
     return pictures
 
 
@@ -298,7 +155,6 @@ def write_report(path: str, rows: Sequence[ReportRow], title: str = "dapple stra
         if not row.candidates:
             raise ValueError(f"global batch {row.global_batch_size}: no candidates to report")
     ext = os.path.splitext(path)[1].lower()
-    from reports.timeline import figure_png
     pictures = [(caption, figure_png(fig)) for caption, fig in _pictures(rows, baseline, title)]
     table = table_rows(rows, baseline)
     if ext == ".md":

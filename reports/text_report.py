@@ -1,11 +1,12 @@
-"""Strategy reports (text/markdown): what the plan is, where its time goes, and why it beat the
-alternatives (the best data-parallel plan, the best straight pipeline, PipeDream's plan), with
-their estimates side by side under the same cost model."""
+"""The text (markdown) strategy report: what the plan is, where its time goes, and why it beat
+the alternatives `reports.comparison` planned, their estimates side by side under the same
+cost model."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 from planner.plan import Plan
+from reports.comparison import Alternative
 from topology.units import format_bytes
 
 
@@ -19,9 +20,9 @@ def _devices_by_host(plan_stage, topology) -> str:
 
 
 def strategy_report(plan: Plan, profile, topology,
-                    alternatives: Optional[Dict[str, Optional[Plan]]] = None) -> str:
-    """Markdown report of `plan` (estimate filled) and, if given, alternative plans by name
-    (None values are shown as 'not feasible')."""
+                    alternatives: Optional[Dict[Alternative, Optional[Plan]]] = None) -> str:
+    """Markdown report of `plan` (estimate filled) and, if given, the alternative plans (None
+    values are shown as 'not feasible')."""
     est = plan.estimate
     dtype = getattr(profile, "compute_dtype", "float32")
     activations = f" (activations in {dtype})" if dtype != "float32" else ""
@@ -47,7 +48,8 @@ def strategy_report(plan: Plan, profile, topology,
         lines += ["| plan | shape | micro-batches | latency ms | vs this plan |", "|---|---|---|---|---|"]
         lines.append(f"| this plan (DAPPLE) | {plan.shape()} | {plan.micro_batches} | "
                      f"{est.latency_ms:.1f} | 1.00x |")
-        for name, alt in alternatives.items():
+        for which, alt in alternatives.items():
+            name = which.value
             if alt is None or alt.estimate is None:
                 lines.append(f"| {name} | - | - | not feasible | - |")
                 continue
@@ -61,16 +63,16 @@ def strategy_report(plan: Plan, profile, topology,
     return "\n".join(lines) + "\n"
 
 
-def _why(plan: Plan, alternatives: Dict[str, Optional[Plan]]) -> str:
+def _why(plan: Plan, alternatives: Dict[Alternative, Optional[Plan]]) -> str:
     est = plan.estimate
     reasons = []
-    dp = alternatives.get("best data parallel")
+    dp = alternatives.get(Alternative.DATA_PARALLEL)
     if dp is not None and dp.estimate is not None and plan.num_stages > 1:
         ar = dp.estimate.stages[0].allreduce_ms
         reasons.append(f"data parallelism leaves {ar:.1f} ms of gradient allreduce exposed "
                        f"after its last backward; this plan's largest is "
                        f"{max(s.allreduce_ms for s in est.stages):.1f} ms")
-    st = alternatives.get("best straight")
+    st = alternatives.get(Alternative.STRAIGHT)
     if st is not None and st.estimate is not None and plan.shape() != "straight":
         reasons.append(f"the straight pipeline spends {st.estimate.warmup_ms + st.estimate.ending_ms:.1f}"
                        f" ms filling and draining {st.num_stages} stages against "
@@ -82,12 +84,12 @@ def _why(plan: Plan, alternatives: Dict[str, Optional[Plan]]) -> str:
         "This plan has the least estimated latency in its plan space." \
         if any(map(faster, alternatives.values())) else \
         "This plan has the least estimated latency of those compared."
-    for name, alt in alternatives.items():
-        if name.startswith("full plan space") and faster(alt):
-            why += (f" The full plan space has a deeper plan, {alt.shape()}, estimated "
-                    f"{est.latency_ms / alt.estimate.latency_ms:.2f}x faster: its small "
-                    f"replicated stages hide their allreduces behind the backward chain. The "
-                    f"default keeps to the shapes the DAPPLE paper reports (data parallelism, "
-                    f"two stages, straight), which have been measured on real clusters; "
-                    f"--plan_space=full plans the deeper one.")
+    full = alternatives.get(Alternative.FULL_SPACE)
+    if faster(full):
+        why += (f" The full plan space has a deeper plan, {full.shape()}, estimated "
+                f"{est.latency_ms / full.estimate.latency_ms:.2f}x faster: its small "
+                f"replicated stages hide their allreduces behind the backward chain. The "
+                f"default keeps to the shapes the DAPPLE paper reports (data parallelism, "
+                f"two stages, straight), which have been measured on real clusters; "
+                f"--plan_space=full plans the deeper one.")
     return why

@@ -40,7 +40,7 @@ LEGEND_LABELS = {
 MAX_DEVICE_ROWS = 32
 
 
-def _require_matplotlib():
+def require_matplotlib():
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -70,7 +70,7 @@ def device_rows(result: SimulationResult, plan=None) -> List[Tuple[str, int]]:
 def timeline_figure(result: SimulationResult, plan=None, title: Optional[str] = None,
                     show_links: bool = True):
     """A matplotlib Figure of the simulated iteration (see the module docstring)."""
-    Figure = _require_matplotlib()
+    Figure = require_matplotlib()
     from matplotlib.patches import Patch
 
     rows = device_rows(result, plan)
@@ -148,7 +148,7 @@ def held_activations_figure(results: Dict[str, SimulationResult],
     """Micro-batches whose activations a stage holds, over time, one line per schedule
     (Fig. 3c: GPipe's grow to M, early backward's stop at K_i). One panel per stage in
     `stages` (default: the first stage, where the two differ most)."""
-    Figure = _require_matplotlib()
+    Figure = require_matplotlib()
     if not results:
         raise ValueError("held_activations_figure needs at least one simulation result")
     stages = list(stages) if stages is not None else [0]
@@ -177,6 +177,12 @@ def held_activations_figure(results: Dict[str, SimulationResult],
     fig.suptitle(title or "activations held over time", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def held_stages(plan) -> List[int]:
+    """The stages a held-activations picture shows: the first, where GPipe and early backward
+    differ most, and the last."""
+    return [0] if plan is None or plan.num_stages == 1 else [0, plan.num_stages - 1]
 
 
 def save_figure(fig, path: str) -> None:

@@ -52,41 +52,11 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _alternatives(profile, topo, gbs, memory, even_slices=False, plan_space="paper",
-                  only=None):
-    """The plans the report compares with, by name (None where none is feasible); `only`
-    restricts them to those names (the batch table needs two of the four searches)."""
-    from planner.pipedream import plan_pipedream
-    from planner.plan import PlanError
-    from planner.search import best_data_parallel_plan, best_straight_plan, plan_dapple
-    other = "full" if plan_space == "paper" else "paper"
-
-    def other_space(profile, topo, gbs, memory_limit, even_slices):
-        return plan_dapple(profile, topo, gbs, memory_limit=memory_limit,
-                           even_slices=even_slices, plan_space=other)
-    out = {}
-    for name, fn in (("best data parallel", best_data_parallel_plan),
-                     ("best straight", best_straight_plan),
-                     ("PipeDream", plan_pipedream),
-                     (f"{other} plan space (--plan_space={other})", other_space)):
-        if only is not None and name not in only:
-            continue
-        try:
-            if fn is plan_pipedream:
-                out[name] = fn(profile, topo, gbs, memory_limit=memory)
-            else:
-                out[name] = fn(profile, topo, gbs, memory_limit=memory, even_slices=even_slices)
-        except PlanError:
-            out[name] = None
-    return out
-
-
 def main(argv) -> None:
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}")
     from planner.plan import Plan, PlanError
     from planner.profile import ProfileError, load_profile
-    from reports.text_report import strategy_report
     from topology import TopologyError, parse_topology
     for name in ("profile", "topology"):
         if not getattr(FLAGS, name):
@@ -143,9 +113,9 @@ def _evaluate(profile, topo) -> None:
 
 
 def _plan(profile, topo) -> None:
-    from planner.plan import PlanError
-    from reports.text_report import strategy_report
     from planner.search import plan_dapple
+    from reports.comparison import BASELINES, Alternative, alternatives
+    from reports.text_report import strategy_report
     if not FLAGS.global_batch_size:
         _fail("--global_batch_size is required (or --evaluate=plan.json)")
     try:
@@ -170,9 +140,10 @@ def _plan(profile, topo) -> None:
     if FLAGS.format == "json":
         print(plan.to_json())
         return
+    compared = (*BASELINES, Alternative.other_space(FLAGS.plan_space))
     print(strategy_report(plan, profile, topo,
-                          _alternatives(profile, topo, gbs, None, FLAGS.even_slices,
-                                        FLAGS.plan_space)))
+                          alternatives(profile, topo, gbs, compared,
+                                       even_slices=FLAGS.even_slices)))
     uneven = [i for i in range(plan.num_stages) if len(set(plan.slice_sizes(i))) > 1]
     if uneven:
         print(f"Note: stage(s) {uneven} split each micro-batch of {plan.micro_batch_size()} "
@@ -184,7 +155,8 @@ def _plan(profile, topo) -> None:
 
 
 def _report(profile, topo, sizes) -> None:
-    from reports.html_report import check_report_path, strategy_row, write_report
+    from reports.comparison import strategy_row
+    from reports.html_report import check_report_path, write_report
     check_report_path(FLAGS.report)
     rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
                          plan_space=FLAGS.plan_space) for gbs in sizes]
@@ -193,9 +165,8 @@ def _report(profile, topo, sizes) -> None:
 
 
 def _table(profile, topo, sizes) -> None:
-    from planner import cost_model as cm
-    from planner.plan import Plan, Stage
     from planner.search import plan_dapple
+    from reports.comparison import Alternative, alternatives, single_device_ms
     print(f"{profile.name} on {topo.describe()}")
     print(f"{'global batch':>12}  {'plan':>14}  {'M':>5}  {'latency ms':>11}  "
           f"{'vs 1 device':>11}  {'vs best DP':>10}  {'vs PipeDream':>12}")
@@ -203,33 +174,14 @@ def _table(profile, topo, sizes) -> None:
         plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
                            plan_space=FLAGS.plan_space)
         lat = plan.estimate.latency_ms
-        one = _single_device_ms(profile, topo, gbs)
-        alts = _alternatives(profile, topo, gbs, None, FLAGS.even_slices, FLAGS.plan_space,
-                             only=("best data parallel", "PipeDream"))
+        one = single_device_ms(profile, topo, gbs)
+        alts = alternatives(profile, topo, gbs,
+                            (Alternative.DATA_PARALLEL, Alternative.PIPEDREAM),
+                            even_slices=FLAGS.even_slices)
 
         def ratio(p):
             return f"{p.estimate.latency_ms / lat:.2f}x" if p is not None else "n/a"
         print(f"{gbs:>12}  {plan.shape():>14}  {plan.micro_batches:>5}  {lat:>11.1f}  "
-              f"{(one / lat if one else float('nan')):>10.2f}x  {ratio(alts['best data parallel']):>10}  "
-              f"{ratio(alts['PipeDream']):>12}")
-
-
-def _single_device_ms(profile, topo, gbs):
-    """One device, no memory limit (the throughput reference): M micro-batches of the
-    profile batch's size or smaller, best M."""
-    import dataclasses
-    from planner import cost_model as cm
-    from planner.plan import Plan, Stage
-    from topology.model import Topology
-    one = Topology(devices_per_host=(1,), device_memory_bytes=float("inf"),
-                   intra_host_bandwidth=topo.intra_host_bandwidth,
-                   inter_host_bandwidth=topo.inter_host_bandwidth)
-    best = None
-    for M in range(1, gbs + 1):
-        if gbs % M:
-            continue
-        plan = Plan(stages=[Stage([0, profile.num_layers - 1], [0])], micro_batches=M,
-                    global_batch_size=gbs)
-        lat = cm.evaluate(plan, profile, one).latency_ms
-        best = lat if best is None else min(best, lat)
-    return best
+              f"{(one / lat if one else float('nan')):>10.2f}x  "
+              f"{ratio(alts[Alternative.DATA_PARALLEL]):>10}  "
+              f"{ratio(alts[Alternative.PIPEDREAM]):>12}")

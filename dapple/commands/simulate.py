@@ -101,18 +101,6 @@ def format_text(plan, result) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def held_comparison(plan, costs):
-    """{label: result} for GPipe and early backward on the same stages and micro-batches."""
-    import dataclasses
-    from planner.simulator import simulate_plan
-    early_policy = plan.schedule if plan.schedule != "gpipe" else "A"
-    early = dataclasses.replace(plan, schedule=early_policy,
-                                warmup=plan.warmup if plan.schedule != "gpipe" else None)
-    gpipe = dataclasses.replace(plan, schedule="gpipe", warmup=None)
-    return {"GPipe": simulate_plan(gpipe, costs, FLAGS.link_duplex),
-            f"early backward ({early_policy})": simulate_plan(early, costs, FLAGS.link_duplex)}
-
-
 def run() -> int:
     from planner.plan import Plan
     from planner.simulator import simulate_plan
@@ -129,9 +117,10 @@ def run() -> int:
         save_figure(timeline_figure(result, plan, title=title), FLAGS.output)
         print(f"timeline written to {FLAGS.output}", file=sys.stderr)
     if FLAGS.held_output:
-        from reports.timeline import held_activations_figure, save_figure
-        stages = [0] if plan.num_stages == 1 else [0, plan.num_stages - 1]
-        save_figure(held_activations_figure(held_comparison(plan, costs), stages=stages,
+        from reports.comparison import held_comparison
+        from reports.timeline import held_activations_figure, held_stages, save_figure
+        held = held_comparison(plan, costs, FLAGS.link_duplex)
+        save_figure(held_activations_figure(held, stages=held_stages(plan),
                                             title=f"activations held, plan {plan.shape()}, "
                                                   f"{plan.micro_batches} micro-batches"),
                     FLAGS.held_output)

@@ -6,8 +6,8 @@ import pytest
 
 from planner.costs import PipelineCosts
 from planner.plan import Estimate, straight_plan
-from reports.html_report import (Candidate, ReportRow, speedups, stage_notation, table_rows,
-                                 write_report)
+from reports.comparison import Candidate, ReportRow, speedups
+from reports.html_report import stage_notation, table_rows, write_report
 from planner.simulator import simulate_plan
 
 
@@ -90,7 +90,7 @@ def tiny_profile():
 
 def test_single_device_reference_runs_every_micro_batch_on_one_device():
     from planner.cost_model import SMALL_BATCH_HALF_SAMPLES as H, TASK_OVERHEAD_MS
-    from reports.html_report import single_device_ms
+    from reports.comparison import single_device_ms
     from topology.parse import parse_topology
     # The cost model's documented task time: t(b) = T_profile (b + H) / (pbs + H) + overhead.
     # The tiny profile (batch 4) has F = 10 ms, B = 20 ms; global batch 8 in M micro-batches
@@ -100,9 +100,22 @@ def test_single_device_reference_runs_every_micro_batch_on_one_device():
     assert single_device_ms(tiny_profile(), parse_topology("1x2"), 8) == pytest.approx(expected)
 
 
+def test_alternatives_are_keyed_by_enum_in_order_with_none_where_infeasible():
+    from reports.comparison import BASELINES, Alternative, alternatives
+    from topology.parse import parse_topology
+    assert Alternative.other_space("paper") is Alternative.FULL_SPACE
+    assert Alternative.other_space("full") is Alternative.PAPER_SPACE
+    which = (*BASELINES, Alternative.FULL_SPACE)
+    # A global batch of 1 cannot feed two data-parallel replicas; one stage a device can.
+    alts = alternatives(tiny_profile(), parse_topology("1x2"), 1, which)
+    assert list(alts) == list(which)
+    assert alts[Alternative.DATA_PARALLEL] is None
+    assert alts[Alternative.STRAIGHT].shape() == "straight"
+
+
 def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
     from planner.plan import PlanError
-    from reports.html_report import strategy_row
+    from reports.comparison import strategy_row
     from topology.parse import parse_topology
 
     def refuses(profile, topology, gbs):
