@@ -154,8 +154,3 @@ def replay(schedule: Sequence[Sequence[Task]]) -> List[Tuple[int, Task]]:
         step += 1
     return order
 
-
-def format_schedule(schedule: Sequence[Sequence[Task]]) -> str:
-    """Human-readable task lists, one line per stage (for logs, reports and docs)."""
-    return "\n".join(f"stage {s}: " + " ".join(str(t) for t in tasks)
-                     for s, tasks in enumerate(schedule))
