@@ -1,16 +1,13 @@
-"""Pictures of a simulated iteration: the timeline (DAPPLE Fig. 3a/b and 4) and held
-activations over time (Fig. 3c).
+"""Pictures of a simulated iteration: the timeline (DAPPLE Fig. 3a/b and 4) and activations held
+over time (Fig. 3c).
 
-Timeline: one row per device (a stage's replicas run the same tasks in lockstep, so they
-repeat the stage's boxes), then one row per boundary link showing its transfers (activations in
-the upper half, gradients in the lower half). Boxes are coloured by kind (forward, backward,
-transfer, allreduce, idle) and numbered by micro-batch wherever the number fits in the box;
-the legend names the colours. Plans with more than `MAX_DEVICE_ROWS` devices show one row per
-stage instead, labelled with its device range, so the picture stays readable.
+Timeline: one row per device (a stage's replicas repeat its boxes), then one row per boundary
+link (activations in the upper half, gradients in the lower half). Boxes are coloured by kind
+and numbered by micro-batch where the number fits; plans with more than `MAX_DEVICE_ROWS`
+devices get one row per stage, so the picture stays readable.
 
-matplotlib is an optional dependency (the `report` extra) and is imported inside the
-functions, with the object API (no pyplot, no global backend switch), so `import planner`
-stays light and a server without a display works.
+matplotlib (the `report` extra) is imported inside the functions, with the object API (no
+pyplot, no global backend switch), so importing reports stays light and works without a display.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Timeline and held-activation pictures: rows, numbers and legend, checked on the figure's
-artists against the plan's devices and hand-worked timelines (the PNGs themselves were also
-looked at by eye; see the README's "Pictures" section)."""
+artists against the plan's devices and hand-worked timelines."""
 import json
 import os
 import subprocess
