@@ -38,6 +38,7 @@ from graph_rewrite.batch_statistics import check_batch_normalization
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import layer_order, model_signature
 from graph_rewrite.pipeline import LocalTransport, PipelineStep
+from planner.files import write_atomically
 from planner.plan import Plan, PlanError
 from planner.slicing import check_even
 
@@ -514,16 +515,19 @@ def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
     through its index.
     """
     path = os.fspath(path)
+    if path.endswith((".h5", ".keras", ".hdf5")):
+        def write(tmp):
+            # Keras 2 refuses HDF5 weights at a name ending .keras: write as .h5, then rename
+            named = tmp + ".h5" if tmp.endswith(".keras") else tmp
+            model.save_weights(named, save_format="h5")
+            os.replace(named, tmp)
+        write_atomically(path, write)
+        return
     parent = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(parent, exist_ok=True)
     tmpdir = tempfile.mkdtemp(dir=parent, prefix=".dapple-ckpt-")
     try:
         base = os.path.basename(path)
-        if path.endswith((".h5", ".keras", ".hdf5")):
-            tmp = os.path.join(tmpdir, base if not base.endswith(".keras") else base + ".h5")
-            model.save_weights(tmp, save_format="h5")
-            os.replace(tmp, path)
-            return
         model.save_weights(os.path.join(tmpdir, base), save_format="tf")
         names = sorted(os.listdir(tmpdir), key=lambda n: (n.endswith(".index"), n == "checkpoint"))
         for name in names:

@@ -1,6 +1,7 @@
 """The Keras profiler: per-layer times and sizes of a model, in dapple's native profile format.
 
     prof = dapple.profile(model, x, y, output="model.profile.json")   # a planner Profile
+    prof = measure_profile(model, x)                                  # the same, not written
 
 Layers come in `graph_rewrite.model_graph.layer_order` order, so the profile's positions are
 the positions a Plan's `layers: [first, last]` refer to. For each layer:
@@ -34,39 +35,20 @@ loss is not a layer); it is accepted so the call reads like Keras's and its rows
 from __future__ import annotations
 
 import collections
-import json
-import os
-import statistics
-import tempfile
-import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
+from dapple.measure import MIN_BACKWARD_MS, median_ms
 from graph_rewrite.model_graph import (call_positions, layer_order, model_input_ids,
                                        model_signature, node_call_arguments)
-
-MIN_BACKWARD_MS = 1e-3
+from planner.profile import Layer, Profile, SharedParameters
 
 
 def _nbytes(tensors) -> int:
     return int(sum(int(np.prod(t.shape)) * t.dtype.size for t in tf.nest.flatten(tensors)
                    if hasattr(t, "dtype")))
-
-
-def _median_ms(fn: Callable[[], object], warmup: int, runs: int) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        out = fn()
-        for t in tf.nest.flatten(out):   # make sure the work is done before the clock stops
-            if hasattr(t, "numpy"):
-                t.numpy()
-        samples.append((time.perf_counter() - start) * 1000.0)
-    return float(statistics.median(samples))
 
 
 def _node_call(node, values: Dict[str, tf.Tensor]):
@@ -98,16 +80,16 @@ def _time_node(node, args, kwargs, warmup: int, runs: int):
         return grads
 
     has_backward = bool(float_inputs or layer.trainable_variables)
-    forward_ms = _median_ms(forward, warmup, runs)
+    forward_ms = median_ms(forward, warmup, runs)
     if not has_backward:
         return forward_ms, 0.0
-    total_ms = _median_ms(forward_backward, warmup, runs)
+    total_ms = median_ms(forward_backward, warmup, runs)
     return forward_ms, max(total_ms - forward_ms, MIN_BACKWARD_MS)
 
 
-def profile_dict(model: tf.keras.Model, x, name: Optional[str] = None, warmup: int = 2,
-                 runs: int = 5) -> dict:
-    """The native-format profile (a dict) of `model` measured on the batch `x`."""
+def measure_profile(model: tf.keras.Model, x, name: Optional[str] = None, warmup: int = 2,
+                    runs: int = 5) -> Profile:
+    """The planner's `Profile` of `model`, measured on the batch `x`."""
     if runs < 1 or warmup < 0:
         raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     order = layer_order(model)
@@ -136,24 +118,18 @@ def profile_dict(model: tf.keras.Model, x, name: Optional[str] = None, warmup: i
     own_bytes, shared = parameter_bytes(model, len(order))
     device = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
     threads = tf.config.threading.get_intra_op_parallelism_threads()
-    d = {
-        "format": "dapple-profile",
-        "version": 1,
-        "name": name or model.name,
-        "batch_size": batch,
-        "device": f"{device[0].name} ({threads or 'default'} intra-op threads)",
-        "model_signature": model_signature(model),
-        "compute_dtype": _compute_dtype(order),
-        "input_bytes": _nbytes(list(values[tid] for tid in input_ids)),
-        "layers": [dict(name=layer.name, type=type(layer).__name__,
-                        forward_ms=s["forward_ms"], backward_ms=s["backward_ms"],
-                        output_bytes=s["output_bytes"],
-                        parameter_bytes=own_bytes[p], inputs=s["inputs"])
-                   for p, (layer, s) in enumerate(zip(order, stats))],
-    }
-    if shared:
-        d["shared_parameters"] = shared
-    return d
+    layers = [Layer(name=layer.name, type=type(layer).__name__,
+                    forward_ms=float(s["forward_ms"]), backward_ms=float(s["backward_ms"]),
+                    output_bytes=float(s["output_bytes"]), parameter_bytes=float(own_bytes[p]),
+                    inputs=tuple(s["inputs"]))
+              for p, (layer, s) in enumerate(zip(order, stats))]
+    return Profile(name=name or model.name, batch_size=float(batch), layers=layers,
+                   input_bytes=float(_nbytes([values[tid] for tid in input_ids])),
+                   model_signature=model_signature(model),
+                   device=f"{device[0].name} ({threads or 'default'} intra-op threads)",
+                   shared_parameters=tuple(SharedParameters(float(b), tuple(g))
+                                           for g, b in shared),
+                   compute_dtype=_compute_dtype(order), source=f"dapple.profile({model.name})")
 
 
 def _compute_dtype(order) -> str:
@@ -188,7 +164,7 @@ def parameter_bytes(model: tf.keras.Model, num_positions: int):
         else:
             group = tuple(sorted(positions))
             groups[group] = groups.get(group, 0) + size[key]
-    return own, [{"bytes": b, "positions": list(g)} for g, b in sorted(groups.items())]
+    return own, sorted(groups.items())
 
 
 def _measure(model, order, values, producer, warmup, runs) -> List[dict]:
@@ -217,22 +193,6 @@ def _measure(model, order, values, producer, warmup, runs) -> List[dict]:
     return stats
 
 
-def write_profile(profile: dict, path: str) -> None:
-    """Write a native profile as JSON, atomically (temp file + rename)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".profile-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(profile, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def profile(model: tf.keras.Model, x, y=None, output: Optional[str] = None,
             name: Optional[str] = None, warmup: int = 2, runs: int = 5):
     """Profile `model` on the batch `x` (its rows are the profile's batch size).
@@ -244,8 +204,7 @@ def profile(model: tf.keras.Model, x, y=None, output: Optional[str] = None,
         nx = int(tf.nest.flatten(x)[0].shape[0])
         if ny != nx:
             raise ValueError(f"x has {nx} rows but y has {ny}")
-    d = profile_dict(model, x, name=name, warmup=warmup, runs=runs)
+    measured = measure_profile(model, x, name=name, warmup=warmup, runs=runs)
     if output:
-        write_profile(d, output)
-    from planner.profile import parse_native_json
-    return parse_native_json(json.dumps(d), path=output or "<dapple.profile>")
+        measured.save(output)
+    return measured

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from planner import slicing
+from planner.files import write_text_atomically
 
 PLAN_VERSION = 1
 SCHEDULE_POLICIES = ("A", "B", "gpipe")
@@ -257,16 +256,7 @@ class Plan:
 
     def save(self, path: str) -> None:
         """Write atomically (temp file + rename) so a crash never leaves half a plan."""
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".plan-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json() + "\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_text_atomically(path, self.to_json() + "\n")
 
 
 def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int,

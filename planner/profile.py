@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from planner.files import write_text_atomically
+
 # Bytes per element of the activation dtypes a profile may record.
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
@@ -207,6 +209,10 @@ class Profile:
             d["shared_parameters"] = [{"bytes": e.bytes, "positions": list(e.positions)}
                                       for e in self.shared_parameters]
         return d
+
+    def save(self, path: str) -> None:
+        """Write the native JSON format, atomically."""
+        write_text_atomically(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     def _hash(self) -> str:
         """sha256 of the profile's content (not its file bytes), so the same measurements in

@@ -16,8 +16,9 @@ import tensorflow as tf
 
 import dapple  # noqa: F401  (logical devices first)
 from dapple.pipelined_model import PipelinedModel
+from dapple.measure import median_ms
 from dapple.timing import (MeasuredPlan, StageTiming, format_report, measure_plan,
-                           measure_stages, median_ms, timing_report)
+                           measure_stages, timing_report)
 from planner.plan import straight_plan
 from planner.profile import Layer, Profile
 from tests.models import mlp_with_skip

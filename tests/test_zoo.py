@@ -12,17 +12,14 @@ trained through the pipeline; the references are plain Keras:
 
 The application models are large for this machine; the slowest are marked `slow`.
 """
-import json
-
 import dapple
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from dapple.profiler import profile_dict
+from dapple.profiler import measure_profile
 from graph_rewrite.batch_statistics import is_batch_normalization
-from planner.profile import parse_native_json
-from planner.search import best_straight_plan
+from planner.baselines import best_straight_plan
 from tests.models import ghost_batch_loss_and_grads, tied_language_model, token_batch
 from topology import local_topology
 
@@ -57,7 +54,7 @@ def build(name, seed=0):
 
 def planned(model, x, y):
     """Profile the model and let the planner choose the best 2-stage pipeline for it."""
-    profile = parse_native_json(json.dumps(profile_dict(model, x, warmup=0, runs=1)))
+    profile = measure_profile(model, x, warmup=0, runs=1)
     plan = best_straight_plan(profile, local_topology(2), BATCH, even_slices=True)
     plan.micro_batches, plan.global_batch_size = MICRO_BATCHES, BATCH
     plan.validate(num_layers=profile.num_layers)

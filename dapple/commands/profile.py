@@ -28,7 +28,7 @@ def main(argv):
     import json
 
     import dapple  # noqa: F401  (devices before TensorFlow initializes)
-    from dapple.profiler import profile_dict, write_profile
+    from dapple.profiler import measure_profile
     from dapple.user_model import build_model, random_inputs
 
     if not FLAGS.model:
@@ -44,13 +44,12 @@ def main(argv):
         print(f"dapple profile: {e}", file=sys.stderr)
         return 2
     x = random_inputs(model, FLAGS.batch_size)
-    prof = profile_dict(model, x, name=FLAGS.name, warmup=FLAGS.warmup, runs=FLAGS.runs)
+    prof = measure_profile(model, x, name=FLAGS.name, warmup=FLAGS.warmup, runs=FLAGS.runs)
     if FLAGS.output:
-        write_profile(prof, FLAGS.output)
-        total_f = sum(l["forward_ms"] for l in prof["layers"])
-        total_b = sum(l["backward_ms"] for l in prof["layers"])
-        print(f"wrote {FLAGS.output}: {len(prof['layers'])} layers, batch {prof['batch_size']}, "
-              f"forward {total_f:.2f} ms, backward {total_b:.2f} ms")
+        prof.save(FLAGS.output)
+        print(f"wrote {FLAGS.output}: {prof.num_layers} layers, batch {prof.batch_size:g}, "
+              f"forward {prof.forward_ms(0, prof.num_layers - 1):.2f} ms, backward "
+              f"{prof.backward_ms(0, prof.num_layers - 1):.2f} ms")
     else:
-        print(json.dumps(prof, indent=1))
+        print(json.dumps(prof.to_dict(), indent=1))
     return 0
