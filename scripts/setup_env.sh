@@ -11,7 +11,7 @@ TF_VERSION=2.15.1
 HOROVOD_VERSION=0.28.1
 VENV=.venv
 STAMP="$VENV/.dapple-env-ok"
-WANT="tf=$TF_VERSION horovod=$HOROVOD_VERSION gpu=${DAPPLE_GPU:-0} setup=$(md5sum setup.py scripts/setup_env.sh | md5sum | cut -c1-12)"
+WANT="tf=$TF_VERSION horovod=$HOROVOD_VERSION gpu=${DAPPLE_GPU:-0} setup=$(md5sum pyproject.toml setup.py scripts/setup_env.sh | md5sum | cut -c1-12)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   exit 0

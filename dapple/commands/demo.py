@@ -20,7 +20,7 @@ def main(argv):
     import dapple  # configures logical devices (DAPPLE_NUM_CPU_DEVICES) before TF initializes
     import tensorflow as tf
 
-    from examples import demo_model
+    from dapple import demo_model
     from planner.profile import load_profile
     from reports.text_report import strategy_report
     from planner.search import best_straight_plan, plan_dapple
