@@ -68,7 +68,8 @@ def with_round_trip_ms(costs, M, warmup) -> float:
     L = max over q of Tw + W_q + (K_q - 1)(F_q + B_q) + (M - K_q) loop + Te (the planner's Te).
     With K_q = 1 (VGG-19 capped by memory) every micro-batch pays the loop; with K_q = M none
     does (charging both the wait and M - 1 loops counts the round trip twice)."""
-    from planner.cost_model import interleave, latency_with_pivot
+    from planner.latency import interleave
+    from planner.reference_formulas import latency_with_pivot
     F, B, AR = interleave(costs)
     best = 0.0
     for q in range(len(F)):

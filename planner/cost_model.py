@@ -1,138 +1,43 @@
-"""The cost model: per-task durations of a plan (`pipeline_costs`) and its latency (`evaluate`).
+"""The cost model: what a stage costs (`StageModel`, `StageCost`) and what a plan costs
+(`pipeline_costs`, `choose_warmup`, `memory_per_device`, `evaluate`).
 
-Everything the planner believes about time and memory is here, with every constant stated
-once in `CONSTANTS` below (name, value, why). The search (`planner.search`) calls the same
-primitives (`StageModel`), so a plan's estimate never depends on who computed it.
-
-Per-task compute time (one micro-batch slice of b samples on one replica):
-
-    t(b) = T_profile * (b + H) / (pbs + H) + TASK_OVERHEAD_MS
-
-T_profile is the layers' profiled time at the profile batch pbs. The affine part says a device
-reaches half its per-sample throughput at H samples (SMALL_BATCH_HALF_SAMPLES): time per sample
-grows as slices shrink, which is what real devices charge and eq. 1-5 leave out. It equals the
-profile exactly at b = pbs. The fixed TASK_OVERHEAD_MS is what every scheduled task costs
-(launch, control dependencies, executor dispatch). Replicated stages split each micro-batch as
-evenly as possible; the largest slice, ceil(mb / r), sets the pace.
-
-Transfers (a boundary between stages, both directions): the micro-batch's cut bytes X move from
-the sender set to the receiver set. Each sender's rows are spread over the receivers in
-proportion (split, concat or both, DAPPLE §V-B2, Fig. 9). A host's network interface carries
-what leaves or enters it: egress_h = X * s_h * (1 - r_h), ingress_h = X * r_h * (1 - s_h)
-(s_h, r_h: fractions of senders / receivers on host h); inside a host each device moves at most
-X / min(r1, r2)... bounded by max(X/r1, X/r2) at the in-host rate. Time = the slower of the two
-plus the link's latency.
-
-Allreduce of a stage's gradients G over its devices: hierarchical ring. Inside hosts a
-reduce-scatter and an all-gather over n (devices of the busiest host): 2 (n-1)/n G at the
-in-host rate; across H hosts a ring over the hosts' network interfaces: 2 (H-1)/H G at the
-network rate; plus 2 (n-1) in-host and 2 (H-1) network latencies.
-Overlap ("DP Overlap", DAPPLE §VI-C): gradients accumulate over the micro-batches, so the
-allreduce of a layer may start once the LAST micro-batch's backward has passed that layer.
-Layers' allreduces run one after another on the links; the exposed allreduce is what is left
-after the stage's last backward ends. `PipelineCosts.allreduce_ms` carries this exposed time,
-and eq. 1's AR(P_s, g_s) is this exposed time too, so the simulator and `evaluate` agree.
-
-Latency (DAPPLE eq. 1-3), on the stage list with communication stages interleaved
-(computation stage, its outgoing transfer, next computation stage, ...; a transfer has
-F = forward send, B = backward send, AR = 0):
-
-    Tw = sum_{s<=Q} F_s
-    Ts = (M - 1) (F_Q + B_Q)
-    Te = max( max_{s<=Q} AR_s + sum_{a=s..Q} B_a ,  max_{s>Q} AR_s + B_Q - sum_{a=Q+1..s-1} B_a )
-
-Our reading of Te: every term is "when stage s finishes, counted from the end of the steady
-phase". The pivot's last backward B_Q runs first in the ending phase; a stage s < Q finishes
-after the backward chain Q..s and its allreduce; a stage s > Q ran its last backward before the
-pivot's, ending sum_{a=Q+1..s-1} B_a before the pivot's last backward started. Read literally,
-eq. 1's s >= Q branch is AR_s - sum_{a=Q..s} B_a, which for s = Q is AR_Q - B_Q while the s < Q
-branch would give AR_Q + B_Q: it drops the pivot's last backward and subtracts stage s's own.
-`te_literal` keeps the literal form for comparison (tests show the difference).
-
-Round trip (what we plan with; `round_trip_phases`): eq. 1 assumes the pivot never idles. After
-its K_q warm-up forwards it needs the gradient of its first micro-batch, back only after every
-later stage and transfer has run that micro-batch (R_q = sum_{s>q} F_s + B_s): it waits
-W_q = max(0, R_q - (K_q - 1) F_q), and with K_q micro-batches in flight the steady period is
-max(F_q + B_q, (F_q + B_q + R_q) / K_q). So latency depends on K (policy by ACR, capped by
-memory: `warmup_for`); e.g. VGG-19's 15:1 at K = 1 pays the whole round trip per micro-batch.
-The simulator engineer measured it: the planner's Table V plans are within 5% of the
-discrete-event simulator with it, up to 1.9x off without it (README, "Formula against simulator on the planner's Table V plans").
-
-Pivot (eq. 3): the printed rule starts Q at the last stage and, walking s from S-2 down to 0,
-moves Q to s when (M-1)(F_s+B_s) > (M-1)(F_Q+B_Q) + sum_{s'=s+1..Q-1} (F_s'+B_s'): the stage
-whose bubble-free run is longest. We take Q = argmax_q L(q), with L(q) = Tw+Ts+Te computed
-with pivot q (see `phases`); `pivot_stage_eq3` keeps the printed scan and tests compare them.
-
-Memory per device of stage s: BYTES_PER_PARAMETER_FACTOR x parameter bytes (weights, gradients,
-two Adam slots: 16 bytes a 4-byte parameter, DAPPLE Table VIII) + K_s x ACTIVATION_MEMORY_FACTOR
-x the layer outputs of one slice + DEVICE_RESERVED_BYTES.
+Everything the planner believes about time and memory is here, every constant stated once
+below. The search values stages with the same `StageModel.stage_cost`, so a plan's estimate
+never depends on who computed it. docs/cost_model.md explains the model and its constants.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from planner.costs import PipelineCosts
+from planner.latency import interleave, round_trip_phases
 from planner.plan import Estimate, Plan, PlanError, StageEstimate
 from planner.profile import Profile
 from planner.schedule import warmup_depths
 
-# ---- the constants: one place, with their sources --------------------------------------------
-# Fixed cost of every scheduled forward or backward task: kernel launches of a stage's first
-# ops, control-dependency waits and the executor's dispatch. TF 1.x executor + CUDA launch
-# overheads are commonly 10s of microseconds per op; a task is dozens of ops: 0.5 ms.
+# ---- the constants (docs/cost_model.md, "The constants", says why each value) ----------------
+# Fixed cost of every scheduled forward or backward task (launch, dependencies, dispatch).
 TASK_OVERHEAD_MS = 0.5
-# Samples at which a device reaches half its per-sample throughput on a layer slice. Per-sample
-# time at b samples is (b + H) / b of the asymptote. 0: time is linear in the slice, as the
-# profile measured at its batch; the planner never goes below the profile batch
-# (`minimum_slice`, the DAPPLE planner's own rule), so small-batch inefficiency is excluded by
-# the plan space rather than modelled (with H = 1 deeper replicated plans won on every flat
-# config; the fixed TASK_OVERHEAD_MS still charges small tasks).
+# Samples at which a device reaches half its per-sample throughput; 0: time linear in the slice.
 SMALL_BATCH_HALF_SAMPLES = 0.0
-# Bytes of training state per parameter byte: fp32 weights + gradients + 2 Adam slots = 16 bytes
-# per 4-byte parameter (DAPPLE Table VIII assumes 16 bytes a parameter with Adam).
+# Bytes of training state per parameter byte: weights, gradients, 2 Adam slots (Table VIII).
 BYTES_PER_PARAMETER_FACTOR = 4.0
-# Memory actually held per byte of layer outputs while a micro-batch waits for its backward.
-# Profiles record layer outputs only; training keeps more (inputs of every op, masks, workspace).
-# From BERT-48, the best-behaved row of DAPPLE Table II: (11.4 GB - 16 B x 640M) / (2 samples x
-# 110 MB of outputs) = 5.3; we use 5.
+# Bytes held per byte of layer outputs while a micro-batch waits for its backward (Table II).
 ACTIVATION_MEMORY_FACTOR = 5.0
-# Device memory that training cannot use: CUDA context, cuDNN/cuBLAS workspaces and allocator
-# fragmentation on a V100 (about 1 GiB is typical).
+# Device memory training cannot use (CUDA context, workspaces, fragmentation).
 DEVICE_RESERVED_BYTES = 2 ** 30
-# Warm-up policy B (K_i = min(2(S-i)-1, D)) when the activation communication ratio (ACR:
-# boundary send time over stage compute time) reaches this; DAPPLE Table IV: B paid off for
-# GNMT (ACR 0.10, 1.31x) and VGG-19, not for BERT-48 (0.06) or XLNet-36 (0.03).
+# Warm-up policy B when the activation communication ratio reaches this (Table IV).
 POLICY_B_MIN_ACR = 0.08
 
 
 def minimum_slice(profile: Profile, topology, global_batch_size: int) -> int:
     """The fewest samples a replica may get of one micro-batch in a planned plan: the profile's
-    batch size, or, when the global batch cannot give every device that many, the global batch
-    over the devices (so data parallelism at M = 1 always qualifies).
-
-    A profile is measured at its batch; below it a device's per-sample time is unknown and in
-    practice much worse (kernels too small to fill the GPU). The DAPPLE authors' planner has the
-    same rule (`min_micro_batch_size` = the profile batch in PLANNER_REPRODUCTION.md), and it
-    keeps eq. 1-5 from preferring deep pipelines of tiny micro-batches. Hand-written plans may
-    go below it: `evaluate` extrapolates with SMALL_BATCH_HALF_SAMPLES."""
+    batch size, or the global batch over the devices when that is smaller (so data parallelism
+    at M = 1 always qualifies). Below the profile batch a device's speed is unknown; the DAPPLE
+    authors' planner has the same rule. Hand-written plans may go below it."""
     pbs = max(1, int(math.ceil(profile.batch_size)))
     return max(1, min(pbs, global_batch_size // topology.num_devices))
-
-
-CONSTANTS = {
-    "TASK_OVERHEAD_MS": TASK_OVERHEAD_MS,
-    "SMALL_BATCH_HALF_SAMPLES": SMALL_BATCH_HALF_SAMPLES,
-    "BYTES_PER_PARAMETER_FACTOR": BYTES_PER_PARAMETER_FACTOR,
-    "ACTIVATION_MEMORY_FACTOR": ACTIVATION_MEMORY_FACTOR,
-    "DEVICE_RESERVED_BYTES": DEVICE_RESERVED_BYTES,
-    "POLICY_B_MIN_ACR": POLICY_B_MIN_ACR,
-}
-
-
-class CostModelError(ValueError):
-    pass
 
 
 def host_counts(topology, devices: Sequence[int]) -> Tuple[int, ...]:
@@ -141,6 +46,16 @@ def host_counts(topology, devices: Sequence[int]) -> Tuple[int, ...]:
     for d in devices:
         counts[topology.host_of(d)] += 1
     return tuple(counts)
+
+
+class StageCost(NamedTuple):
+    """One stage of a plan at one M: times for one micro-batch slice on one replica."""
+    send_forward_ms: float      # activations into this stage from the one before (0 for stage 0)
+    send_backward_ms: float     # their gradients back over the same boundary
+    forward_ms: float
+    backward_ms: float
+    allreduce_ms: float         # once per iteration: the part exposed after the last backward
+    max_in_flight: int          # D: micro-batches whose activations fit (0: not even one)
 
 
 class StageModel:
@@ -225,7 +140,7 @@ class StageModel:
         return per_byte, fixed
 
     def exposed_allreduce_ms(self, first: int, last: int, counts: Sequence[int]) -> float:
-        """Allreduce time left after the stage's last backward (see module docstring)."""
+        """Allreduce time left after the stage's last backward (docs/cost_model.md)."""
         if sum(counts) <= 1:
             return 0.0
         key = (first, last, tuple(counts))
@@ -273,189 +188,35 @@ class StageModel:
             return 0
         return self.M if act <= 0 else int(min(self.M, free // act))
 
-
-# ---- eq. 1-3 ------------------------------------------------------------------------------
-
-def pivot_stage_eq3(F: Sequence[float], B: Sequence[float], M: int) -> int:
-    """Eq. 3 as printed: a greedy scan from the last stage towards stage 0 (for comparison)."""
-    S = len(F)
-    Q = S - 1
-    between = 0.0        # sum of F+B strictly between s and Q
-    for s in range(S - 2, -1, -1):
-        if (M - 1) * (F[s] + B[s]) > (M - 1) * (F[Q] + B[Q]) + between:
-            Q = s
-            between = 0.0
-        else:
-            between += F[s] + B[s]
-    return Q
-
-
-def latency_with_pivot(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int,
-                       q: int) -> Tuple[float, float, float]:
-    """(Tw, Ts, Te) of eq. 1 with pivot q, under our reading of Te."""
-    Tw = sum(F[: q + 1])
-    Ts = (M - 1) * (F[q] + B[q])
-    te = -math.inf
-    chain = 0.0
-    for s in range(q, -1, -1):
-        chain += B[s]
-        te = max(te, AR[s] + chain)
-    chain = 0.0
-    for s in range(q + 1, len(F)):
-        te = max(te, AR[s] + B[q] - chain)
-        chain += B[s]
-    return Tw, Ts, te
+    # ---- a whole stage --------------------------------------------------------------
+    def stage_cost(self, first: int, last: int, counts: Sequence[int],
+                   previous: Optional[Sequence[int]] = None) -> StageCost:
+        """The `StageCost` of layers first..last on the devices `counts` (a host-count
+        vector), after a stage on `previous` (None for the first stage)."""
+        replicas = sum(counts)
+        send_forward = send_backward = 0.0
+        if previous is not None:
+            x = self.boundary_bytes(first - 1)
+            send_forward = self.transfer_ms(x, previous, counts)
+            send_backward = self.transfer_ms(x, counts, previous)
+        return StageCost(send_forward, send_backward,
+                         self.forward_ms(first, last, replicas),
+                         self.backward_ms(first, last, replicas),
+                         self.exposed_allreduce_ms(first, last, counts),
+                         self.max_in_flight(first, last, replicas))
 
 
-def _all_pivots(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int
-                ) -> List[Tuple[float, float, float]]:
-    """(Tw, Ts, Te) of `latency_with_pivot` for every pivot q, in O(S) instead of O(S^2).
+# ---- what a plan costs --------------------------------------------------------------------
 
-    With P[k] = sum_{a<k} B_a and x_s = AR_s - P[s], the s <= q terms of Te are
-    P[q+1] + x_s and the s > q terms B_q + P[q+1] + x_s, so Te(q) = P[q+1] +
-    max(max_{s<=q} x_s, B_q + max_{s>q} x_s): a prefix and a suffix maximum."""
-    S = len(F)
-    P = [0.0] * (S + 1)
-    for a in range(S):
-        P[a + 1] = P[a] + B[a]
-    x = [AR[s] - P[s] for s in range(S)]
-    suffix = [-math.inf] * (S + 1)
-    for s in range(S - 1, -1, -1):
-        suffix[s] = max(suffix[s + 1], x[s])
-    out, prefix, tw = [], -math.inf, 0.0
-    for q in range(S):
-        prefix = max(prefix, x[q])
-        tw += F[q]
-        te = P[q + 1] + max(prefix, B[q] + suffix[q + 1])
-        out.append((tw, (M - 1) * (F[q] + B[q]), te))
-    return out
-
-
-def phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int
-           ) -> Tuple[float, float, float, int]:
-    """(Tw, Ts, Te, Q): the pivot is the stage whose bubble-free estimate is longest.
-
-    Eq. 3 moves Q from a later stage to s when s's steady phase exceeds Q's plus the work in
-    between, i.e. (up to the pivot's own F+B) when the estimate L(s) through s exceeds L(Q).
-    We take that argmax exactly: Q = argmax_q L(q), ties to the later stage (eq. 3 only moves on
-    a strict excess). Besides matching eq. 3 on ordinary pipelines, it makes L a maximum of
-    path lengths, so adding stages never lowers a partial plan's bound: the search's pruning
-    and dominance tests rely on that and stay exact. `pivot_stage_eq3` is the printed scan.
-    """
-    best = None
-    for q, (Tw, Ts, Te) in enumerate(_all_pivots(F, B, AR, M)):
-        total = Tw + Ts + Te
-        if best is None or total >= best[0] - 1e-12 * max(1.0, abs(total)):
-            best = (total, Tw, Ts, Te, q)
-    return best[1], best[2], best[3], best[4]
-
-
-def round_trip_phases(F: Sequence[float], B: Sequence[float], AR: Sequence[float], M: int,
-                      K: Sequence[int]) -> Tuple[float, float, float, int]:
-    """(Tw, Ts, Te, Q) of eq. 1 with the pivot's round-trip wait, the latency we plan with.
-
-    `K` holds K_i per computation stage (interleaved index q uses K[q // 2], a transfer the
-    K of the stage that sends it). After its K_q warm-up forwards, pivot q needs the gradient of
-    its first micro-batch, which comes back only after every later stage and transfer ran that
-    micro-batch's forward and backward: R_q = sum_{s>q} (F_s + B_s). It idles
-    W_q = max(0, R_q - (K_q - 1) F_q) (added to Tw), and with at most K_q micro-batches in
-    flight around a loop of F_q + B_q + R_q the steady period is
-    max(F_q + B_q, (F_q + B_q + R_q) / K_q). Eq. 1 leaves both out; the discrete-event
-    simulator (`planner.simulator`) shows them, and with them the formula is within 5% of the
-    simulator on all 15 Table V cells (README, "Formula against simulator on the planner's Table V plans"). Each term is at least eq. 1's, so
-    eq. 1 (`phases`) is a lower bound, which the search uses for pruning. Q = argmax as in
-    `phases`."""
-    # One pass from the last stage to the first (the search values thousands of complete
-    # plans): Tw and the s <= q maximum of Te from prefix arrays, the s > q maximum and the trip
-    # R_q accumulated on the way; Te(q) as in `_all_pivots`.
-    S = len(F)
-    P = [0.0] * (S + 1)
-    for a in range(S):
-        P[a + 1] = P[a] + B[a]
-    prefix, tw = [0.0] * S, [0.0] * S
-    best_x, acc = -math.inf, 0.0
-    for s in range(S):
-        v = AR[s] - P[s]
-        if v > best_x:
-            best_x = v
-        prefix[s] = best_x
-        acc += F[s]
-        tw[s] = acc
-    best, best_total, suffix, trip = None, -math.inf, -math.inf, 0.0
-    for q in range(S - 1, -1, -1):
-        f, b = F[q], B[q]
-        fb = f + b
-        k = K[q >> 1]
-        if k < 1:
-            k = 1
-        Te = P[q + 1] + max(prefix[q], b + suffix)
-        wait = trip - (k - 1) * f
-        period = (fb + trip) / k
-        Tw = tw[q] + (wait if wait > 0.0 else 0.0)
-        Ts = (M - 1) * (period if period > fb else fb)
-        total = Tw + Ts + Te
-        if total > best_total and (best is None or
-                                   total - best_total > 1e-12 * max(1.0, abs(total))):
-            best, best_total = (Tw, Ts, Te, q), total
-        v = AR[q] - P[q]
-        if v > suffix:
-            suffix = v
-        trip += fb
-    return best
-
-
-def te_literal(B: Sequence[float], AR: Sequence[float], Q: int) -> float:
-    """Eq. 1's Te exactly as printed (for comparison; not used for planning)."""
-    terms = []
-    for s in range(len(B)):
-        if s >= Q:
-            terms.append(AR[s] - sum(B[a] for a in range(Q, s + 1)))
-        else:
-            terms.append(AR[s] + sum(B[a] for a in range(s, Q + 1)))
-    return max(terms)
-
-
-def interleave(costs: PipelineCosts) -> Tuple[List[float], List[float], List[float]]:
-    """The stage list of eq. 1: computation stages with transfer stages between them."""
-    F, B, AR = [], [], []
-    for s in range(costs.num_stages):
-        F.append(costs.forward_ms[s])
-        B.append(costs.backward_ms[s])
-        AR.append(costs.allreduce_ms[s])
-        if s < costs.num_stages - 1:
-            F.append(costs.send_forward_ms[s])
-            B.append(costs.send_backward_ms[s])
-            AR.append(0.0)
-    return F, B, AR
-
-
-# ---- public API ---------------------------------------------------------------------------
-
-def _check(plan: Plan, profile: Profile, topology) -> int:
-    if plan.global_batch_size is None:
-        raise PlanError("the plan has no global_batch_size; the cost model needs it")
-    plan.validate(num_layers=profile.num_layers, num_devices=topology.num_devices)
-    return plan.global_batch_size
-
-
-def pipeline_costs(plan: Plan, profile: Profile, topology) -> PipelineCosts:
-    """Per-task durations of `plan` (one micro-batch slice per replica; allreduce per
-    iteration, the exposed part after the stage's last backward)."""
-    gbs = _check(plan, profile, topology)
-    model = StageModel(profile, topology, gbs, plan.micro_batches)
-    counts = [host_counts(topology, st.devices) for st in plan.stages]
-    fw, bw, ar, act, sf, sb = [], [], [], [], [], []
-    for i, st in enumerate(plan.stages):
-        fw.append(model.forward_ms(st.first, st.last, st.replicas))
-        bw.append(model.backward_ms(st.first, st.last, st.replicas))
-        ar.append(model.exposed_allreduce_ms(st.first, st.last, counts[i]))
-        act.append(model.activation_bytes(st.first, st.last, st.replicas))
-        if i < plan.num_stages - 1:
-            x = model.boundary_bytes(st.last)
-            sf.append(model.transfer_ms(x, counts[i], counts[i + 1]))
-            sb.append(model.transfer_ms(x, counts[i + 1], counts[i]))
-    return PipelineCosts(forward_ms=fw, backward_ms=bw, send_forward_ms=sf, send_backward_ms=sb,
-                         allreduce_ms=ar, activation_bytes=act)
+def to_pipeline_costs(stages: Sequence[StageCost],
+                      activation_bytes: Sequence[float] = ()) -> PipelineCosts:
+    """The `PipelineCosts` of a plan given as its stages' costs."""
+    return PipelineCosts(forward_ms=[s.forward_ms for s in stages],
+                         backward_ms=[s.backward_ms for s in stages],
+                         send_forward_ms=[s.send_forward_ms for s in stages[1:]],
+                         send_backward_ms=[s.send_backward_ms for s in stages[1:]],
+                         allreduce_ms=[s.allreduce_ms for s in stages],
+                         activation_bytes=list(activation_bytes))
 
 
 def activation_communication_ratio(costs: PipelineCosts) -> float:
@@ -469,22 +230,11 @@ def activation_communication_ratio(costs: PipelineCosts) -> float:
     return comm / compute if compute > 0 else 0.0
 
 
-def memory_per_device(plan: Plan, profile: Profile, topology,
-                      warmup: Optional[Sequence[int]] = None) -> List[float]:
-    gbs = _check(plan, profile, topology)
-    model = StageModel(profile, topology, gbs, plan.micro_batches)
-    ks = list(warmup) if warmup is not None else plan.warmup_depths()
-    return [model.static_bytes(st.first, st.last)
-            + ks[i] * model.activation_bytes(st.first, st.last, st.replicas)
-            for i, st in enumerate(plan.stages)]
-
-
 def warmup_for(costs: PipelineCosts, caps: Sequence[int], M: int) -> Tuple[str, List[int]]:
-    """(policy, K_i) from a plan's costs and each stage's memory cap D_i (micro-batches that
-    fit; values below 1 count as 1): policy B when the ACR is notable (>= POLICY_B_MIN_ACR),
-    else A; K_i = min(the policy's depth, D_i), kept non-increasing. The search and
-    `choose_warmup` share it, so a plan's latency (which depends on K, see
-    `round_trip_phases`) is the same whoever computes it."""
+    """(policy, K_i) from a plan's costs and each stage's memory cap D_i (values below 1 count
+    as 1): policy B when the ACR reaches POLICY_B_MIN_ACR, else A; K_i = min(the policy's
+    depth, D_i), kept non-increasing. The search and `choose_warmup` both use it, so a plan's
+    latency (which depends on K) is the same whoever computes it."""
     S = costs.num_stages
     policy = "B" if S > 1 and activation_communication_ratio(costs) >= POLICY_B_MIN_ACR else "A"
     capped, running = [], M
@@ -494,45 +244,92 @@ def warmup_for(costs: PipelineCosts, caps: Sequence[int], M: int) -> Tuple[str, 
     return policy, capped
 
 
+def planned_latency_ms(stages: Sequence[StageCost], M: int) -> float:
+    """The latency we plan with (eq. 1 with the round trip, `latency.round_trip_phases`) of a
+    plan given as its stages' costs, at the K_i `warmup_for` chooses."""
+    costs = to_pipeline_costs(stages)
+    ks = warmup_for(costs, [s.max_in_flight for s in stages], M)[1]
+    Tw, Ts, Te, _ = round_trip_phases(*interleave(costs), M, ks)
+    return Tw + Ts + Te
+
+
+class PlanCosts:
+    """A plan's costs, computed once: the plan validated against the profile and topology, its
+    `StageModel`, each stage's `StageCost`, and the `PipelineCosts` the simulator replays."""
+
+    def __init__(self, plan: Plan, profile: Profile, topology):
+        if plan.global_batch_size is None:
+            raise PlanError("the plan has no global_batch_size; the cost model needs it")
+        plan.validate(num_layers=profile.num_layers, num_devices=topology.num_devices)
+        self.plan, self.topology = plan, topology
+        self.model = model = StageModel(profile, topology, plan.global_batch_size,
+                                        plan.micro_batches)
+        counts = [host_counts(topology, st.devices) for st in plan.stages]
+        self.stages = [model.stage_cost(st.first, st.last, c, counts[i - 1] if i else None)
+                       for i, (st, c) in enumerate(zip(plan.stages, counts))]
+        self.pipeline = to_pipeline_costs(
+            self.stages, [model.activation_bytes(st.first, st.last, st.replicas)
+                          for st in plan.stages])
+
+    def warmup(self) -> Tuple[str, List[int]]:
+        """(policy, K_i) by `warmup_for`; PlanError when a stage cannot hold one micro-batch."""
+        for i, (st, cost) in enumerate(zip(self.plan.stages, self.stages)):
+            if cost.max_in_flight < 1:
+                need = self.model.static_bytes(st.first, st.last) + \
+                    self.pipeline.activation_bytes[i]
+                raise PlanError(
+                    f"stage {i} (layers {st.first}..{st.last}, {st.replicas} replicas) needs "
+                    f"{need / 2**30:.2f} GiB per device for one micro-batch; devices have "
+                    f"{self.topology.device_memory_bytes / 2**30:.2f} GiB")
+        return warmup_for(self.pipeline, [c.max_in_flight for c in self.stages],
+                          self.plan.micro_batches)
+
+    def memory(self, warmup: Optional[Sequence[int]] = None) -> List[float]:
+        """Bytes per device of each stage holding K_i micro-batches (default: the plan's)."""
+        ks = list(warmup) if warmup is not None else self.plan.warmup_depths()
+        return [self.model.static_bytes(st.first, st.last)
+                + ks[i] * self.pipeline.activation_bytes[i]
+                for i, st in enumerate(self.plan.stages)]
+
+    def estimate(self, check_memory: bool = False) -> Estimate:
+        """L = Tw + Ts + Te at the plan's warm-up depths (`warmup_for`'s when it has none).
+        `pivot_stage` indexes computation stages: a pivot on a transfer names its sender."""
+        plan, costs = self.plan, self.pipeline
+        ks = plan.warmup
+        if ks is None or len(ks) != plan.num_stages:
+            ks = warmup_for(costs, [c.max_in_flight for c in self.stages],
+                            plan.micro_batches)[1]
+        Tw, Ts, Te, Q = round_trip_phases(*interleave(costs), plan.micro_batches, ks)
+        memory = self.memory()
+        if check_memory:
+            for i, m in enumerate(memory):
+                if m > self.topology.device_memory_bytes:
+                    raise PlanError(f"stage {i} needs {m / 2**30:.2f} GiB per device, more than "
+                                    f"the {self.topology.device_memory_bytes / 2**30:.2f} GiB "
+                                    f"available")
+        stages = [StageEstimate(forward_ms=costs.forward_ms[i], backward_ms=costs.backward_ms[i],
+                                allreduce_ms=costs.allreduce_ms[i], memory_bytes=memory[i])
+                  for i in range(costs.num_stages)]
+        return Estimate(latency_ms=Tw + Ts + Te, warmup_ms=Tw, steady_ms=Ts, ending_ms=Te,
+                        pivot_stage=Q // 2, stages=stages)
+
+
+def pipeline_costs(plan: Plan, profile: Profile, topology) -> PipelineCosts:
+    """Per-task durations of `plan` (one micro-batch slice per replica; allreduce once per
+    iteration, the part exposed after the stage's last backward)."""
+    return PlanCosts(plan, profile, topology).pipeline
+
+
 def choose_warmup(plan: Plan, profile: Profile, topology) -> Tuple[str, List[int]]:
-    """(policy, K_i) for `plan` (`warmup_for` with each stage's memory cap D). Raises PlanError
-    when a stage cannot hold even one micro-batch."""
-    gbs = _check(plan, profile, topology)
-    model = StageModel(profile, topology, gbs, plan.micro_batches)
-    caps = []
-    for i, st in enumerate(plan.stages):
-        d = model.max_in_flight(st.first, st.last, st.replicas)
-        if d < 1:
-            need = model.static_bytes(st.first, st.last) + model.activation_bytes(
-                st.first, st.last, st.replicas)
-            raise PlanError(f"stage {i} (layers {st.first}..{st.last}, {st.replicas} replicas) "
-                            f"needs {need / 2**30:.2f} GiB per device for one micro-batch; "
-                            f"devices have {topology.device_memory_bytes / 2**30:.2f} GiB")
-        caps.append(d)
-    return warmup_for(pipeline_costs(plan, profile, topology), caps, plan.micro_batches)
+    """(policy, K_i) for `plan`; PlanError when a stage cannot hold one micro-batch."""
+    return PlanCosts(plan, profile, topology).warmup()
+
+
+def memory_per_device(plan: Plan, profile: Profile, topology,
+                      warmup: Optional[Sequence[int]] = None) -> List[float]:
+    return PlanCosts(plan, profile, topology).memory(warmup)
 
 
 def evaluate(plan: Plan, profile: Profile, topology, check_memory: bool = False) -> Estimate:
-    """The plan's latency estimate: L = Tw + Ts + Te with eq. 3's pivot, and per-stage figures.
-
-    `pivot_stage` in the result indexes computation stages; when the pivot falls on a transfer
-    stage, it names the computation stage that sends it (the report says so)."""
-    costs = pipeline_costs(plan, profile, topology)
-    F, B, AR = interleave(costs)
-    ks = plan.warmup
-    if ks is None or len(ks) != plan.num_stages:
-        model = StageModel(profile, topology, plan.global_batch_size, plan.micro_batches)
-        caps = [model.max_in_flight(st.first, st.last, st.replicas) for st in plan.stages]
-        ks = warmup_for(costs, caps, plan.micro_batches)[1]
-    Tw, Ts, Te, Q = round_trip_phases(F, B, AR, plan.micro_batches, ks)
-    memory = memory_per_device(plan, profile, topology)
-    if check_memory:
-        for i, m in enumerate(memory):
-            if m > topology.device_memory_bytes:
-                raise PlanError(f"stage {i} needs {m / 2**30:.2f} GiB per device, more than the "
-                                f"{topology.device_memory_bytes / 2**30:.2f} GiB available")
-    stages = [StageEstimate(forward_ms=costs.forward_ms[i], backward_ms=costs.backward_ms[i],
-                            allreduce_ms=costs.allreduce_ms[i], memory_bytes=memory[i])
-              for i in range(costs.num_stages)]
-    return Estimate(latency_ms=Tw + Ts + Te, warmup_ms=Tw, steady_ms=Ts, ending_ms=Te,
-                    pivot_stage=Q // 2, stages=stages)
+    """The plan's latency estimate (eq. 1 with the round trip) and per-stage figures."""
+    return PlanCosts(plan, profile, topology).estimate(check_memory)

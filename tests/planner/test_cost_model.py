@@ -5,6 +5,8 @@ import json
 import pytest
 
 from planner import cost_model as cm
+from planner import reference_formulas as ref
+from planner.latency import round_trip_phases
 from planner.plan import Plan, PlanError, Stage, straight_plan
 from planner.profile import parse_native_json
 from topology import parse_topology
@@ -13,22 +15,22 @@ from topology import parse_topology
 def test_phases_by_hand_last_stage_pivot():
     # Two computation stages and a transfer: F = [2, 1, 3], B = [4, 1, 6], AR = [5, 0, 0], M=4.
     F, B, AR = [2, 1, 3], [4, 1, 6], [5, 0, 0]
-    Tw, Ts, Te, Q = cm.phases(F, B, AR, 4)
+    Tw, Ts, Te, Q = ref.phases(F, B, AR, 4)
     assert Q == 2
     assert Tw == 6 and Ts == 3 * 9
     # Te: stage 0 finishes after B2 + B1 + B0 + AR0 = 6 + 1 + 4 + 5 = 16.
     assert Te == 16
     # Literal eq. 1 for s = Q would give AR_Q - B_Q = -6 for the pivot, and for s < Q the
     # same 16: here they agree on the max; for a pivot with a large allreduce they do not.
-    assert cm.te_literal(B, AR, 2) == 16
-    assert cm.te_literal(B, [0, 0, 10], 2) == 11        # 10 - 6 + ... vs ours 10 + 6
-    assert cm.phases(F, B, [0, 0, 10], 4)[2] == 16
+    assert ref.te_literal(B, AR, 2) == 16
+    assert ref.te_literal(B, [0, 0, 10], 2) == 11        # 10 - 6 + ... vs ours 10 + 6
+    assert ref.phases(F, B, [0, 0, 10], 4)[2] == 16
 
 
 def test_pivot_moves_to_the_long_stage():
     F, B, AR = [10, 1, 1], [20, 1, 2], [0, 0, 0]
-    Tw, Ts, Te, Q = cm.phases(F, B, AR, 8)
-    assert Q == 0 and cm.pivot_stage_eq3(F, B, 8) == 0
+    Tw, Ts, Te, Q = ref.phases(F, B, AR, 8)
+    assert Q == 0 and ref.pivot_stage_eq3(F, B, 8) == 0
     assert (Tw, Ts) == (10, 7 * 30)
     # Stage 2 after the pivot: its last backward ended before the pivot's: term AR2 + B0 - B1.
     assert Te == max(20, 0 + 20 - 1, 0 + 20 - 1 - 2)
@@ -111,14 +113,14 @@ def test_round_trip_wait_by_hand():
     # Two stages, free transfers, F = [4, 1], B = [8, 2], M = 3, K = [1, 1] (memory allows one
     # micro-batch on stage 0): every micro-batch runs alone, F0 F1 B1 B0 = 15 ms, 45 ms in all.
     F, B, AR = [4, 0, 1], [8, 0, 2], [0, 0, 0]
-    Tw, Ts, Te, Q = cm.round_trip_phases(F, B, AR, 3, [1, 1])
+    Tw, Ts, Te, Q = round_trip_phases(F, B, AR, 3, [1, 1])
     assert Q == 0 and Tw + Ts + Te == pytest.approx(45)
     assert Tw == 4 + 3                      # F0, then the wait for stage 1's F + B
     # Eq. 1 alone says 4 + 2 x 12 + 8 = 36: it assumes stage 0 never idles.
-    assert sum(cm.phases(F, B, AR, 3)[:3]) == pytest.approx(36)
+    assert sum(ref.phases(F, B, AR, 3)[:3]) == pytest.approx(36)
     # With K = [2, 1] stage 0 runs a second forward while the first goes round: the wait
     # shrinks to max(0, 3 - 4) = 0 and the period to max(12, 15 / 2) = 12: eq. 1 again.
-    assert sum(cm.round_trip_phases(F, B, AR, 3, [2, 1])[:3]) == pytest.approx(36)
+    assert sum(round_trip_phases(F, B, AR, 3, [2, 1])[:3]) == pytest.approx(36)
 
 
 def test_warmup_for_caps_by_memory_and_keeps_depths_non_increasing():
@@ -140,7 +142,7 @@ def test_all_pivots_equals_the_direct_sums_for_every_pivot():
         B = [rng.random() * 5 for _ in range(S)]
         AR = [rng.choice([0.0, rng.random() * 20]) for _ in range(S)]
         M = rng.randint(1, 16)
-        for q, (tw, ts, te) in enumerate(cm._all_pivots(F, B, AR, M)):
+        for q, (tw, ts, te) in enumerate(ref.all_pivots(F, B, AR, M)):
             terms = [AR[s] + sum(B[s:q + 1]) for s in range(q + 1)]
             terms += [AR[s] + B[q] - sum(B[q + 1:s]) for s in range(q + 1, S)]
             assert tw == pytest.approx(sum(F[:q + 1]))
@@ -164,7 +166,7 @@ def test_round_trip_phases_equals_the_per_pivot_definition():
         K = [rng.randint(0, M) for _ in range(stages)]
         options = []
         for q in range(S):
-            tw, ts, te = cm.latency_with_pivot(F, B, AR, M, q)
+            tw, ts, te = ref.latency_with_pivot(F, B, AR, M, q)
             k = max(1, K[q // 2])
             trip = sum(F[q + 1:]) + sum(B[q + 1:])
             tw += max(0.0, trip - (k - 1) * F[q])
@@ -175,6 +177,6 @@ def test_round_trip_phases_equals_the_per_pivot_definition():
         top = max(o[0] for o in options)
         total, tw, ts, te, q = max((o for o in options if o[0] >= top - 1e-9 * max(1.0, top)),
                                    key=lambda o: o[4])
-        Tw, Ts, Te, Q = cm.round_trip_phases(F, B, AR, M, K)
+        Tw, Ts, Te, Q = round_trip_phases(F, B, AR, M, K)
         assert Tw + Ts + Te == pytest.approx(total)
         assert (Tw, Ts, Te, Q) == pytest.approx((tw, ts, te, q))
