@@ -8,7 +8,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from planner.profile import load_profile          # noqa: E402
-from planner.search import SearchStats, plan_dapple  # noqa: E402
+from planner.exact_search import SearchStats  # noqa: E402
+from planner.plan_space import plan_dapple  # noqa: E402
 from topology import parse_topology                 # noqa: E402
 
 PROFILES = os.environ.get("DAPPLE_PROFILES", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "profiles"))

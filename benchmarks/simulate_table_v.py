@@ -4,7 +4,7 @@ for the 15 cells of the paper's Table V (5 models x configs A, B, C, 16 devices)
     .venv/bin/python benchmarks/simulate_table_v.py [--markdown] [--models=bert,xlnet]
                                                     [--plan_space=paper|full]
 
-For every cell: plan with `planner.search.plan_dapple`, take the formula's latency from the
+For every cell: plan with `planner.plan_space.plan_dapple`, take the formula's latency from the
 plan's estimate, simulate the same plan with the same `PipelineCosts`
 (`planner.cost_model.pipeline_costs`), and print both and their ratio. The target is agreement
 within 10% on every cell; the README explains cells beyond 5%. Also prints the
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from planner.cost_model import pipeline_costs  # noqa: E402
 from planner.profile import load_profile  # noqa: E402
-from planner.search import plan_dapple  # noqa: E402
+from planner.plan_space import plan_dapple  # noqa: E402
 from planner.simulator import simulate_plan  # noqa: E402
 from topology.parse import parse_topology  # noqa: E402
 
@@ -133,7 +133,7 @@ def main():
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--models", default="", help="comma-separated model name filter")
     parser.add_argument("--plan_space", default="paper", choices=["paper", "full"],
-                        help="the planner's plan space (planner/search.py)")
+                        help="the planner's plan space (planner/plan_space.py)")
     args = parser.parse_args()
     table = rows([m for m in args.models.split(",") if m], plan_space=args.plan_space,
                  progress=lambda r: print("  ".join(cells(r)) + f"  (planned in "

@@ -27,7 +27,7 @@ import numpy as np
 from planner import cost_model as cm
 from planner.plan import Plan, PlanError, Stage
 from planner.profile import Profile
-from planner.search import finish_plan, micro_batch_choices
+from planner.finish import finish_plan, micro_batch_choices
 
 
 def _levels(topology) -> List[Tuple[int, float]]:
@@ -172,10 +172,9 @@ def plan_pipedream(profile: Profile, topology, global_batch_size: int,
             continue
         plan = Plan(stages=[Stage(list(s.layers), list(s.devices), list(s.layer_names))
                             for s in stages], micro_batches=M, global_batch_size=global_batch_size)
-        est = cm.evaluate(plan, profile, topology)
-        fits = all(cm.StageModel(profile, topology, global_batch_size, M).max_in_flight(
-            s.first, s.last, s.replicas) >= 1 for s in plan.stages)
-        key = (not fits, est.latency_ms)
+        costs = cm.PlanCosts(plan, profile, topology)
+        fits = all(c.max_in_flight >= 1 for c in costs.stages)
+        key = (not fits, costs.estimate().latency_ms)
         if best is None or key < best[0]:
             best = (key, plan)
     if best is None:

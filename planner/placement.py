@@ -9,9 +9,9 @@ that vector; device ids are assigned at the end, lowest free ids first (`assign_
 * scatter: spread evenly (round robin) over the partially used hosts, or over all fresh hosts
            when none is partially used; what is still missing is spread over fresh hosts.
 
-`canonical_state` sorts hosts by (capacity, used, devices of the previous stage): hosts equal in
-those are interchangeable for everything that follows, so the search solves symmetric states
-once.
+`canonical_state` sorts hosts by (capacity, used, devices of the previous stage, devices of the
+new stage): hosts equal in those are interchangeable for everything that follows, so the search
+tries symmetric placements once.
 """
 from __future__ import annotations
 
@@ -68,9 +68,11 @@ def place(policy: str, capacity: Sequence[int], used: Sequence[int], m: int
     return tuple(counts)
 
 
-def canonical_state(capacity: Sequence[int], used: Sequence[int], previous: Sequence[int]
-                    ) -> tuple:
-    return tuple(sorted(zip(capacity, used, previous)))
+def canonical_state(capacity: Sequence[int], used: Sequence[int], previous: Sequence[int],
+                    counts: Sequence[int]) -> tuple:
+    """A new stage of host counts `counts` after one on `previous`, `used` devices taken, up to
+    a permutation of the hosts."""
+    return tuple(sorted(zip(capacity, used, previous, counts)))
 
 
 def assign_devices(topology, stage_counts: Sequence[Sequence[int]]) -> List[List[int]]:

@@ -17,7 +17,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from planner.cost_model import pipeline_costs
 from planner.pipedream import plan_pipedream
 from planner.plan import Plan, PlanError, Stage
-from planner.search import best_data_parallel_plan, best_straight_plan, plan_dapple
+from planner.baselines import best_data_parallel_plan, best_straight_plan
+from planner.plan_space import plan_dapple
 from planner.simulator import SimulationResult, simulate_plan
 
 

@@ -23,7 +23,8 @@ def main(argv):
     from dapple import demo_model
     from planner.profile import load_profile
     from reports.text_report import strategy_report
-    from planner.search import best_straight_plan, plan_dapple
+    from planner.baselines import best_straight_plan
+    from planner.plan_space import plan_dapple
     from topology import local_topology
 
     os.makedirs(FLAGS.output_dir, exist_ok=True)

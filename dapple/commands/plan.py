@@ -35,7 +35,7 @@ flags.DEFINE_string("report", None,
 flags.DEFINE_enum("plan_space", "paper", ["paper", "full"],
                   "paper: data parallelism, two-stage plans and the straight pipeline (the shapes "
                   "the DAPPLE paper reports; searched deeper only if none fits); full: every "
-                  "pipeline, however deep (planner/search.py explains both)")
+                  "pipeline, however deep (planner/plan_space.py explains both)")
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 flags.DEFINE_string("compute_dtype", None,
                     "activation dtype to plan for: float32, float16 or bfloat16 (Keras mixed "
@@ -87,7 +87,7 @@ def _evaluate(profile, topo) -> None:
     from planner import cost_model as cm
     from planner.plan import Plan, PlanError
     from reports.text_report import strategy_report
-    from planner.search import finish_plan
+    from planner.finish import finish_plan
     plan = Plan.load(FLAGS.evaluate)
     if FLAGS.global_batch_size:
         plan.global_batch_size = int(FLAGS.global_batch_size)
@@ -113,7 +113,7 @@ def _evaluate(profile, topo) -> None:
 
 
 def _plan(profile, topo) -> None:
-    from planner.search import plan_dapple
+    from planner.plan_space import plan_dapple
     from reports.comparison import BASELINES, Alternative, alternatives
     from reports.text_report import strategy_report
     if not FLAGS.global_batch_size:
@@ -165,7 +165,7 @@ def _report(profile, topo, sizes) -> None:
 
 
 def _table(profile, topo, sizes) -> None:
-    from planner.search import plan_dapple
+    from planner.plan_space import plan_dapple
     from reports.comparison import Alternative, alternatives, single_device_ms
     print(f"{profile.name} on {topo.describe()}")
     print(f"{'global batch':>12}  {'plan':>14}  {'M':>5}  {'latency ms':>11}  "

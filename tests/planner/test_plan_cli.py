@@ -13,7 +13,7 @@ import pytest
 from planner import cost_model as cm
 from planner.plan import Plan
 from planner.profile import parse_native_json
-from planner.search import plan_dapple
+from planner.plan_space import plan_dapple
 from topology import parse_topology
 
 LAYERS = [(2.0, 4.0, 4e6, 8e6), (3.0, 6.0, 2e6, 4e7), (1.0, 2.0, 1e6, 2e8), (2.0, 4.0, 1e5, 4e6)]
@@ -145,7 +145,7 @@ def test_truncated_profile_and_bad_hand_plans(tmp_path):
 
 def test_data_parallel_batch_smaller_than_replicas(tmp_path):
     from planner.plan import PlanError
-    from planner.search import best_data_parallel_plan
+    from planner.baselines import best_data_parallel_plan
     _, profile = write_profile(tmp_path)
     with pytest.raises(PlanError, match="global batch 3 is smaller than the 4 replicas"):
         best_data_parallel_plan(profile, parse_topology("2x2"), 3)

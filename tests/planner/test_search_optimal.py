@@ -16,7 +16,9 @@ from planner.placement import POLICIES, assign_devices, place
 from planner.plan import Plan, Stage
 from planner.profile import parse_native_json
 from planner.plan import PlanError
-from planner.search import SearchStats, best_data_parallel_plan, plan_dapple
+from planner.baselines import best_data_parallel_plan
+from planner.exact_search import SearchStats
+from planner.plan_space import plan_dapple
 from topology.model import Topology
 
 

@@ -122,7 +122,7 @@ def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
         raise PlanError("does not fit; more detail")
 
     def two_stage(profile, topology, gbs):
-        from planner.search import finish_plan
+        from planner.finish import finish_plan
         return finish_plan(straight_plan([2], num_layers=4, micro_batches=2,
                                          global_batch_size=gbs), profile, topology)
 
