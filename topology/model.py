@@ -78,9 +78,6 @@ class Topology:
         start = self._host_start[host]
         return list(range(start, start + self.devices_per_host[host]))
 
-    def hosts_spanned(self, devices: Sequence[int]) -> int:
-        return len({self._host_of[d] for d in devices})
-
     def devices_by_host(self, devices: Sequence[int]) -> Dict[int, List[int]]:
         """{host: [devices of `devices` on that host]}, hosts in order."""
         out: Dict[int, List[int]] = {}
