@@ -1,9 +1,8 @@
-"""PipeDream's hierarchical DP (`planner.pipedream`) against the recursive, memoized form of its
-recurrence that the module used before it was vectorized (kept here as the reference), and
-both against brute force: on random small instances the returned partition, valued here
-independently from the profile, is optimal over every hierarchical partition, and equals the
-reference's partition (the same tie-breaking); on the paper's smaller profiles the partitions
-equal the reference's on topologies A and B."""
+"""PipeDream's hierarchical DP (`planner.pipedream`, bottom-up with numpy) against the recursive,
+memoized form of its recurrence (the reference), and both against brute force: on random small
+instances the returned partition, valued here independently from the profile, is optimal over
+every hierarchical partition, and equals the reference's partition (the same tie-breaking); on
+the paper's smaller profiles the partitions equal the reference's on topologies A and B."""
 import itertools
 import math
 import os
@@ -31,8 +30,8 @@ def levels_of(topology):
 
 
 def reference_partition(profile, topology):
-    """The recurrence top-down with memoization, as planner/pipedream.py had it: (value,
-    [(first, last, replicas)])."""
+    """The recurrence top-down with memoization, the direct form of the module docstring's
+    equations: (value, [(first, last, replicas)])."""
     def compute(i, j):
         return profile.forward_ms(i, j) + profile.backward_ms(i, j)
 

@@ -31,7 +31,7 @@ def timeline(result, stage, kinds=(FORWARD_KIND, BACKWARD_KIND)):
             for e in result.events if e.stage == stage and e.kind in kinds]
 
 
-# ---- item 2 of the issue: uniform stages, no communication ---------------------------------
+# ---- uniform stages, no communication -------------------------------------------------------
 @pytest.mark.parametrize("policy", ["gpipe", "A", "B"])
 @pytest.mark.parametrize("p,m", [(1, 1), (1, 5), (2, 1), (2, 4), (3, 2), (4, 4), (4, 8), (5, 3),
                                  (8, 16)])
