@@ -76,6 +76,7 @@ class Search:
     """The exact search over one plan space restriction (`stage_sizes`, `max_stages`): offer
     known plans with `seed`, then `run_micro_batches` for every M; `best` is then
     (M, [(first, last, host counts)]) of least `best_value`, or None if nothing fits."""
+
     def __init__(self, profile: Profile, topology, global_batch_size: int,
                  policies: Sequence[str] = POLICIES, stage_sizes: Optional[Sequence[int]] = None,
                  stats: Optional[SearchStats] = None, even_slices: bool = False,
@@ -120,7 +121,7 @@ class Search:
         if self._remaining_bound(0, self.G) >= self.best_value:
             self.stats.pruned += 1
             return
-        self.path_costs = []
+        self.path_costs: List[cm.StageCost] = []      # the stages on the depth-first path
         try:
             self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
         except _Budget:
