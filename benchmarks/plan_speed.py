@@ -7,7 +7,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from planner.profile import load_profile          # noqa: E402
+from planner.profile_readers import load_profile  # noqa: E402
 from planner.exact_search import SearchStats  # noqa: E402
 from planner.plan_space import plan_dapple  # noqa: E402
 from topology import parse_topology                 # noqa: E402

@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from planner.cost_model import pipeline_costs  # noqa: E402
-from planner.profile import load_profile  # noqa: E402
+from planner.profile_readers import load_profile  # noqa: E402
 from planner.plan_space import plan_dapple  # noqa: E402
 from planner.simulator import simulate_plan  # noqa: E402
 from topology.parse import parse_topology  # noqa: E402

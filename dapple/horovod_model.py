@@ -48,8 +48,9 @@ from graph_rewrite.model_graph import cut_model
 from graph_rewrite.horovod_watchdog import StepWatchdog
 from graph_rewrite.losses import PipelineLoss
 from planner.plan import Plan
-from dapple.pipelined_model import (PipelinedModel, check_plan_matches_model,
-                                    save_weights_atomically)
+from dapple.checkpoint import save_weights_atomically
+from dapple.checks import check_plan_matches_model
+from dapple.pipelined_model import PipelinedModel
 
 
 def _world_size_from_env() -> Optional[int]:
@@ -236,8 +237,3 @@ def _stage_variables(graph) -> List[tf.Variable]:
                 seen.add(id(v))
                 out.append(v)
     return out
-
-
-def _rows(x) -> int:
-    first = tf.nest.flatten(x)[0]
-    return int(first.shape[0])

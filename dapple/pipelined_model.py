@@ -25,52 +25,20 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from typing import List, Optional, Union
 
 import numpy as np
 import tensorflow as tf
 
+from dapple.checkpoint import save_weights_atomically
+from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
+from dapple.data import class_weight_fn, padded_batches, rows, unpack_validation_data
 from dapple.devices import local_devices
-from graph_rewrite.batch_statistics import check_batch_normalization
 from graph_rewrite.losses import PipelineLoss
-from graph_rewrite.model_graph import layer_order, model_signature
 from graph_rewrite.pipeline import LocalTransport, PipelineStep
-from planner.files import write_atomically
-from planner.plan import Plan, PlanError
+from planner.plan import Plan
 from planner.slicing import check_even
-
-
-class PlanMismatchError(PlanError):
-    """The plan was made for another model or cannot run on it."""
-
-
-def check_plan_matches_model(plan: Plan, model: tf.keras.Model) -> None:
-    layers = layer_order(model)
-    plan.validate(num_layers=None)
-    if plan.num_layers != len(layers):
-        raise PlanMismatchError(
-            f"the plan covers {plan.num_layers} layers but model {model.name!r} has "
-            f"{len(layers)}: the plan was made for another model; re-plan from this model's "
-            f"profile (`dapple profile` then `dapple plan`)")
-    names = [l.name for l in layers]
-    for i, stage in enumerate(plan.stages):
-        if stage.layer_names and stage.layer_names != names[stage.first:stage.last + 1]:
-            wrong = next(j for j, (a, b) in enumerate(zip(stage.layer_names,
-                                                            names[stage.first:stage.last + 1]))
-                         if a != b)
-            raise PlanMismatchError(
-                f"stage {i}'s layer {stage.first + wrong} is {stage.layer_names[wrong]!r} in the "
-                f"plan but {names[stage.first + wrong]!r} in model {model.name!r}: the plan was "
-                f"made for another model")
-    signature = (plan.profile or {}).get("model_signature")
-    if signature and signature != model_signature(model):
-        raise PlanMismatchError(
-            f"the plan's profile was measured on another model (model signature "
-            f"{signature[:12]}... vs {model_signature(model)[:12]}... for {model.name!r}): "
-            f"profile this model and plan again")
 
 
 RUNTIMES = ("local", "horovod")
@@ -91,7 +59,7 @@ def _use_horovod(runtime: Optional[str]) -> bool:
 
 class PipelinedModel:
     def __new__(cls, model=None, plan=None, devices=None, runtime=None):
-        # One class for users; under horovodrun each rank runs its own unit (issue #5).
+        # One class for users; under horovodrun each rank runs its own unit.
         if cls is PipelinedModel and _use_horovod(runtime):
             from dapple.horovod_model import HorovodPipelinedModel
             cls = HorovodPipelinedModel
@@ -186,7 +154,7 @@ class PipelinedModel:
         Aligned with `model.trainable_variables` (None for variables this process does not
         train, under horovodrun)."""
         self._require_compiled()
-        self._check_batch(_rows(x))
+        self._check_batch(rows(x))
         if self._grad_fn is None:
             @tf.function
             def grad_fn(x, y, sample_weight):
@@ -214,7 +182,7 @@ class PipelinedModel:
     def train_step(self, x, y, sample_weight=None) -> tf.Tensor:
         """One optimizer step on one global batch; returns the loss."""
         self._require_compiled()
-        self._check_batch(_rows(x))
+        self._check_batch(rows(x))
         if self._train_fn is None:
             self._train_fn = self._build_train_fn()
         return self._train_fn(x, y, sample_weight)
@@ -245,7 +213,7 @@ class PipelinedModel:
         # input/output, which is what a tuple means to tf.data.
         x, y, sample_weight = (tuple(a) if isinstance(a, list) else a
                                for a in (x, y, sample_weight))
-        n = _rows(x)
+        n = rows(x)
         if n % batch_size:
             if what == "fit":
                 logging.warning("fit: %d rows are not a multiple of the global batch %d; the "
@@ -275,7 +243,7 @@ class PipelinedModel:
         bx, by, bsw = (tuple(batch) + (None, None))[:3]
         if need_y and by is None:
             raise ValueError("the dataset yields no labels: it must yield (x, y) pairs")
-        self._check_batch(_rows(bx), where=" of a dataset batch")
+        self._check_batch(rows(bx), where=" of a dataset batch")
         return bx, by, bsw
 
     def _metric_logs(self, loss_mean) -> dict:
@@ -332,7 +300,7 @@ class PipelinedModel:
                     break
             epoch_logs = dict(logs)
             if validation_data is not None:
-                vx, vy, vsw = _validation_data(validation_data)
+                vx, vy, vsw = unpack_validation_data(validation_data)
                 val = self.evaluate(vx, vy, sample_weight=vsw, return_dict=True)
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
             cbs.on_epoch_end(epoch, epoch_logs)
@@ -364,7 +332,7 @@ class PipelinedModel:
                 raise ValueError("do not pass batch_size with a tf.data.Dataset")
             batches = ((self._unpack(b, need_y=False)[0], None) for b in x)
         else:
-            batches = _padded_batches(x, self._batch_size(batch_size))
+            batches = padded_batches(x, self._batch_size(batch_size))
         outs = None
         for bx, valid in batches:
             preds = self._predict_fn(bx)
@@ -413,129 +381,3 @@ class PipelinedModel:
         return self.model.load_weights(path)
 
 
-def check_supported_model(model: tf.keras.Model) -> None:
-    """Refuse what the pipelined step would silently compute differently from Keras."""
-    for layer in model._flatten_layers(include_self=False):
-        check_batch_normalization(layer)
-    # Weight regularizers are supported (graph_rewrite.pipeline adds them once per step);
-    # losses computed from activations would need the stage's forward and are refused.
-    weight_penalties = sum(len(layer._callable_losses) for layer in model._flatten_layers())
-    if len(model.losses) > weight_penalties:
-        raise ValueError(
-            f"model {model.name!r} has {len(model.losses) - weight_penalties} loss(es) computed "
-            f"from activations (activity regularizers or add_loss): the pipelined step does not "
-            f"include them, so it would train a different objective than Keras; remove them or "
-            f"add them to the compiled loss")
-
-
-def check_recompute(plan: Plan, model: tf.keras.Model) -> None:
-    """Recomputation runs a stage's forward twice; a layer that draws random numbers in
-    training (Dropout and its kin) would draw a different mask the second time, and the
-    backward would not be that of the forward."""
-    if not plan.recompute:
-        return
-    for layer in model._flatten_layers(include_self=False):
-        if getattr(layer, "_random_generator", None) is not None \
-                and getattr(layer, "rate", 1.0) != 0:
-            raise ValueError(
-                f"layer {layer.name!r} ({type(layer).__name__}) draws random numbers in "
-                f"training, and the plan recomputes activations (recompute: true): the "
-                f"recomputed forward would draw other numbers than the first, so the gradients "
-                f"would be wrong. Set \"recompute\": false in the plan")
-
-
-def _rows(x) -> int:
-    first = tf.nest.flatten(x)[0]
-    n = first.shape[0]
-    if n is None:
-        raise ValueError("the global batch size must be static; batch datasets with "
-                         "drop_remainder=True")
-    return int(n)
-
-
-def _validation_data(data):
-    """(x, y, sample_weight) from Keras's forms of `validation_data`."""
-    if isinstance(data, tf.data.Dataset):
-        return data, None, None
-    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
-        return tuple(data) + (None,) * (3 - len(data))
-    raise ValueError("validation_data must be (x_val, y_val), (x_val, y_val, sample_weight) or "
-                     "a tf.data.Dataset of (x, y[, sample_weight])")
-
-
-def class_weight_fn(class_weight: dict):
-    """Keras's class weighting of a batched dataset: each row's weight is its class's (the
-    label, or its argmax when one-hot), times its sample weight when there is one."""
-    keys = sorted(class_weight)
-    if keys != list(range(len(keys))):
-        raise ValueError(f"class_weight must map every class id 0..{len(keys) - 1} to a weight, "
-                         f"got keys {keys}")
-    table = tf.constant([float(class_weight[k]) for k in keys])
-
-    def apply(*batch):
-        x, y, sw = (tuple(batch) + (None, None))[:3]
-        if y is None or isinstance(y, (tuple, list, dict)):
-            raise ValueError("class_weight needs a model with a single output and labels")
-        if y.shape.rank is not None and y.shape.rank > 2:
-            raise ValueError("class_weight is not supported for 3+ dimensional targets")
-        if y.shape.rank == 2 and y.shape[1] is not None and y.shape[1] > 1:
-            classes = tf.argmax(y, axis=1)
-        else:
-            classes = tf.cast(tf.reshape(y, [-1]), tf.int64)
-        cw = tf.gather(table, classes)
-        if sw is not None:
-            sw = tf.cast(sw, cw.dtype)
-            cw = cw * (tf.reshape(sw, [-1]) if sw.shape.rank == 2 and sw.shape[1] == 1 else sw)
-        return x, y, cw
-    return apply
-
-
-def _padded_batches(x, batch_size: int):
-    """(batch, valid rows) over numpy-like `x` (or a nest of them), the last batch padded."""
-    flat = [np.asarray(a) for a in tf.nest.flatten(x)]
-    n = len(flat[0])
-    for lo in range(0, n, batch_size):
-        hi = min(lo + batch_size, n)
-        parts = []
-        for a in flat:
-            part = a[lo:hi]
-            if hi - lo < batch_size:
-                pad = np.repeat(part[-1:], batch_size - (hi - lo), axis=0)
-                part = np.concatenate([part, pad])
-            parts.append(part)
-        yield tf.nest.pack_sequence_as(x, parts), hi - lo
-
-
-def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
-    """`model.save_weights(path)` with no partial result visible at `path` if it fails.
-
-    HDF5 (`.h5`/`.keras` suffix): one file, written beside and renamed into place. TensorFlow
-    format (any other path): the files are written in a temporary directory beside the target
-    and renamed into place with the `.index` file last, since TensorFlow reads a checkpoint
-    through its index.
-    """
-    path = os.fspath(path)
-    if path.endswith((".h5", ".keras", ".hdf5")):
-        def write(tmp):
-            # Keras 2 refuses HDF5 weights at a name ending .keras: write as .h5, then rename
-            named = tmp + ".h5" if tmp.endswith(".keras") else tmp
-            model.save_weights(named, save_format="h5")
-            os.replace(named, tmp)
-        write_atomically(path, write)
-        return
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmpdir = tempfile.mkdtemp(dir=parent, prefix=".dapple-ckpt-")
-    try:
-        base = os.path.basename(path)
-        model.save_weights(os.path.join(tmpdir, base), save_format="tf")
-        names = sorted(os.listdir(tmpdir), key=lambda n: (n.endswith(".index"), n == "checkpoint"))
-        for name in names:
-            if name == "checkpoint":
-                continue    # TF's "latest checkpoint" bookkeeping; rewritten below for `parent`
-            os.replace(os.path.join(tmpdir, name), os.path.join(parent, name))
-        with open(os.path.join(tmpdir, "checkpoint"), "w") as f:
-            f.write(f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n')
-        os.replace(os.path.join(tmpdir, "checkpoint"), os.path.join(parent, "checkpoint"))
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)

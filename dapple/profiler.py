@@ -29,7 +29,7 @@ the positions a Plan's `layers: [first, last]` refer to. For each layer:
 activations the output bytes measure.
 
 `model_signature` ties the profile, and plans made from it, to this model
-(`dapple.pipelined_model.check_plan_matches_model`). `y` is not needed to profile layers (the
+(`dapple.checks.check_plan_matches_model`). `y` is not needed to profile layers (the
 loss is not a layer); it is accepted so the call reads like Keras's and its rows are checked.
 """
 from __future__ import annotations

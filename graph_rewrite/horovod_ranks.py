@@ -100,9 +100,6 @@ class RankLayout:
                 out.append(ranks)
         return out
 
-    def is_global(self, ranks: List[int]) -> bool:
-        return sorted(ranks) == list(range(self.size))
-
     # ---- boundary transfers ----------------------------------------------------------------
     def send_splits(self, sender_stage: int, sender_replica: int, receiver_stage: int,
                     rows: int) -> List[int]:

@@ -41,7 +41,6 @@ Decisions a newcomer needs (each checked on Horovod 0.28.1 + TF 2.15, see tests/
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import horovod.tensorflow as hvd
@@ -53,18 +52,6 @@ from graph_rewrite.model_graph import variable_holders
 from graph_rewrite.pipeline import PipelineStep, StepResult, Tensors, Unit
 
 ENV_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
-
-
-def launched_by_horovodrun() -> bool:
-    """True in a process started by horovodrun (Gloo or MPI), before or after hvd.init."""
-    return "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ \
-        or "PMI_RANK" in os.environ
-
-
-def horovod_active() -> bool:
-    """Whether `PipelinedModel` should run one unit per rank: Horovod is initialized, or this
-    process was started by horovodrun."""
-    return hvd.is_initialized() or launched_by_horovodrun()
 
 
 def _existing_process_sets() -> Dict[Tuple[int, ...], int]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
@@ -111,7 +111,6 @@ class StageGraph:
     input_ids: List[str]
     output_ids: List[str]
     specs: Dict[str, tf.TensorSpec]            # per tensor id; batch dimension is None
-    model_output_ids: List[str] = field(default_factory=list)   # model outputs produced here
 
     @property
     def called_layers(self) -> List[tf.keras.layers.Layer]:
@@ -225,7 +224,6 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
                        if producer_stage[tid] < s and last_consumer.get(tid, -2) >= s]
         crossing_out = [tid for tid in keras_tensor
                         if producer_stage[tid] <= s and last_consumer.get(tid, -2) > s]
-        model_outs_here = [tid for tid in output_ids_model if producer_stage[tid] == s]
         if s == S - 1:
             crossing_out = [tid for tid in output_ids_model]
         for tid in crossing_out if s < S - 1 else []:
@@ -238,7 +236,7 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
             layers=order[first:last + 1], nodes=nodes_by_stage[s],
             input_ids=crossing_in, output_ids=crossing_out,
             specs={tid: _spec(keras_tensor[tid]) for tid in set(crossing_in) | set(crossing_out)},
-            model_output_ids=model_outs_here))
+))
     return stages
 
 

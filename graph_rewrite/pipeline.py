@@ -47,7 +47,7 @@ from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from planner.plan import Plan
 from planner.slicing import check_even, overlaps, unit_rows
-from planner.schedule import BACKWARD, FORWARD, plan_schedule, replay
+from planner.schedule import FORWARD, plan_schedule, replay
 
 Unit = Tuple[int, int]                 # (stage, replica)
 Tensors = Dict[str, tf.Tensor]         # boundary tensors by Keras tensor id

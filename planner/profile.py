@@ -1,18 +1,10 @@
-"""Per-layer profiles: what the planner knows about a model.
+"""Per-layer profiles: what the planner knows about a model, and the native JSON format.
 
-Two file formats, detected by content (`load_profile`):
-
-* PipeDream/DAPPLE `graph.txt`: node lines `nodeN -- <description> -- key=value, ...` and
-  edge lines (indented) `nodeA -- nodeB`. Nodes may come in any order and form a DAG.
-  Descriptions may contain ` -- `; the key=value part is found from `forward_compute_time=`.
-  A multi-output node (`activation_size=[a; b]`) outputs a + b bytes. The profile batch size is
-  taken from a `-pbs-N` in the file name unless given.
-* The native JSON format (`"format": "dapple-profile"`), written by the Keras profiler; its layer
-  list is already in the model's topological order.
-
-Layers of a graph.txt are put in a topological order (Kahn's algorithm, ties broken by the
-node number, i.e. the order the model was built in), and those positions are what a Plan's
-`layers: [first, last]` refer to.
+A profile lists the model's layers in topological order (the positions a Plan's `layers:
+[first, last]` refer to) with forward/backward times, output and parameter bytes, and the
+positions each layer reads from. Files: the native JSON (`"format": "dapple-profile"`, written by
+the Keras profiler, read by `parse_native_json`) and the published PipeDream/DAPPLE `graph.txt`
+(`planner.profile_readers`, which also detects the format: `load_profile`).
 
 The activation bytes of a cut after position p count every tensor produced at positions <= p
 (or a model input) and consumed at a position > p, once per producer, however many consumers
@@ -41,10 +33,8 @@ stay float32 under mixed precision). graph.txt profiles are float32.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import os
-import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -256,30 +246,10 @@ def _cut_bytes(layers: Sequence[Layer], input_bytes: float) -> List[float]:
     return out
 
 
-# ---- reading files ------------------------------------------------------------------------
+# ---- the native format ---------------------------------------------------------------
 
-def load_profile(path: str, batch_size: Optional[float] = None, name: Optional[str] = None
-                 ) -> Profile:
-    """Read a graph.txt or native JSON profile (detected by content).
-
-    `batch_size` overrides the file's profile batch (graph.txt files without `-pbs-N` in their
-    name need it). Raises ProfileError naming the file (and line) on malformed input.
-    """
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise ProfileError(f"profile file {path!r} does not exist") from None
-    except IsADirectoryError:
-        raise ProfileError(f"profile path {path!r} is a directory, not a file") from None
-    if not text.strip():
-        raise ProfileError(f"{path}: the profile file is empty")
-    if text.lstrip().startswith("{"):
-        return parse_native_json(text, path, batch_size=batch_size, name=name)
-    return parse_graph_txt(text, path, batch_size=batch_size, name=name)
-
-
-def _default_name(path: str) -> str:
+def default_name(path: str) -> str:
+    """The profile's name from its file name (a PipeDream graph.txt: its directory's)."""
     base = os.path.basename(path)
     for suffix in (".txt", ".json"):
         if base.endswith(suffix):
@@ -289,14 +259,7 @@ def _default_name(path: str) -> str:
     return base
 
 
-_PBS = re.compile(r"-pbs-(\d+)")
-_NODE = re.compile(r"^(\S+) -- (.*) -- (forward_compute_time=.*)$")
-_EDGE = re.compile(r"^[ \t]+(\S+)\s+--\s+(\S+)\s*$")
-_REQUIRED = ("forward_compute_time", "backward_compute_time", "activation_size",
-             "parameter_size")
-
-
-def _number(text: str, where: str, key: str) -> float:
+def number_field(text: str, where: str, key: str) -> float:
     text = text.strip()
     if text.startswith("["):
         if not text.endswith("]"):
@@ -304,7 +267,7 @@ def _number(text: str, where: str, key: str) -> float:
         items = [t for t in text[1:-1].split(";") if t.strip()]
         if not items:
             raise ProfileError(f"{where}: {key}=[] lists no values")
-        return sum(_number(t, where, key) for t in items)
+        return sum(number_field(t, where, key) for t in items)
     try:
         value = float(text)
     except ValueError:
@@ -312,133 +275,6 @@ def _number(text: str, where: str, key: str) -> float:
     if value != value or value < 0 or value == float("inf"):
         raise ProfileError(f"{where}: {key}={text!r} must be a finite number >= 0")
     return value
-
-
-def _parse_fields(rest: str, where: str) -> Dict[str, float]:
-    # Strip trailing " -- stage_id=N" (and anything else after another " -- ").
-    extra = {}
-    parts = rest.split(" -- ")
-    body = parts[0]
-    for p in parts[1:]:
-        if "=" in p:
-            k, v = p.split("=", 1)
-            extra[k.strip()] = v.strip()
-    # Split on commas that are not inside brackets.
-    fields, depth, cur = [], 0, ""
-    for ch in body:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            fields.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    fields.append(cur)
-    values = {}
-    for item in fields:
-        item = item.strip()
-        if not item:
-            continue
-        if "=" not in item:
-            raise ProfileError(f"{where}: expected key=value, found {item!r} (the line may be "
-                               f"truncated or missing fields)")
-        k, v = item.split("=", 1)
-        values[k.strip()] = v.strip()
-    missing = [k for k in _REQUIRED if k not in values]
-    if missing:
-        raise ProfileError(f"{where}: node line is missing {', '.join(missing)} (the line may be "
-                           f"truncated)")
-    return {k: _number(values[k], where, k) for k in _REQUIRED}
-
-
-def parse_graph_txt(text: str, path: str = "<string>", batch_size: Optional[float] = None,
-                    name: Optional[str] = None) -> Profile:
-    nodes: Dict[str, dict] = {}
-    order: List[str] = []
-    edges: List[tuple] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip("\r\n")
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        if line[0] in " \t":
-            m = _EDGE.match(line)
-            if not m:
-                raise ProfileError(f"{where}: cannot read edge line {line.strip()!r}; expected "
-                                   f"'nodeA -- nodeB' indented by whitespace")
-            edges.append((m.group(1), m.group(2), lineno))
-            continue
-        m = _NODE.match(line.rstrip())
-        if not m:
-            if " -- " in line and "forward_compute_time" not in line:
-                raise ProfileError(f"{where}: node line has no forward_compute_time=...; the "
-                                   f"line may be truncated: {line[:80]!r}")
-            raise ProfileError(f"{where}: cannot read {line[:80]!r}; expected 'nodeN -- "
-                               f"description -- forward_compute_time=..., ...' or an indented "
-                               f"edge 'nodeA -- nodeB'")
-        node_id, desc, rest = m.group(1), m.group(2).strip(), m.group(3)
-        if node_id in nodes:
-            raise ProfileError(f"{where}: node {node_id} is defined twice (first on line "
-                               f"{nodes[node_id]['line']})")
-        values = _parse_fields(rest, where)
-        nodes[node_id] = dict(desc=desc, line=lineno, **values)
-        order.append(node_id)
-    if not nodes:
-        raise ProfileError(f"{path}: no node lines found; is this a PipeDream/DAPPLE graph.txt?")
-    preds: Dict[str, List[str]] = {n: [] for n in nodes}
-    succs: Dict[str, List[str]] = {n: [] for n in nodes}
-    for a, b, lineno in edges:
-        for x in (a, b):
-            if x not in nodes:
-                raise ProfileError(f"{path}:{lineno}: edge {a} -- {b} names {x}, which has no "
-                                   f"node line (truncated file?)")
-        if b not in succs[a]:
-            succs[a].append(b)
-            preds[b].append(a)
-
-    def key(n: str):
-        m = re.match(r"^node(\d+)$", n)
-        return (0, int(m.group(1)), 0) if m else (1, 0, order.index(n))
-
-    indeg = {n: len(preds[n]) for n in nodes}
-    heap = [(key(n), n) for n in nodes if indeg[n] == 0]
-    heapq.heapify(heap)
-    topo: List[str] = []
-    while heap:
-        _, n = heapq.heappop(heap)
-        topo.append(n)
-        for s in succs[n]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(heap, (key(s), s))
-    if len(topo) != len(nodes):
-        stuck = sorted((n for n in nodes if indeg[n] > 0), key=key)[:5]
-        raise ProfileError(f"{path}: the graph has a cycle through {', '.join(stuck)}; a profile "
-                           f"must be a DAG")
-    position = {n: i for i, n in enumerate(topo)}
-    layers = []
-    for n in topo:
-        v = nodes[n]
-        layers.append(Layer(name=f"{n}:{v['desc']}" if len(v["desc"]) <= 40 else
-                            f"{n}:{v['desc'][:37]}...",
-                            type=v["desc"].split("(")[0].strip() or "node",
-                            forward_ms=v["forward_compute_time"],
-                            backward_ms=v["backward_compute_time"],
-                            output_bytes=v["activation_size"],
-                            parameter_bytes=v["parameter_size"],
-                            inputs=tuple(sorted(position[p] for p in preds[n]))))
-    if batch_size is None:
-        m = _PBS.search(os.path.basename(path))
-        if not m:
-            raise ProfileError(f"{path}: the profile batch size is unknown (graph.txt does not "
-                               f"record it); name the file '...-pbs-N.txt' or pass it "
-                               f"(load_profile(path, batch_size=N), dapple plan "
-                               f"--profile_batch_size=N)")
-        batch_size = int(m.group(1))
-    return Profile(name=name or _default_name(path), batch_size=batch_size, layers=layers,
-                   source=path, device="graph.txt")
 
 
 def parse_native_json(text: str, path: str = "<string>", batch_size: Optional[float] = None,
@@ -465,7 +301,7 @@ def parse_native_json(text: str, path: str = "<string>", batch_size: Optional[fl
         if not isinstance(l, dict):
             raise ProfileError(f"{where} is not an object")
         try:
-            vals = {k: _number(str(l[k]), where, k) for k in
+            vals = {k: number_field(str(l[k]), where, k) for k in
                     ("forward_ms", "backward_ms", "output_bytes", "parameter_bytes")}
         except KeyError as e:
             raise ProfileError(f"{where} ({l.get('name', '?')}) has no {e.args[0]!r}") from None
@@ -491,16 +327,16 @@ def parse_native_json(text: str, path: str = "<string>", batch_size: Optional[fl
                 not all(isinstance(x, int) and 0 <= x < len(layers) for x in positions):
             raise ProfileError(f"{where}: 'positions' must be a non-empty list of layer "
                                f"positions 0..{len(layers) - 1}")
-        entries.append(SharedParameters(_number(str(e["bytes"]), where, "bytes"),
+        entries.append(SharedParameters(number_field(str(e["bytes"]), where, "bytes"),
                                         tuple(sorted(set(positions)))))
     compute_dtype = d.get("compute_dtype", "float32")
     if compute_dtype not in DTYPE_BYTES:
         raise ProfileError(f"{path}: compute_dtype {compute_dtype!r} is not one of "
                            f"{', '.join(DTYPE_BYTES)}")
-    return Profile(name=name or str(d.get("name") or _default_name(path)),
+    return Profile(name=name or str(d.get("name") or default_name(path)),
                    batch_size=batch_size if batch_size is not None else
-                   _number(str(d["batch_size"]), path, "batch_size"),
-                   layers=layers, input_bytes=_number(str(d.get("input_bytes", 0)), path,
+                   number_field(str(d["batch_size"]), path, "batch_size"),
+                   layers=layers, input_bytes=number_field(str(d.get("input_bytes", 0)), path,
                                                       "input_bytes"),
                    model_signature=d.get("model_signature"), device=str(d.get("device", "")),
                    source=path, shared_parameters=tuple(entries), compute_dtype=compute_dtype)

@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 from dapple.devices import DeviceError
-from dapple.pipelined_model import PipelinedModel, PlanMismatchError
+from dapple.checks import PlanMismatchError
+from dapple.pipelined_model import PipelinedModel
 from graph_rewrite.model_graph import layer_order, model_signature
 from planner.plan import straight_plan
 from planner.slicing import BatchSplitError

@@ -14,7 +14,8 @@ from dapple.pipelined_model import PipelinedModel
 from dapple.profiler import profile
 from graph_rewrite.model_graph import model_signature
 from planner.plan import straight_plan
-from planner.profile import SharedParameters, load_profile
+from planner.profile import SharedParameters
+from planner.profile_readers import load_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -21,7 +21,7 @@ def main(argv):
     import tensorflow as tf
 
     from dapple import demo_model
-    from planner.profile import load_profile
+    from planner.profile_readers import load_profile
     from reports.text_report import strategy_report
     from planner.baselines import best_straight_plan
     from planner.plan_space import plan_dapple

@@ -55,8 +55,9 @@ def _fail(message: str) -> None:
 def main(argv) -> None:
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}")
-    from planner.plan import Plan, PlanError
-    from planner.profile import ProfileError, load_profile
+    from planner.plan import PlanError
+    from planner.profile import ProfileError
+    from planner.profile_readers import load_profile
     from topology import TopologyError, parse_topology
     for name in ("profile", "topology"):
         if not getattr(FLAGS, name):
@@ -84,7 +85,6 @@ def main(argv) -> None:
 
 
 def _evaluate(profile, topo) -> None:
-    from planner import cost_model as cm
     from planner.plan import Plan, PlanError
     from reports.text_report import strategy_report
     from planner.finish import finish_plan

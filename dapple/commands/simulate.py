@@ -73,7 +73,7 @@ def costs_for(plan):
         raise UsageError("durations are needed: pass --profile and --topology (the cost model "
                          "computes them) or --costs=costs.json")
     from planner.cost_model import pipeline_costs
-    from planner.profile import load_profile
+    from planner.profile_readers import load_profile
     from topology.parse import parse_topology
     profile = load_profile(FLAGS.profile, batch_size=FLAGS.profile_batch_size)
     topology = parse_topology(FLAGS.topology)

@@ -189,7 +189,8 @@ def _timing(pm, model, plan, x, y, batch) -> int:
     import tensorflow as tf
 
     from dapple.timing import format_report, measure_plan, timing_report
-    from planner.profile import ProfileError, load_profile
+    from planner.profile import ProfileError
+    from planner.profile_readers import load_profile
     from topology import local_topology
 
     threads = tf.config.threading.get_intra_op_parallelism_threads()

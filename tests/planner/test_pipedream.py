@@ -13,7 +13,7 @@ from functools import lru_cache
 import pytest
 
 from planner.pipedream import pipedream_partition
-from planner.profile import load_profile
+from planner.profile_readers import load_profile
 from tests.paths import PROFILES
 from tests.planner.test_search_optimal import random_profile
 from topology import parse_topology

@@ -155,7 +155,7 @@ def test_plan_space_flag_and_the_report_names_the_other_space():
     # AmoebaNet-36 on config B: the paper's space gives the straight pipeline, the full space
     # a deeper replicated one that the model rates faster; the report must say so.
     from tests.paths import PROFILES
-    from planner.profile import load_profile
+    from planner.profile_readers import load_profile
     path = os.path.join(PROFILES, "dapple", "amoeba-36-pbs-1.txt")
     profile, topo = load_profile(path), parse_topology("B")
     r = dapple(f"--profile={path}", "--topology=B", "--global_batch_size=128",

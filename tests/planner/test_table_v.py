@@ -9,7 +9,7 @@ import pytest
 
 from planner import cost_model as cm
 from planner.pipedream import plan_pipedream
-from planner.profile import load_profile
+from planner.profile_readers import load_profile
 from planner.plan_space import plan_dapple
 from tests.paths import PROFILES as SHARED_PROFILES
 from topology import parse_topology

@@ -130,7 +130,7 @@ def test_simulate_command_explains_missing_inputs(tmp_path):
 def test_simulate_command_with_profile_and_topology_matches_the_library(tmp_path):
     # The command must simulate the plan with the cost model's durations, nothing else.
     from planner.cost_model import pipeline_costs
-    from planner.profile import load_profile
+    from planner.profile_readers import load_profile
     from topology.parse import parse_topology
     profile_path = published_profile("dapple/bert-48-pbs-2.txt")
     profile, topology = load_profile(profile_path), parse_topology("A")

@@ -1,0 +1,45 @@
+"""Checkpoints of the plain model, written so that a failure never leaves a partial one."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from planner.files import write_atomically
+
+
+def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
+    """`model.save_weights(path)` with no partial result visible at `path` if it fails.
+
+    HDF5 (`.h5`/`.keras` suffix): one file, written beside and renamed into place. TensorFlow
+    format (any other path): the files are written in a temporary directory beside the target
+    and renamed into place with the `.index` file last, since TensorFlow reads a checkpoint
+    through its index.
+    """
+    path = os.fspath(path)
+    if path.endswith((".h5", ".keras", ".hdf5")):
+        def write(tmp):
+            # Keras 2 refuses HDF5 weights at a name ending .keras: write as .h5, then rename
+            named = tmp + ".h5" if tmp.endswith(".keras") else tmp
+            model.save_weights(named, save_format="h5")
+            os.replace(named, tmp)
+        write_atomically(path, write)
+        return
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmpdir = tempfile.mkdtemp(dir=parent, prefix=".dapple-ckpt-")
+    try:
+        base = os.path.basename(path)
+        model.save_weights(os.path.join(tmpdir, base), save_format="tf")
+        names = sorted(os.listdir(tmpdir), key=lambda n: (n.endswith(".index"), n == "checkpoint"))
+        for name in names:
+            if name == "checkpoint":
+                continue    # TF's "latest checkpoint" bookkeeping; rewritten below for `parent`
+            os.replace(os.path.join(tmpdir, name), os.path.join(parent, name))
+        with open(os.path.join(tmpdir, "checkpoint"), "w") as f:
+            f.write(f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n')
+        os.replace(os.path.join(tmpdir, "checkpoint"), os.path.join(parent, "checkpoint"))
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)

@@ -1,0 +1,68 @@
+"""Keras's data conventions for `PipelinedModel`: batch sizes, validation data, class weights,
+padded prediction batches."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+
+def rows(x) -> int:
+    first = tf.nest.flatten(x)[0]
+    n = first.shape[0]
+    if n is None:
+        raise ValueError("the global batch size must be static; batch datasets with "
+                         "drop_remainder=True")
+    return int(n)
+
+
+def unpack_validation_data(data):
+    """(x, y, sample_weight) from Keras's forms of `validation_data`."""
+    if isinstance(data, tf.data.Dataset):
+        return data, None, None
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        return tuple(data) + (None,) * (3 - len(data))
+    raise ValueError("validation_data must be (x_val, y_val), (x_val, y_val, sample_weight) or "
+                     "a tf.data.Dataset of (x, y[, sample_weight])")
+
+
+def class_weight_fn(class_weight: dict):
+    """Keras's class weighting of a batched dataset: each row's weight is its class's (the
+    label, or its argmax when one-hot), times its sample weight when there is one."""
+    keys = sorted(class_weight)
+    if keys != list(range(len(keys))):
+        raise ValueError(f"class_weight must map every class id 0..{len(keys) - 1} to a weight, "
+                         f"got keys {keys}")
+    table = tf.constant([float(class_weight[k]) for k in keys])
+
+    def apply(*batch):
+        x, y, sw = (tuple(batch) + (None, None))[:3]
+        if y is None or isinstance(y, (tuple, list, dict)):
+            raise ValueError("class_weight needs a model with a single output and labels")
+        if y.shape.rank is not None and y.shape.rank > 2:
+            raise ValueError("class_weight is not supported for 3+ dimensional targets")
+        if y.shape.rank == 2 and y.shape[1] is not None and y.shape[1] > 1:
+            classes = tf.argmax(y, axis=1)
+        else:
+            classes = tf.cast(tf.reshape(y, [-1]), tf.int64)
+        cw = tf.gather(table, classes)
+        if sw is not None:
+            sw = tf.cast(sw, cw.dtype)
+            cw = cw * (tf.reshape(sw, [-1]) if sw.shape.rank == 2 and sw.shape[1] == 1 else sw)
+        return x, y, cw
+    return apply
+
+
+def padded_batches(x, batch_size: int):
+    """(batch, valid rows) over numpy-like `x` (or a nest of them), the last batch padded."""
+    flat = [np.asarray(a) for a in tf.nest.flatten(x)]
+    n = len(flat[0])
+    for lo in range(0, n, batch_size):
+        hi = min(lo + batch_size, n)
+        parts = []
+        for a in flat:
+            part = a[lo:hi]
+            if hi - lo < batch_size:
+                pad = np.repeat(part[-1:], batch_size - (hi - lo), axis=0)
+                part = np.concatenate([part, pad])
+            parts.append(part)
+        yield tf.nest.pack_sequence_as(x, parts), hi - lo
