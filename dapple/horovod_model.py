@@ -188,7 +188,7 @@ class HorovodPipelinedModel(PipelinedModel):
         stage's variables (the replicas of a stage hold equal values)."""
         with self.watchdog.step("gathering stage weights"):
             for s, graph in enumerate(self._stage_graphs()):
-                variables = _stage_variables(graph)
+                variables = graph.variables
                 if variables:
                     hvd.broadcast_variables(variables, root_rank=self.layout.rank(s, 0))
 
@@ -227,13 +227,3 @@ def _global_clipnorm(optimizer) -> Optional[float]:
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     clip = getattr(inner, "global_clipnorm", None)
     return float(clip) if clip else None
-
-
-def _stage_variables(graph) -> List[tf.Variable]:
-    seen, out = set(), []
-    for layer in graph.layers:
-        for v in layer.weights:
-            if id(v) not in seen:
-                seen.add(id(v))
-                out.append(v)
-    return out

@@ -115,24 +115,18 @@ class StageGraph:
     @property
     def called_layers(self) -> List[tf.keras.layers.Layer]:
         """The layers this stage calls: its own, and shared layers whose later calls run here."""
-        seen, out = set(), []
-        for layer in self.layers + [node.layer for node in self.nodes]:
-            if id(layer) not in seen:
-                seen.add(id(layer))
-                out.append(layer)
-        return out
+        return _unique(self.layers + [node.layer for node in self.nodes])
 
     @property
     def trainable_variables(self) -> List[tf.Variable]:
         """Every trainable variable the stage's calls use (a variable shared with another
         stage is in both), once."""
-        seen, out = set(), []
-        for layer in self.called_layers:
-            for v in layer.trainable_variables:
-                if id(v) not in seen:
-                    seen.add(id(v))
-                    out.append(v)
-        return out
+        return _unique(v for layer in self.called_layers for v in layer.trainable_variables)
+
+    @property
+    def variables(self) -> List[tf.Variable]:
+        """Every variable, trainable or not, the stage's calls use, once."""
+        return _unique(v for layer in self.called_layers for v in layer.weights)
 
     def call(self, tensors: Dict[str, tf.Tensor], training: bool = True,
              observe=None) -> Dict[str, tf.Tensor]:
@@ -147,6 +141,15 @@ class StageGraph:
             for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
                 values[tid] = y
         return {tid: values[tid] for tid in self.output_ids}
+
+
+def _unique(items) -> list:
+    seen, out = set(), []
+    for item in items:
+        if id(item) not in seen:
+            seen.add(id(item))
+            out.append(item)
+    return out
 
 
 def node_call_arguments(node, values: Dict[str, tf.Tensor], training: bool):
