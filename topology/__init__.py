@@ -7,13 +7,14 @@ logical CPU devices.
     topo = parse_topology("A")                       # or "4x8,net=25Gbps", or "topo.json"
     topo.num_devices, topo.host_of(9), topo.to_dict()
 
-Modules: `model` (the Topology type), `constants` (every hardware constant and its source),
+Modules: `model` (the Topology type), `errors`, `constants` (every hardware constant and its source),
 `parse` (presets, spec strings, JSON files), `units` (sizes and rates).
 
 Depends on nothing else in dapple; never imports TensorFlow or Horovod.
 """
 
-from topology.model import Topology, TopologyError
+from topology.errors import TopologyError
+from topology.model import Topology
 from topology.parse import PRESETS, local_topology, parse_spec, parse_topology
 
 __all__ = ["Topology", "TopologyError", "PRESETS", "parse_topology", "parse_spec",

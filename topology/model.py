@@ -16,9 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
 
-
-class TopologyError(ValueError):
-    """A topology that is malformed; the message says what is wrong and how to fix it."""
+from topology.errors import TopologyError
 
 
 @dataclass(frozen=True)

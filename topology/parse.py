@@ -20,7 +20,8 @@ import re
 from typing import Union
 
 from topology import constants as C
-from topology.model import Topology, TopologyError
+from topology.errors import TopologyError
+from topology.model import Topology
 from topology.units import parse_bandwidth, parse_latency, parse_memory
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from topology.model import TopologyError
+from topology.errors import TopologyError
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
                "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}

@@ -144,7 +144,7 @@ def main(argv):
     from planner.profile import ProfileError
     from planner.schedule import ScheduleError
     try:
-        from topology.model import TopologyError
+        from topology import TopologyError
     except ImportError:   # pragma: no cover - topology is part of the same package
         TopologyError = ValueError
     try:

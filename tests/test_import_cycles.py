@@ -1,15 +1,19 @@
-"""No two modules of `planner` import each other, directly or through others, counting imports
+"""No two of dapple's modules import each other, directly or through others, counting imports
 inside functions too (a cycle hidden in a function is still a cycle)."""
 import ast
 import os
 
 from tests.paths import REPO
 
-PACKAGE = "planner"
+PACKAGES = ("topology", "planner", "reports", "graph_rewrite", "dapple")
+# The one known cycle, by name: `PipelinedModel(...)` becomes the Horovod runtime's subclass
+# under horovodrun (a lazy import in `__new__`). Runtimes chosen by composition (a transport
+# per runtime) will remove it; until then it is the only edge allowed to close a cycle.
+ALLOWED = {("dapple.pipelined_model", "dapple.horovod_model")}
 
 
 def imports_of(path):
-    """The `planner.*` modules a file imports, anywhere in it."""
+    """The modules of dapple's packages a file imports, anywhere in it."""
     out = set()
     for node in ast.walk(ast.parse(open(path).read())):
         if isinstance(node, ast.Import):
@@ -18,15 +22,20 @@ def imports_of(path):
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
-        out.update(n for n in names if n.startswith(PACKAGE + "."))
+        out.update(n for n in names if n.split(".")[0] in PACKAGES)
     return out
 
 
 def module_graph():
-    folder = os.path.join(REPO, PACKAGE)
-    modules = {f"{PACKAGE}.{f[:-3]}": os.path.join(folder, f)
-               for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py"}
-    return {m: sorted(imports_of(p) & set(modules) - {m}) for m, p in modules.items()}
+    modules = {}
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(REPO, package)):
+            prefix = os.path.relpath(folder, REPO).replace(os.sep, ".")
+            for f in files:
+                if f.endswith(".py") and f != "__init__.py":
+                    modules[f"{prefix}.{f[:-3]}"] = os.path.join(folder, f)
+    return {m: sorted(n for n in imports_of(p) & set(modules) - {m} if (m, n) not in ALLOWED)
+            for m, p in modules.items()}
 
 
 def find_cycle(graph):
@@ -54,7 +63,7 @@ def find_cycle(graph):
     return None
 
 
-def test_planner_modules_import_no_cycle():
+def test_modules_import_no_cycle():
     cycle = find_cycle(module_graph())
     assert cycle is None, " -> ".join(cycle)
 
