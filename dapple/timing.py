@@ -106,7 +106,6 @@ def _whole_micro_batch(step):
 
 def _time_stage(step, s, graph, device, inputs, labels, rows, last, warmup, runs) -> StageTiming:
     float_in = [tid for tid in graph.input_ids if inputs[tid].dtype.is_floating]
-    variables = graph.trainable_variables
     with tf.device(device):
         upstream = {tid: tf.random.normal(tf.shape(t)) for tid, t in
                     graph.call(inputs, training=True).items() if t.dtype.is_floating}
@@ -123,18 +122,11 @@ def _time_stage(step, s, graph, device, inputs, labels, rows, last, warmup, runs
                 for tid in float_in:
                     tape.watch(inputs[tid])
                 outs = graph.call(inputs, training=True)
-                if last:
-                    term = step.loss.micro_batch_term(
-                        labels, [outs[t] for t in step.output_ids], rows=rows,
-                        global_rows=step.global_batch)
-            if last:
-                targets, output_gradients = [term], None
-            else:
-                targets = [outs[tid] for tid in upstream]
-                output_gradients = [upstream[tid] for tid in upstream]
-            sources = [inputs[tid] for tid in float_in] + variables
-            return tape.gradient(targets, sources, output_gradients=output_gradients,
-                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                term = step.loss.micro_batch_term(
+                    labels, [outs[t] for t in step.output_ids], rows=rows,
+                    global_rows=step.global_batch) if last else None
+            return step.differentiate(graph, tape, inputs, outs, term,
+                                      None if last else upstream)
 
     forward_ms = median_ms(forward, warmup, runs)
     total_ms = median_ms(forward_backward, warmup, runs)

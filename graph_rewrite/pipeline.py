@@ -152,6 +152,7 @@ class PipelineStep:
         self._penalties = self._weight_penalties_by_stage()
         self.transport = transport_factory(self)
         self.global_batch: Optional[int] = None
+        self._loss_scale: Optional[tf.Tensor] = None
 
     # ---- placement and rows ---------------------------------------------------------------
     def device(self, stage: int, replica: int) -> str:
@@ -303,11 +304,22 @@ class PipelineStep:
                     if _is_float(t):
                         tape.watch(t)
                 outputs, term = self._forward(stage, replica, m, inputs, ys, keep_tape=False)[::2]
-        float_out = [tid for tid in graph.output_ids if _is_float(outputs[tid])]
-        if last:
+        upstream = None
+        if not last:
+            float_out = [tid for tid in graph.output_ids if _is_float(outputs[tid])]
+            upstream = self.transport.receive_gradients(stage, replica, m, sent, float_out)
+        return self.differentiate(graph, tape, inputs, outputs, term, upstream)
+
+    def differentiate(self, graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
+                      upstream: Optional[Tensors]):
+        """A unit's backward from its forward's tape: (gradients of its float inputs by id,
+        gradients of the stage's trainable variables). The last stage differentiates its loss
+        term (`upstream` None); the others their float outputs weighted by `upstream`, plus
+        their weight-regularization term when they have one."""
+        if upstream is None:
             targets, output_gradients = [term], [self._scaled_one(term)]
         else:
-            upstream = self.transport.receive_gradients(stage, replica, m, sent, float_out)
+            float_out = [tid for tid in graph.output_ids if _is_float(outputs[tid])]
             targets = [outputs[tid] for tid in float_out]
             output_gradients = [upstream[tid] for tid in float_out]
             if term is not None:            # this stage's weight-regularization penalty
