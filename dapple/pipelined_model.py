@@ -36,7 +36,8 @@ from dapple.checks import check_plan_matches_model, check_recompute, check_suppo
 from dapple.data import class_weight_fn, padded_batches, rows, unpack_validation_data
 from dapple.devices import local_devices
 from graph_rewrite.losses import PipelineLoss
-from graph_rewrite.pipeline import LocalTransport, PipelineStep
+from graph_rewrite.local_transport import LocalTransport
+from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan
 from planner.slicing import check_even
 

@@ -49,7 +49,8 @@ import tensorflow as tf
 from graph_rewrite.batch_statistics import UnsupportedLayerError, is_batch_normalization
 from graph_rewrite.horovod_ranks import RankLayout
 from graph_rewrite.model_graph import variable_holders
-from graph_rewrite.pipeline import PipelineStep, StepResult, Tensors, Unit
+from graph_rewrite.local_transport import Tensors, Unit
+from graph_rewrite.pipeline import PipelineStep, StepResult
 
 ENV_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
 

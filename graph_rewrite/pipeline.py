@@ -9,8 +9,8 @@ Built inside a `tf.function`, one graph per step (the paper's §V design on TF2)
   stage's variables. With `recompute`, the forward keeps only its inputs and the backward runs
   the forward again under a fresh tape.
 * Boundaries. A `Transport` moves boundary tensors forward and their gradients backward. The
-  local transport (one process, many devices) slices and concatenates row ranges on the
-  receiving device (`planner.slicing.overlaps`): split, concat, both, or nothing when replica counts
+  local transport (`graph_rewrite.local_transport`: one process, many devices) slices and
+  concatenates row ranges on the receiving device: split, concat, both, or nothing when replica counts
   are equal. `graph_rewrite.horovod_transport` moves them between processes.
 * Update. Each unit's variable gradients are accumulated over micro-batches per replica, summed
   across the stage's replicas (the allreduce; locally an add on the stage's first device), and
@@ -43,14 +43,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
+from graph_rewrite.local_transport import LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from planner.plan import Plan
-from planner.slicing import check_even, overlaps, unit_rows
+from planner.slicing import check_even, unit_rows
 from planner.schedule import FORWARD, plan_schedule, replay
 
-Unit = Tuple[int, int]                 # (stage, replica)
-Tensors = Dict[str, tf.Tensor]         # boundary tensors by Keras tensor id
 
 
 def _is_float(t) -> bool:
@@ -69,62 +68,6 @@ def _per_output(sample_weight, outputs: int) -> List[Optional[tf.Tensor]]:
 
 def task_scope(stage: int, replica: int, kind: str, micro_batch: int) -> str:
     return f"stage{stage}/replica{replica}/{kind}{micro_batch}"
-
-
-class LocalTransport:
-    """All units live in this process, on its devices. Boundaries slice and concatenate rows."""
-
-    def __init__(self, pipeline: "PipelineStep"):
-        self.p = pipeline
-
-    def local_units(self) -> List[Unit]:
-        return [(s, r) for s, st in enumerate(self.p.plan.stages) for r in range(st.replicas)]
-
-    # Senders' side of a boundary. Locally the receiver reads the sender's tensors directly, so
-    # there is nothing to do; a transport between processes sends here (and returns nothing).
-    def send_activations(self, stage: int, replica: int, micro_batch: int, outputs: Tensors) -> None:
-        return None
-
-    def send_gradients(self, stage: int, replica: int, micro_batch: int, grads: Tensors) -> None:
-        return None
-
-    def _gather(self, want_rows, pieces: Dict[int, Tensors], piece_rows: List[Tuple[int, int]],
-                ids: Sequence[str]) -> Tensors:
-        parts = overlaps(want_rows, piece_rows)
-        out = {}
-        for tid in ids:
-            taken = []
-            for i, lo, hi in parts:
-                t = pieces[i][tid]
-                full = piece_rows[i][1] - piece_rows[i][0]
-                taken.append(t if (lo, hi) == (0, full) else t[lo:hi])
-            out[tid] = taken[0] if len(taken) == 1 else tf.concat(taken, axis=0)
-        return out
-
-    def receive_activations(self, stage: int, replica: int, micro_batch: int,
-                            sent: Dict[int, Tensors]) -> Tensors:
-        """Inputs of (stage, replica) for `micro_batch`, from stage-1's replicas' outputs."""
-        prev = stage - 1
-        piece_rows = [self.p.rows(prev, r, micro_batch) for r in range(self.p.replicas[prev])]
-        return self._gather(self.p.rows(stage, replica, micro_batch), sent, piece_rows,
-                            self.p.stages[stage].input_ids)
-
-    def receive_gradients(self, stage: int, replica: int, micro_batch: int,
-                          sent: Dict[int, Tensors], ids: Sequence[str]) -> Tensors:
-        """Gradients of (stage, replica)'s outputs `ids`, from stage+1's replicas."""
-        nxt = stage + 1
-        piece_rows = [self.p.rows(nxt, r, micro_batch) for r in range(self.p.replicas[nxt])]
-        return self._gather(self.p.rows(stage, replica, micro_batch), sent, piece_rows, ids)
-
-    def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
-                     tag: str = "ar") -> List[tf.Tensor]:
-        """Elementwise sums over the stage's replicas (`tag` names the collective)."""
-        replicas = sorted(grads_by_replica)
-        if len(replicas) == 1:
-            return grads_by_replica[replicas[0]]
-        with tf.device(self.p.device(stage, 0)), tf.name_scope(f"stage{stage}/{tag}"):
-            return [tf.add_n([grads_by_replica[r][i] for r in replicas])
-                    for i in range(len(grads_by_replica[replicas[0]]))]
 
 
 @dataclass
