@@ -21,7 +21,7 @@ changed to 1.25e9 B/s; the script finds it by value and refuses to run if it is 
 exactly once. Each cell runs in its own process, because the extension is loaded once per
 process. GNMT-16 takes minutes per cell (its DAG has 1495 states; the others take seconds).
 
-The results and what they show are in the README ("Table V", "The authors' planner").
+The results and what they show are in docs/reproductions.md ("Table V", "The authors' planner").
 """
 import argparse
 import importlib.util

@@ -7,7 +7,7 @@ for the 15 cells of the paper's Table V (5 models x configs A, B, C, 16 devices)
 For every cell: plan with `planner.plan_space.plan_dapple`, take the formula's latency from the
 plan's estimate, simulate the same plan with the same `PipelineCosts`
 (`planner.cost_model.pipeline_costs`), and print both and their ratio. The target is agreement
-within 10% on every cell; the README explains cells beyond 5%. Also prints the
+within 10% on every cell; docs/simulator.md explains cells beyond 5%. Also prints the
 simulator's bubble fraction and the pivot stage, which show where the formula's assumption
 (no bubbles inside the pivot stage) breaks.
 """

@@ -157,8 +157,8 @@ def run(command: Sequence[str], env: Dict[str, str]) -> int:
     try:
         return subprocess.call(list(command), env=full_env)
     except FileNotFoundError:
-        raise LaunchError(f"{command[0]!r} was not found: install Horovod (see the README, "
-                          f"'Running on a cluster') or pass --horovodrun=/path/to/horovodrun"
+        raise LaunchError(f"{command[0]!r} was not found: install Horovod (see docs/cluster.md) "
+                          f"or pass --horovodrun=/path/to/horovodrun"
                           ) from None
 
 

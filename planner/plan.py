@@ -2,7 +2,7 @@
 
 A Plan is plain data. The planner writes it, a person may edit it, the simulator and the
 reports read it, and `graph_rewrite` runs it. It round-trips through JSON
-(`Plan.to_json` / `Plan.from_json`); the file format is documented in the README
+(`Plan.to_json` / `Plan.from_json`); the file format is documented in docs/formats.md
 ("Plan JSON") and carries a `version` so that old files are refused clearly, not misread.
 
 Conventions (the same everywhere in dapple):

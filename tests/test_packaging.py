@@ -44,3 +44,11 @@ def test_only_dapples_packages_are_installed(planner_only_venv, tmp_path):
              "'dapple.commands', 'examples', 'tests') if u.find_spec(m) is None])")
     found = run(str(planner_only_venv / "bin" / "python"), "-c", probe, cwd=str(tmp_path))
     assert found.stdout.strip() == "['examples', 'tests']", found.stdout + found.stderr
+
+
+def test_a_report_without_matplotlib_says_what_to_install(planner_only_venv, tmp_path):
+    r = run(str(planner_only_venv / "bin" / "dapple"), "plan", f"--profile={PROFILE}",
+            "--topology=A", "--global_batch_size=2048", f"--report={tmp_path / 'r.md'}",
+            cwd=str(tmp_path))
+    assert r.returncode == 2 and "pip install 'dapple[report]'" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr

@@ -157,7 +157,12 @@ def _plan(profile, topo) -> None:
 def _report(profile, topo, sizes) -> None:
     from reports.comparison import strategy_row
     from reports.html_report import check_report_path, write_report
+    from reports.timeline import require_matplotlib
     check_report_path(FLAGS.report)
+    try:
+        require_matplotlib()
+    except ImportError as e:
+        _fail(f"--report={FLAGS.report}: {e}")
     rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
                          plan_space=FLAGS.plan_space) for gbs in sizes]
     written = write_report(FLAGS.report, rows, title=f"{profile.name} on {topo.describe()}")

@@ -1,7 +1,7 @@
 """The paper's Table V cells (its own profiles, 16 V100s, configs A/B/C): DAPPLE's plan is never
 estimated slower than PipeDream's plan under the same cost model (DAPPLE §VI-F's comparison),
 and the plan shapes that match the paper today stay matched, in the default ("paper") plan
-space (14 of 15) and in the full one (9 of 15); the README's Table V section explains the
+space (14 of 15) and in the full one (9 of 15); docs/reproductions.md (Table V) explains the
 cells that differ."""
 import os
 
