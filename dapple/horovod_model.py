@@ -145,7 +145,7 @@ class HorovodPipelinedModel(PipelinedModel):
         if self._placeholder is None:
             with tf.init_scope():
                 self._placeholder = tf.Variable(0.0, name="dapple_no_weights")
-        zero = tf.zeros_like(self._placeholder) + getattr(self, "_poison", 0.0)
+        zero = tf.zeros_like(self._placeholder) + self._poison
         self.optimizer.apply_gradients([(zero, self._placeholder)])
 
     def _compiled(self, what: str, fn):

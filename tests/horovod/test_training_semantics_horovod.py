@@ -46,3 +46,10 @@ def test_mixed_precision_skips_and_scales_alike_on_every_rank():
         assert got == want, rep
         assert len(set(want)) > 2, rep                     # grew and was halved
         assert rep["weight_closeness"] <= 1.0, rep       # within fp16's 1e-3
+
+
+@pytest.mark.horovod
+def test_a_stage_without_trainable_variables_steps_with_the_others():
+    for rep in reports("noweights", 2):
+        assert rep["iterations"] == 3, rep                # the softmax-only rank stepped too
+        assert rep["weight_diff"] < 1e-5, rep

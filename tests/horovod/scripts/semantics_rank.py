@@ -8,6 +8,8 @@ which every rank computes itself (same seed, same data). Prints `DAPPLE_RESULT <
 --case=clip       `global_clipnorm=0.1`, 2:1 plan, 3 SGD steps: weights against plain steps.
 --case=mixed      mixed_float16, 2:1 plan, M = 4, 12 steps with an overflow in step 5:
                   loss scale and weights against plain `train_on_batch`.
+--case=noweights  a last stage without trainable variables (a softmax), Adam, 3 steps: weights
+                  and the optimizer's iteration count on every rank against plain steps.
 """
 import argparse
 import json
@@ -109,6 +111,27 @@ elif args.case == "mixed":
     # np.allclose(rtol=1e-3, atol=1e-3) holds when this is at most 1
     report["weight_closeness"] = max(float(np.max(np.abs(a - b) / (1e-3 + 1e-3 * np.abs(b))))
                                      for a, b in zip(model.get_weights(), reference.get_weights()))
+elif args.case == "noweights":
+    def softmax_last(seed=0):
+        tf.keras.utils.set_random_seed(seed)
+        x = tf.keras.Input((6,))
+        h = tf.keras.layers.Dense(8, activation="tanh", name="d1")(x)
+        h = tf.keras.layers.Dense(3, name="d2")(h)
+        return tf.keras.Model(x, tf.keras.layers.Softmax(name="probabilities")(h))
+    model, reference = softmax_last(), softmax_last()
+    plan = straight_plan([2], 3, 2, 16)
+    pm = dapple.PipelinedModel(model, plan)
+    probabilities = tf.keras.losses.SparseCategoricalCrossentropy()
+    pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=probabilities)
+    reference.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=probabilities)
+    rng = np.random.RandomState(0)
+    for _ in range(3):
+        x, y = rng.randn(16, 6).astype("float32"), rng.randint(0, 3, 16)
+        pm.train_step(x, y)
+        reference.train_on_batch(x, y)
+    report["iterations"] = int(pm.optimizer.iterations)
+    pm.gather_weights()
+    report["weight_diff"] = diff(model.get_weights(), reference.get_weights())
 else:
     raise SystemExit(f"unknown case {args.case}")
 
