@@ -146,7 +146,7 @@ class StatisticsRecorder:
     """Collects the statistics of one unit's BatchNormalization calls, by call (node)."""
 
     def __init__(self):
-        self.by_node: dict = {}
+        self.by_node: Dict[int, List[SliceStatistics]] = {}    # id(node) -> per call
 
     def __call__(self, node, args, kwargs) -> None:
         layer = node.layer
@@ -157,4 +157,4 @@ class StatisticsRecorder:
             raise UnsupportedLayerError(
                 f"layer {layer.name!r} normalizes a masked tensor; masked moving statistics are "
                 f"not combined across micro-batches")
-        self.by_node.setdefault(id(node), (node, []))[1].append(slice_statistics(layer, inputs))
+        self.by_node.setdefault(id(node), []).append(slice_statistics(layer, inputs))

@@ -323,7 +323,7 @@ class PipelineStep:
                      if any(id(n) in rec.by_node for rec in mine.values())]
             if not calls:
                 continue
-            by_replica = {r: [bstats.combine(rec.by_node[id(n)][1]) for n in calls]
+            by_replica = {r: [bstats.combine(rec.by_node[id(n)]) for n in calls]
                           for r, rec in mine.items()}
             combined = bstats.combine_replicas(
                 by_replica, self.replicas[stage],
