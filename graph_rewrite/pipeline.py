@@ -48,7 +48,9 @@ from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from planner.plan import Plan
 from planner.slicing import check_even, unit_rows
-from planner.schedule import FORWARD, plan_schedule, replay
+from planner.actions import FORWARD
+from planner.replay import replay
+from planner.schedule import plan_schedule
 
 
 
@@ -89,7 +91,7 @@ class PipelineStep:
         self.replicas = [s.replicas for s in plan.stages]
         self._devices = list(devices)
         self.schedule = plan_schedule(plan)
-        self.build_order = replay(self.schedule)
+        self.build_order = [(p, a) for p, a in replay(self.schedule).order if a.is_compute]
         self.input_ids = model_input_ids(model)
         self.output_ids = model_output_ids(model)
         self._penalties = self._weight_penalties_by_stage()

@@ -12,10 +12,12 @@ Conventions (the same everywhere in dapple):
   and the profiler write the same order).
 * `devices` are device ids of the topology, ordered host by host (the order `horovodrun -H
   h1:8,h2:8` numbers ranks). A stage's replica count is `len(devices)`.
-* `schedule` is the warm-up policy: "A" (K_i = min(S-i, M)), "B" (K_i = min(2(S-i)-1, M))
-  or "gpipe" (K_i = M). `warmup` (K_i per stage) may be given explicitly, e.g. when a
-  memory limit D caps it; when absent it is derived from the policy
-  (`planner.schedule.warmup_depths`).
+* `schedule` names the schedule: "A" (early backward, K_i = min(S-i, M)), "B" (early
+  backward, K_i = min(2(S-i)-1, M)) or "gpipe" (K_i = M). `warmup` (K_i per stage) may be
+  given explicitly, e.g. when a memory limit D caps it; when absent it is derived from the
+  policy (`planner.schedule.warmup_depths`). In JSON both are one object, the schedule's name
+  and parameters: `"schedule": {"name": "A", "warmup": [2, 1]}` (version 2; a version 1 file,
+  with `"schedule": "A"` and `warmup` beside it, still loads).
 * A micro-batch is global_batch_size / micro_batches samples (an integer); a stage with R
   replicas splits it as evenly as possible (`Plan.slice_sizes`), each replica taking at least
   one sample. Slices may differ by one sample (a 15:1 plan of a 2048 batch).
@@ -30,9 +32,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from planner import slicing
 from planner.files import write_text_atomically
+from planner.schedule import POLICIES as SCHEDULE_POLICIES, check_warmup, warmup_depths
 
-PLAN_VERSION = 1
-SCHEDULE_POLICIES = ("A", "B", "gpipe")
+PLAN_VERSION = 2
 
 
 class PlanError(ValueError):
@@ -121,7 +123,6 @@ class Plan:
         return ":".join(str(s.replicas) for s in self.stages)
 
     def warmup_depths(self) -> List[int]:
-        from planner.schedule import warmup_depths
         if self.warmup is not None:
             return list(self.warmup)
         return warmup_depths(self.schedule, self.num_stages, self.micro_batches)
@@ -200,15 +201,18 @@ class Plan:
                         f"micro-batches); every replica needs a slice of at least one sample: "
                         f"use fewer micro-batches, fewer replicas or a larger global batch")
         if self.warmup is not None:
-            from planner.schedule import check_warmup
             check_warmup(self.warmup, self.micro_batches)
         return self
 
     # ---- JSON ----------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
+        schedule = {"name": d.pop("schedule")}
+        if d.pop("warmup") is not None:
+            schedule["warmup"] = list(self.warmup)
+        d["schedule"] = schedule
         order = ["version", "stages", "micro_batches", "global_batch_size", "schedule",
-                 "warmup", "recompute", "estimate", "topology", "profile"]
+                 "recompute", "estimate", "topology", "profile"]
         return {k: d[k] for k in order if d[k] is not None}
 
     def to_json(self, indent: int = 2) -> str:
@@ -224,6 +228,7 @@ class Plan:
         for key in ("stages", "micro_batches"):
             if key not in d:
                 raise PlanError(f"plan has no '{key}' field")
+        d.update(_schedule_fields(d))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -278,3 +283,30 @@ def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int
         next_device += r
     return Plan(stages=stages, micro_batches=micro_batches, global_batch_size=global_batch_size,
                 schedule=schedule).validate(num_layers=num_layers)
+
+
+SCHEDULE_PARAMETERS = ("warmup",)
+
+
+def _schedule_fields(d: Dict[str, Any]) -> Dict[str, Any]:
+    """The schedule's name and parameters from a plan's JSON object, of either version."""
+    version = d.get("version")
+    if version == 1:          # "schedule": "A", "warmup": [...] side by side
+        if "schedule" in d and not isinstance(d["schedule"], str):
+            raise PlanError("a version 1 plan's 'schedule' is a name like \"A\"; version 2 "
+                            "plans hold an object: set \"version\": 2")
+        return {"version": PLAN_VERSION}
+    if version != PLAN_VERSION or "schedule" not in d:
+        return {}
+    if "warmup" in d:
+        raise PlanError("'warmup' belongs inside the schedule object: \"schedule\": {\"name\": "
+                        "\"A\", \"warmup\": [...]}")
+    spec = d.pop("schedule")
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise PlanError(f"'schedule' must be an object with a name and parameters, e.g. "
+                        f"{{\"name\": \"A\", \"warmup\": [2, 1]}}; got {spec!r}")
+    unknown = sorted(set(spec) - {"name"} - set(SCHEDULE_PARAMETERS))
+    if unknown:
+        raise PlanError(f"schedule {spec['name']!r} has unknown parameter(s) {unknown}; known: "
+                        f"{list(SCHEDULE_PARAMETERS)}")
+    return {"schedule": spec["name"], **{k: spec[k] for k in SCHEDULE_PARAMETERS if k in spec}}

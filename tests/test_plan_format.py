@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from planner.plan import Plan, PlanError, Stage, straight_plan
+from planner.plan import Plan, PlanError, straight_plan
 
 
 def test_json_round_trip_keeps_everything():
@@ -12,9 +12,27 @@ def test_json_round_trip_keeps_everything():
     plan.stages[0].layer_names = ["a", "b", "c"]
     text = plan.to_json()
     data = json.loads(text)
-    assert data["version"] == 1
+    assert data["version"] == 2
+    assert data["schedule"] == {"name": "B"}
     assert data["stages"][0] == {"layers": [0, 2], "devices": [0, 1], "layer_names": ["a", "b", "c"]}
     assert Plan.from_json(text) == plan
+
+
+def test_the_schedule_is_an_object_with_its_parameters():
+    plan = straight_plan([3], 6, 4, 64, schedule="A")
+    plan.warmup = [2, 1]
+    assert json.loads(plan.to_json())["schedule"] == {"name": "A", "warmup": [2, 1]}
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_version_1_plans_still_load():
+    # A version 1 file, as dapple wrote it before the schedule became an object.
+    v1 = {"version": 1, "stages": [{"layers": [0, 2], "devices": [0]},
+                                   {"layers": [3, 5], "devices": [1]}],
+          "micro_batches": 4, "global_batch_size": 64, "schedule": "B", "warmup": [3, 1]}
+    plan = Plan.from_dict(v1).validate(num_layers=6)
+    assert (plan.schedule, plan.warmup, plan.version) == ("B", [3, 1], 2)
+    assert json.loads(plan.to_json())["schedule"] == {"name": "B", "warmup": [3, 1]}
 
 
 def test_shapes_in_the_papers_notation():
@@ -28,7 +46,10 @@ def test_shapes_in_the_papers_notation():
     (lambda d: d["stages"][1].update(layers=[4, 5]), "leaves out layers 3..3"),
     (lambda d: d["stages"][1].update(layers=[2, 5]), "repeats layers 2..2"),
     (lambda d: d.update(micro_batches=0), "micro_batches must be >= 1"),
-    (lambda d: d.update(schedule="zigzag"), "schedule 'zigzag'"),
+    (lambda d: d.update(schedule={"name": "zigzag"}), "schedule 'zigzag'"),
+    (lambda d: d.update(schedule="A"), "must be an object with a name and parameters"),
+    (lambda d: d.update(schedule={"name": "A", "depth": 3}), r"unknown parameter\(s\) \['depth'\]"),
+    (lambda d: d.update(warmup=[2, 1]), "'warmup' belongs inside the schedule object"),
     (lambda d: d.update(global_batch_size=30), "does not divide into 4 equal micro-batches"),
     (lambda d: d.update(global_batch_size=4), "stage 0 has 2 replicas but a micro-batch has only 1"),
     (lambda d: d.pop("version"), "no 'version'"),

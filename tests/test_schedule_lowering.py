@@ -61,7 +61,7 @@ def descendants(ops):
 def unenforced_edges(graph, schedule, replicas):
     tasks = ops_by_task(graph)
     missing = []
-    for s, task_list in enumerate(schedule):
+    for s, task_list in enumerate(schedule.lists):
         for r in range(replicas[s]):
             for before, after in zip(task_list, task_list[1:]):
                 a = tasks[(s, r, before.kind, before.micro_batch)]
@@ -85,4 +85,4 @@ def test_checker_rejects_an_order_the_graph_does_not_enforce():
     graph = traced_graph(plan)
     gpipe = pipeline_schedule(2, 4, "gpipe")                     # claims F3 runs before B0
     missing = unenforced_edges(graph, gpipe, [1, 1])
-    assert "stage0/replica0: F3 -> B0" in missing
+    assert "stage0/replica0: 0F3 -> 0B0" in missing

@@ -142,7 +142,7 @@ def main(argv):
         return 2
     from planner.plan import PlanError
     from planner.profile import ProfileError
-    from planner.schedule import ScheduleError
+    from planner.actions import ScheduleError
     try:
         from topology import TopologyError
     except ImportError:   # pragma: no cover - topology is part of the same package

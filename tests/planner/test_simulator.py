@@ -11,10 +11,11 @@ import pytest
 
 from planner.costs import PipelineCosts
 from planner.plan import straight_plan
-from planner.schedule import (BACKWARD, FORWARD, ScheduleError, Task, pipeline_schedule,
-                              replay)
+from planner.actions import Action, Schedule, ScheduleError
+from planner.replay import replay
+from planner.schedule import pipeline_schedule
 from planner.simulator import (ALLREDUCE_KIND, BACKWARD_KIND, FORWARD_KIND, SEND_BACKWARD_KIND,
-                               SEND_FORWARD_KIND, DeadlockError, simulate, simulate_plan)
+                               SEND_FORWARD_KIND, simulate, simulate_plan)
 
 
 def uniform_costs(p, forward=1.0, backward=2.0, send_forward=0.0, send_backward=0.0,
@@ -76,9 +77,9 @@ def test_held_activations_over_time_on_first_stage():
 @pytest.mark.parametrize("p,m", [(3, 5), (4, 2), (5, 8)])
 def test_unit_durations_reproduce_the_unit_time_replay(policy, p, m):
     schedule = pipeline_schedule(p, m, policy)
-    order = replay(schedule)
+    order = [(s, a) for s, a in replay(schedule).order if a.is_compute]
     result = simulate(schedule, uniform_costs(p, 1.0, 1.0))
-    starts = {(e.stage, Task(e.kind[0].upper(), e.micro_batch)): e.start_ms
+    starts = {(e.stage, Action(e.stage, e.kind[0].upper(), e.micro_batch)): e.start_ms
               for e in result.events if e.kind in (FORWARD_KIND, BACKWARD_KIND)}
     # replay runs every ready task of a step together, in stage order; with unit durations
     # and free transfers, step k is time k here, so start order must equal replay order.
@@ -167,48 +168,40 @@ def test_unbalanced_stages_show_bubbles_inside_the_slow_stage():
     assert result.stages[0].idle_ms == 21 - 9
 
 
-# ---- deadlocks are reported, naming the tasks -----------------------------------------------
-def test_missing_task_is_reported_as_deadlock_naming_it():
-    schedule = pipeline_schedule(2, 3, "A")
-    schedule[1].remove(Task(BACKWARD, 1))
-    with pytest.raises(DeadlockError) as info:
-        simulate(schedule, uniform_costs(2))
-    message = str(info.value)
-    assert "deadlock" in message
-    assert "stage 0 at B1" in message
-    assert "not in stage 1's task list" in message
-
-
-def test_missing_backward_on_first_stage_is_reported():
-    # Nobody waits for stage 0's backward, so the run ends; the gradient is still missing.
-    schedule = pipeline_schedule(2, 3, "A")
-    schedule[0].remove(Task(BACKWARD, 2))
-    with pytest.raises(DeadlockError, match=r"stage 0 never runs \['B2'\]"):
+# ---- deadlocks are reported, naming the actions ---------------------------------------------
+def test_missing_action_is_refused_naming_it():
+    schedule = Schedule.parse("""
+        0: 0F0 0F1 0B0 0F2 0B1 0B2
+        1: 1F0 1B0 1F1 1F2 1B2""")
+    with pytest.raises(ScheduleError, match=r"chunk 1 must run F and B.*missing \['1B1'\]"):
         simulate(schedule, uniform_costs(2))
 
 
-def test_wait_cycle_is_reported_as_deadlock_naming_both_tasks():
+def test_wait_cycle_is_reported_as_deadlock_naming_both_actions():
     # Stage 0 warms up 1 deep but stage 1 two deep (K_0 < K_1): stage 0 waits at B0 for
     # stage 1's B0, which waits behind F1, which needs stage 0's F1, queued after B0.
-    schedule = [[Task(FORWARD, 0), Task(BACKWARD, 0), Task(FORWARD, 1), Task(BACKWARD, 1)],
-                [Task(FORWARD, 0), Task(FORWARD, 1), Task(BACKWARD, 0), Task(BACKWARD, 1)]]
-    with pytest.raises(DeadlockError) as info:
+    schedule = Schedule.parse("""
+        0: 0F0 0B0 0F1 0B1
+        1: 1F0 1F1 1B0 1B1""")
+    with pytest.raises(ScheduleError) as info:
         simulate(schedule, uniform_costs(2))
     message = str(info.value)
-    assert "stage 0 at B0 waits for stage 1 B0 (stage 1 is stuck at F1)" in message
-    assert "stage 1 at F1 waits for stage 0 F1 (stage 0 is stuck at B0)" in message
+    assert "position 0 at 0RECV_B0 waits for 1SEND_B0 on position 1 (stuck at 1RECV_F1)" \
+        in message
+    assert "position 1 at 1RECV_F1 waits for 0SEND_F1 on position 0 (stuck at 0RECV_B0)" \
+        in message
 
 
 def test_backward_before_own_forward_is_a_deadlock():
-    schedule = [[Task(BACKWARD, 0), Task(FORWARD, 0)]]
-    with pytest.raises(DeadlockError, match="its own F0"):
-        simulate(schedule, uniform_costs(1))
+    with pytest.raises(ScheduleError, match="its own 0F0, which comes later"):
+        simulate(Schedule.parse("0: 0B0 0F0"), uniform_costs(1))
 
 
-def test_repeated_task_is_refused():
-    schedule = pipeline_schedule(2, 2, "A")
-    schedule[1].append(Task(FORWARD, 0))
-    with pytest.raises(ScheduleError, match="appears twice"):
+def test_repeated_action_is_refused():
+    schedule = Schedule.parse("""
+        0: 0F0 0F1 0B0 0B1
+        1: 1F0 1B0 1F1 1B1 1F0""")
+    with pytest.raises(ScheduleError, match=r"repeated \['1F0'\]"):
         simulate(schedule, uniform_costs(2))
 
 
