@@ -1,0 +1,239 @@
+"""Start-up cost and steady step time of the pipelined training step, working tree vs a baseline.
+
+    python benchmarks/startup.py [--baseline_rev=ae11530] [--replicas=4]
+        [--micro_batches=1,2,4,8] [--rows_per_unit=2] [--steps=5] [--repeats=1] [--threads=0]
+
+The case of issue #12: Keras ResNet50 (weights=None, 32x32x3 inputs, 10 classes) under a
+data-parallel plan (1 stage, R replicas on R logical CPU devices), M micro-batches, global batch
+rows_per_unit x R x M, SGD and sparse categorical crossentropy. For each implementation and M:
+first call = wall time of the first `train_step` (tracing, graph optimization, first run, up to
+`.numpy()`); steady = median of `--steps` later steps (ms); graph nodes = nodes of the traced
+step function and its library functions.
+
+"current" is the tree this script lies in; "baseline" is `--baseline_rev`, checked out into a
+temporary `git worktree` (removed at the end); empty skips it. Every measurement runs in a fresh
+subprocess (this script with `--worker`) so no tracing cache carries over; the two
+implementations alternate config by config so machine noise hits both alike, `--repeats` times
+(median kept). Prints the command, a table (a failed worker prints its error in its row), and
+the issue's targets: first-call(R x max M) / first-call(R x 1) <= 1.5 for current, steady
+current / baseline <= 1.05 per config. Wall-clock timings on a shared machine: read the ratios.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("baseline_rev", "", "git revision to compare against (empty: skip it)")
+flags.DEFINE_integer("replicas", 4, "data-parallel replicas (= logical CPU devices)")
+flags.DEFINE_list("micro_batches", ["1", "2", "4", "8"], "values of M")
+flags.DEFINE_integer("rows_per_unit", 2, "rows per replica per micro-batch")
+flags.DEFINE_integer("steps", 5, "timed steps after the first call (median kept)")
+flags.DEFINE_integer("repeats", 1, "fresh processes per (implementation, M) (median kept)")
+flags.DEFINE_integer("threads", 0, "TF_NUM_INTRAOP_THREADS for the workers (0: TF default)")
+flags.DEFINE_integer("timeout", 1800, "seconds a worker may take")
+# Worker mode (internal): one measurement against the implementation in --impl_root.
+flags.DEFINE_bool("worker", False, "internal: measure one config and print a RESULT line")
+flags.DEFINE_string("impl_root", "", "internal: repository root whose dapple the worker uses")
+
+RESULT = "RESULT "
+HERE = os.path.dirname(os.path.abspath(__file__))
+CURRENT_ROOT = os.path.dirname(HERE)
+
+
+# ---- worker: runs in its own process, importing dapple from --impl_root -------------------
+def graph_nodes(fn, *args) -> int:
+    """Nodes of the traced function (outer graph + library functions); -1 if unavailable."""
+    try:
+        graph_def = fn.get_concrete_function(*args).graph.as_graph_def()
+        return len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+    except Exception:  # private layout may differ between revisions: the size is optional
+        return -1
+
+
+def measure(root: str, M: int) -> dict:
+    # The script's own folder is sys.path[0]; the implementation must win over it and over
+    # the editable install, so it goes first, and we check where dapple came from.
+    sys.path.insert(0, root)
+    os.environ["DAPPLE_NUM_CPU_DEVICES"] = str(FLAGS.replicas)   # before TF initializes
+    import dapple
+    dapple_file = os.path.realpath(dapple.__file__)
+    if not dapple_file.startswith(os.path.realpath(root) + os.sep):
+        raise RuntimeError(f"dapple imported from {dapple_file}, not under {root}")
+    import numpy as np
+    import tensorflow as tf
+    from dapple.pipelined_model import PipelinedModel
+    from graph_rewrite.model_graph import layer_order
+    from planner.plan import straight_plan
+    tf.get_logger().setLevel("ERROR")
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
+    batch = FLAGS.rows_per_unit * FLAGS.replicas * M
+    plan = straight_plan([], len(layer_order(model)), M, batch, replicas=[FLAGS.replicas])
+    pm = PipelinedModel(model, plan)
+    pm.compile(tf.keras.optimizers.SGD(0.01), tf.keras.losses.SparseCategoricalCrossentropy())
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.rand(batch, 32, 32, 3).astype("float32"))
+    y = tf.constant(rng.randint(0, 10, size=batch).astype("int32"))
+
+    start = time.perf_counter()
+    pm.train_step(x, y).numpy()
+    first_call_s = time.perf_counter() - start
+    times = []
+    for _ in range(FLAGS.steps):
+        start = time.perf_counter()
+        pm.train_step(x, y).numpy()
+        times.append(time.perf_counter() - start)
+    return dict(first_call_s=first_call_s, steady_ms=1e3 * statistics.median(times),
+                graph_nodes=graph_nodes(pm._train_fn, x, y, None), dapple_file=dapple_file)
+
+
+def worker_main() -> None:
+    try:
+        result = measure(FLAGS.impl_root, int(FLAGS.micro_batches[0]))
+    except Exception as e:  # the parent prints it in the table row
+        result = dict(error=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+    print(RESULT + json.dumps(result), flush=True)
+
+
+# ---- parent: worktree, alternating subprocesses, table ------------------------------------
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", CURRENT_ROOT, *args], check=True, text=True,
+                          capture_output=True).stdout.strip()
+
+
+def run_worker(root: str, M: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
+    if FLAGS.threads > 0:
+        env["TF_NUM_INTRAOP_THREADS"] = str(FLAGS.threads)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--impl_root={root}",
+           f"--micro_batches={M}", f"--replicas={FLAGS.replicas}",
+           f"--rows_per_unit={FLAGS.rows_per_unit}", f"--steps={FLAGS.steps}"]
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=env, text=True, capture_output=True,
+                              timeout=FLAGS.timeout)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"timed out after {FLAGS.timeout} s")
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return dict(error=f"exit {proc.returncode}: {last[:200]}")
+
+
+def combine(runs: list) -> dict:
+    """Median of the successful repeats; the first error if none succeeded."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    return dict(first_call_s=statistics.median(r["first_call_s"] for r in ok),
+                steady_ms=statistics.median(r["steady_ms"] for r in ok),
+                graph_nodes=ok[0]["graph_nodes"], dapple_file=ok[0]["dapple_file"])
+
+
+def cell(result, key: str, fmt: str) -> str:
+    if result is None:
+        return "-"
+    if "error" in result:
+        return "error"
+    return "?" if result[key] < 0 else format(result[key], fmt)
+
+
+def print_table(impls: list, Ms: list, results: dict) -> None:
+    R = FLAGS.replicas
+    base = "baseline" in impls
+    cols = [("first call s", "first_call_s", ".2f"), ("steady ms", "steady_ms", ".1f"),
+            ("graph nodes", "graph_nodes", "d")]
+    head = f"{'R x M':<7}{'units':>6}"
+    for title, _, _ in cols:
+        head += "".join(f"{title + ' ' + i[:4]:>20}" for i in impls)
+    print(head + (f"{'steady cur/base':>17}" if base else ""))
+    for M in Ms:
+        row = f"{f'{R}x{M}':<7}{R * M:>6}"
+        for _, key, fmt in cols:
+            row += "".join(f"{cell(results[i].get(M), key, fmt):>20}" for i in impls)
+        if base:
+            b, c = results["baseline"][M], results["current"][M]
+            ratio = ("-" if "error" in b or "error" in c
+                     else f"{c['steady_ms'] / b['steady_ms']:.3f}")
+            row += f"{ratio:>17}"
+        print(row)
+    for i in impls:
+        for M in Ms:
+            if "error" in results[i][M]:
+                print(f"{i} {R}x{M}: {results[i][M]['error']}")
+
+    print()
+    lo, hi = min(Ms), max(Ms)
+    for i in impls:
+        a, b = results[i][lo], results[i][hi]
+        if "error" in a or "error" in b:
+            continue
+        ratio = b["first_call_s"] / a["first_call_s"]
+        target = f" (target <= 1.5: {'met' if ratio <= 1.5 else 'NOT met'})" \
+            if i == "current" else ""
+        print(f"{i}: first call {R}x{hi} / {R}x{lo} = {ratio:.2f}{target}")
+    if base:
+        ratios = [results["current"][M]["steady_ms"] / results["baseline"][M]["steady_ms"]
+                  for M in Ms if not any("error" in results[i][M] for i in impls)]
+        if ratios:
+            worst = max(ratios)
+            print(f"steady current / baseline: worst {worst:.3f} (target <= 1.05: "
+                  f"{'met' if worst <= 1.05 else 'NOT met'})")
+
+
+def main(argv):
+    del argv
+    if FLAGS.worker:
+        return worker_main()
+    print("command: " + shlex.join(["python"] + sys.argv))
+    Ms = [int(m) for m in FLAGS.micro_batches]
+    dirty = " + working-tree changes" if git("status", "--porcelain") else ""
+    print(f"current: {CURRENT_ROOT} at {git('rev-parse', '--short', 'HEAD')}{dirty}")
+    roots = {}
+    worktree = None
+    try:
+        if FLAGS.baseline_rev:
+            sha = git("rev-parse", "--short", FLAGS.baseline_rev + "^{commit}")
+            worktree = tempfile.mkdtemp(prefix="dapple-baseline-")
+            git("worktree", "add", "--detach", worktree, sha)
+            roots["baseline"] = worktree
+            print(f"baseline: {FLAGS.baseline_rev} = {sha}, worktree {worktree}")
+        roots["current"] = CURRENT_ROOT
+        runs = {i: {M: [] for M in Ms} for i in roots}
+        for _ in range(FLAGS.repeats):
+            for M in Ms:
+                for impl, root in roots.items():   # baseline first, then current: alternating
+                    start = time.perf_counter()
+                    r = run_worker(root, M)
+                    runs[impl][M].append(r)
+                    print(f"  {impl} {FLAGS.replicas}x{M}: "
+                          f"{r.get('error') or 'ok'} ({time.perf_counter() - start:.0f} s)",
+                          flush=True)
+    finally:
+        if worktree:
+            subprocess.run(["git", "-C", CURRENT_ROOT, "worktree", "remove", "--force",
+                            worktree], capture_output=True)
+    results = {i: {M: combine(runs[i][M]) for M in Ms} for i in roots}
+    for i in roots:
+        files = {r["dapple_file"] for r in results[i].values() if "dapple_file" in r}
+        print(f"{i} dapple: {', '.join(sorted(files)) or '(no successful run)'}")
+    print(f"\nResNet50 32x32x3, 1 stage x {FLAGS.replicas} replicas, global batch "
+          f"{FLAGS.rows_per_unit} x R x M, units = R x M, {FLAGS.steps} steady steps, "
+          f"{FLAGS.repeats} repeat(s), intra-op threads: {FLAGS.threads or 'TF default'}")
+    print_table(list(roots), Ms, results)
+
+
+if __name__ == "__main__":
+    app.run(main)
