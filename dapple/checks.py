@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graph_rewrite.batch_statistics import check_batch_normalization
-from graph_rewrite.model_graph import layer_order, model_signature
+from graph_rewrite.model_graph import draws_random_numbers, layer_order, model_signature
 from planner.plan import Plan, PlanError
 
 
@@ -61,8 +61,7 @@ def check_recompute(plan: Plan, model: tf.keras.Model) -> None:
     if not plan.recompute:
         return
     for layer in model._flatten_layers(include_self=False):
-        if getattr(layer, "_random_generator", None) is not None \
-                and getattr(layer, "rate", 1.0) != 0:
+        if draws_random_numbers(layer):
             raise ValueError(
                 f"layer {layer.name!r} ({type(layer).__name__}) draws random numbers in "
                 f"training, and the plan recomputes activations (recompute: true): the "

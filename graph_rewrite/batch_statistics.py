@@ -19,7 +19,7 @@ combined update after the last, which TensorFlow orders by the variables' progra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -158,3 +158,44 @@ class StatisticsRecorder:
                 f"layer {layer.name!r} normalizes a masked tensor; masked moving statistics are "
                 f"not combined across micro-batches")
         self.by_node.setdefault(id(node), []).append(slice_statistics(layer, inputs))
+
+
+def _normalization_layers(stages, units) -> List:
+    seen, out = set(), []
+    for s in sorted({s for s, _ in units}):
+        for node in stages[s].nodes:
+            if is_batch_normalization(node.layer) and id(node.layer) not in seen:
+                seen.add(id(node.layer))
+                out.append(node.layer)
+    return out
+
+
+def read_moving_statistics(stages, units) -> Dict[int, Tuple[tf.Tensor, tf.Tensor]]:
+    """The moving statistics of the BatchNormalization layers of `units`' stages before any
+    unit runs (each call's own Keras update follows in program order, and is overwritten by
+    the step's one update)."""
+    return {id(layer): (tf.identity(layer.moving_mean), tf.identity(layer.moving_variance))
+            for layer in _normalization_layers(stages, units)}
+
+
+def update_moving_statistics(stages, replicas: Sequence[int], recorders, moving_before,
+                             sum_replicas, device) -> None:
+    """One Keras update per BatchNormalization call from the global batch's statistics:
+    `recorders` by (stage, replica), `sum_replicas(stage, lists, tag=...)` sums over a stage's
+    replicas, `device(stage, replica)` places the update."""
+    current = dict(moving_before)
+    for stage, graph in enumerate(stages):
+        mine = {r: recorders[(stage, r)] for r in range(replicas[stage])
+                if (stage, r) in recorders}
+        if not mine:
+            continue
+        calls = [n for n in graph.nodes if any(id(n) in rec.by_node for rec in mine.values())]
+        if not calls:
+            continue
+        by_replica = {r: [combine(rec.by_node[id(n)]) for n in calls] for r, rec in mine.items()}
+        combined = combine_replicas(by_replica, replicas[stage],
+                                    lambda lists, tag: sum_replicas(stage, lists, tag=tag))
+        with tf.device(device(stage, min(mine))), tf.name_scope(f"stage{stage}/bn"):
+            for node, stats in zip(calls, combined):
+                layer = node.layer
+                current[id(layer)] = moving_update(layer, stats, *current[id(layer)])

@@ -143,6 +143,12 @@ class StageGraph:
         return {tid: values[tid] for tid in self.output_ids}
 
 
+def draws_random_numbers(layer) -> bool:
+    """Whether `layer` (Dropout and its kin) draws random numbers in training."""
+    return (getattr(layer, "_random_generator", None) is not None
+            and getattr(layer, "rate", 1.0) != 0)
+
+
 def _unique(items) -> list:
     seen, out = set(), []
     for item in items:

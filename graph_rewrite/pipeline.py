@@ -1,27 +1,31 @@
 """The pipelined training step: a Keras model + a Plan -> gradients of one global batch.
 
-Built inside a `tf.function`, one graph per step (the paper's §V design on TF2):
+Built inside a `tf.function`, one graph per step (the paper's §V design on TF2), by a small
+executor over the plan's lowered schedule (`planner.lowering`: the same action lists the
+simulator replays):
 
-* Units. Every (stage s, replica r, micro-batch m) is a unit. Its forward runs the stage's
-  layer calls (`model_graph.StageGraph.call`) on its rows under its own `tf.GradientTape`, on
-  the replica's device; its backward asks that tape for the gradients of the stage's outputs
-  (weighted by the gradients that came back from stage s+1) with respect to its inputs and the
-  stage's variables. With `recompute`, the forward keeps only its inputs and the backward runs
-  the forward again under a fresh tape.
+* Units. Every (stage s, replica r) is a unit; it runs stage s's action list on its rows of
+  every micro-batch, on the replica's device. The executor takes the actions in
+  `planner.replay` order (which respects every data dependency) and dispatches each to one
+  method per kind (`_forward`, `_backward`, `_send_forward`, ...) over an explicit
+  `StepState`.
+* Forward and backward. A forward calls the stage's traced-once function
+  (`graph_rewrite.stage_function`) on its rows under its own `tf.GradientTape`; the backward
+  asks that tape for the gradients of the stage's outputs (weighted by the gradients that came
+  back from stage s+1) with respect to its inputs and the stage's variables. With `recompute`,
+  the forward keeps only its inputs and the backward calls the function again under a tape.
 * Boundaries. A `Transport` moves boundary tensors forward and their gradients backward. The
   local transport (`graph_rewrite.local_transport`: one process, many devices) slices and
-  concatenates row ranges on the receiving device: split, concat, both, or nothing when replica counts
-  are equal. `graph_rewrite.horovod_transport` moves them between processes.
-* Update. Each unit's variable gradients are accumulated over micro-batches per replica, summed
-  across the stage's replicas (the allreduce; locally an add on the stage's first device), and
+  concatenates row ranges on the receiving device: split, concat, both, or nothing when replica
+  counts are equal. `graph_rewrite.horovod_transport` moves them between processes.
+* Update. Each unit's variable gradients are accumulated over micro-batches; ALLREDUCE sums
+  them across the stage's replicas (locally an add on the stage's first device), and they are
   handed back aligned with `model.trainable_variables` for one `apply_gradients`.
-* Order. The schedule (`planner.schedule`, the same task lists the simulator replays) is lowered
-  to control dependencies: every op of a unit's task depends on the previous task of the same
-  (stage, replica). Units are *built* in `planner.schedule.replay` order, which respects data
-  dependencies. Each task is built under the name scope `stage{s}/replica{r}/{F|B}{m}` so the
-  traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF names the
-  gradient ops a tape builds `gradient_tape/<forward op name>`, so those belong to B{m}.
-
+* Order. Every op of an action depends on the unit's previous action (control dependencies on
+  its tensors); a send does not hold its unit back, a receive does. Each action is built under
+  the name scope `stage{s}/replica{r}/{action kind}{m}` so the traced graph can be read back and
+  checked (`tests/test_schedule_lowering.py`); TF names the gradient ops a tape builds
+  `gradient_tape/<forward op name>`, so those belong to B{m}.
 * Training state. BatchNormalization calls normalize with their slice's statistics; their
   moving statistics move once per step, from the whole global batch
   (`graph_rewrite.batch_statistics`).
@@ -37,6 +41,7 @@ run slice by slice ("ghost batches"), not on the whole batch.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -46,12 +51,15 @@ from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.local_transport import LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
+from graph_rewrite.stage_function import StageFunction
+from planner.actions import (ALLREDUCE, BACKWARD, FORWARD, RECV_BACKWARD, RECV_FORWARD,
+                             SEND_BACKWARD, SEND_FORWARD, Action)
 from planner.plan import Plan
-from planner.slicing import check_even, unit_rows
-from planner.actions import FORWARD
 from planner.replay import replay
 from planner.schedule import plan_schedule
+from planner.slicing import check_even, unit_rows
 
+FORWARD_ONLY = (FORWARD, SEND_FORWARD, RECV_FORWARD)
 
 
 def _is_float(t) -> bool:
@@ -68,8 +76,8 @@ def _per_output(sample_weight, outputs: int) -> List[Optional[tf.Tensor]]:
     return [sample_weight] * outputs
 
 
-def task_scope(stage: int, replica: int, kind: str, micro_batch: int) -> str:
-    return f"stage{stage}/replica{replica}/{kind}{micro_batch}"
+def task_scope(stage: int, replica: int, kind: str, micro_batch: Optional[int]) -> str:
+    return f"stage{stage}/replica{replica}/{kind}{'' if micro_batch is None else micro_batch}"
 
 
 @dataclass
@@ -77,6 +85,37 @@ class StepResult:
     loss: tf.Tensor
     gradients: List[Optional[tf.Tensor]]          # aligned with model.trainable_variables
     predictions: List[List[tf.Tensor]] = field(default_factory=list)  # per output, row order
+
+
+@dataclass
+class Stashed:
+    """What a forward leaves for its backward."""
+    inputs: Tensors
+    outputs: Tensors
+    tape: Optional[tf.GradientTape]       # None under recomputation
+    term: Optional[tf.Tensor]             # loss term and/or weight penalty
+
+
+@dataclass
+class StepState:
+    """Everything one traced step builds, passed to every action's method."""
+    inputs: Dict[str, tf.Tensor]                 # model inputs by id, whole global batch
+    labels: Optional[List[tf.Tensor]]
+    sample_weights: List[Optional[tf.Tensor]]
+    global_batch: int
+    training: bool
+    backward: bool
+    loss_scale: Optional[tf.Tensor]
+    previous: Dict[Unit, list] = field(default_factory=dict)   # the unit's last action's tensors
+    received: Dict[Tuple[Unit, str, int], Tensors] = field(default_factory=dict)
+    stash: Dict[Tuple[Unit, int], Stashed] = field(default_factory=dict)
+    input_gradients: Dict[Tuple[Unit, int], Tensors] = field(default_factory=dict)
+    sent: Dict[Tuple[str, int, int], Dict[int, Tensors]] = field(default_factory=dict)
+    accumulated: Dict[Unit, List[Optional[tf.Tensor]]] = field(default_factory=dict)
+    reduced: Dict[int, List[Optional[tf.Tensor]]] = field(default_factory=dict)   # by stage
+    loss_terms: List[tf.Tensor] = field(default_factory=list)
+    predictions: Dict[Tuple[int, int], List[tf.Tensor]] = field(default_factory=dict)
+    statistics: Dict[Unit, bstats.StatisticsRecorder] = field(default_factory=dict)
 
 
 class PipelineStep:
@@ -91,13 +130,19 @@ class PipelineStep:
         self.replicas = [s.replicas for s in plan.stages]
         self._devices = list(devices)
         self.schedule = plan_schedule(plan)
-        self.build_order = [(p, a) for p, a in replay(self.schedule).order if a.is_compute]
+        self.order = replay(self.schedule).order          # lowered actions, dependencies first
         self.input_ids = model_input_ids(model)
         self.output_ids = model_output_ids(model)
+        last = len(self.stages) - 1
+        self.functions = [StageFunction(g, loss, self.output_ids, g.index == last)
+                          for g in self.stages]
         self._penalties = self._weight_penalties_by_stage()
         self.transport = transport_factory(self)
         self.global_batch: Optional[int] = None
-        self._loss_scale: Optional[tf.Tensor] = None
+        self._dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
+                          SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
+                          SEND_BACKWARD: self._send_backward,
+                          RECV_BACKWARD: self._receive_backward}
 
     # ---- placement and rows ---------------------------------------------------------------
     def device(self, stage: int, replica: int) -> str:
@@ -125,151 +170,162 @@ class PipelineStep:
                              "drop_remainder=True")
         self.global_batch = int(global_batch)
         check_even(self.global_batch, self.plan.micro_batches, self.replicas)
-        model_inputs = dict(zip(self.input_ids, xs))
         ys = tf.nest.flatten(y) if y is not None else None
-        self._sample_weights = _per_output(sample_weight, len(self.output_ids))
-        self._loss_scale = loss_scale
-        backward = ys is not None and training
-        self._training = training
-        S, M = len(self.stages), self.plan.micro_batches
-
+        state = StepState(inputs=dict(zip(self.input_ids, xs)), labels=ys,
+                          sample_weights=_per_output(sample_weight, len(self.output_ids)),
+                          global_batch=self.global_batch, training=training,
+                          backward=ys is not None and training, loss_scale=loss_scale)
         units = self.transport.local_units()
-        moving_before = self._read_moving_statistics(units) if training else {}
-        recorders = {u: bstats.StatisticsRecorder() for u in units} if training else {}
-        previous: Dict[Unit, list] = {u: [] for u in units}     # last task's ops, per unit
-        stash: Dict[Tuple[int, int, int], tuple] = {}
-        sent_fwd: Dict[Tuple[int, int], Dict[int, Tensors]] = {}
-        sent_bwd: Dict[Tuple[int, int], Dict[int, Tensors]] = {}
-        accumulated: Dict[Unit, List[Optional[tf.Tensor]]] = {}
-        loss_terms: List[tf.Tensor] = []
-        predictions: Dict[Tuple[int, int], List[tf.Tensor]] = {}
-
-        order = self.build_order if backward else [
-            (s, t) for (s, t) in self.build_order if t.kind == FORWARD]
-        for stage, task in order:
-            m = task.micro_batch
-            for replica in range(self.replicas[stage]):
-                if (stage, replica) not in previous:
-                    continue
-                unit = (stage, replica)
-                scope = task_scope(stage, replica, task.kind, m)
-                with tf.device(self.device(stage, replica)), tf.name_scope(scope), \
-                        tf.control_dependencies(previous[unit]):
-                    if task.kind == FORWARD:
-                        if stage == 0:
-                            lo, hi = self.rows(0, replica, m)
-                            inputs = {tid: model_inputs[tid][lo:hi]
-                                      for tid in self.stages[0].input_ids}
-                        else:
-                            inputs = self.transport.receive_activations(
-                                stage, replica, m, sent_fwd.get((stage - 1, m), {}))
-                        outputs, tape, term = self._forward(stage, replica, m, inputs, ys,
-                                                            keep_tape=backward,
-                                                            observe=recorders.get(unit))
-                        sent_fwd.setdefault((stage, m), {})[replica] = outputs
-                        if stage < S - 1:
-                            self.transport.send_activations(stage, replica, m, outputs)
-                        stash[(stage, replica, m)] = (inputs, outputs, tape, term)
-                        if stage == S - 1:
-                            predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
-                        if term is not None:
-                            loss_terms.append(term)
-                        previous[unit] = list(outputs.values()) + ([term] if term is not None
-                                                                   else [])
-                    else:
-                        grads_in, var_grads = self._backward(stage, replica, m, stash.pop(
-                            (stage, replica, m)), sent_bwd.get((stage + 1, m), {}), ys)
-                        sent_bwd.setdefault((stage, m), {})[replica] = grads_in
-                        if stage > 0:
-                            self.transport.send_gradients(stage, replica, m, grads_in)
-                        acc = accumulated.get(unit)
-                        accumulated[unit] = var_grads if acc is None else [
-                            g if a is None else (a if g is None else a + g)
-                            for a, g in zip(acc, var_grads)]
-                        previous[unit] = [g for g in list(grads_in.values()) + var_grads
-                                          if g is not None]
-
-        loss = tf.add_n(loss_terms) if loss_terms else tf.constant(0.0)
+        by_stage: Dict[int, List[int]] = {}
+        for s, r in units:
+            by_stage.setdefault(s, []).append(r)
+        state.previous = {u: [] for u in units}
+        moving_before = bstats.read_moving_statistics(self.stages, units) if training else {}
         if training:
-            self._update_moving_statistics(recorders, moving_before)
-        gradients = self._gather_gradients(accumulated) if backward else []
-        preds = [[predictions[(m, r)][k] for m in range(M)
-                  for r in range(self.replicas[S - 1]) if (m, r) in predictions]
+            state.statistics = {u: bstats.StatisticsRecorder() for u in units}
+
+        for stage, action in self.order:
+            if not state.backward and action.kind not in FORWARD_ONLY:
+                continue
+            if stage not in by_stage:
+                continue
+            if action.kind == ALLREDUCE:
+                self._allreduce(state, stage, by_stage[stage])
+                continue
+            for replica in by_stage[stage]:
+                unit = (stage, replica)
+                with tf.device(self.device(stage, replica)), \
+                        tf.name_scope(task_scope(stage, replica, action.kind, action.micro_batch)), \
+                        tf.control_dependencies(state.previous[unit]):
+                    self._dispatch[action.kind](state, unit, action)
+
+        loss = tf.add_n(state.loss_terms) if state.loss_terms else tf.constant(0.0)
+        if training:
+            self._update_moving_statistics(state.statistics, moving_before)
+        gradients = self._gather_gradients(state.reduced) if state.backward else []
+        S, M = len(self.stages), self.plan.micro_batches
+        preds = [[state.predictions[(m, r)][k] for m in range(M)
+                  for r in range(self.replicas[S - 1]) if (m, r) in state.predictions]
                  for k in range(len(self.output_ids))]
         return StepResult(loss=loss, gradients=gradients, predictions=preds)
 
-    # ---- units ------------------------------------------------------------------------------
-    def _labels(self, ys, stage, replica, m):
+    # ---- actions ----------------------------------------------------------------------------
+    def _call_stage(self, state: StepState, unit: Unit, m: int, inputs: Tensors):
+        """The stage function on the unit's rows of micro-batch m: (outputs, term, statistics),
+        with the weight penalties added to the term by the step's first unit."""
+        stage, replica = unit
+        last = stage == len(self.stages) - 1
         lo, hi = self.rows(stage, replica, m)
-        return [y[lo:hi] for y in ys]
+        labels = weights = None
+        if last and state.labels is not None:
+            labels = [y[lo:hi] for y in state.labels]
+            weights = [None if w is None else w[lo:hi] for w in state.sample_weights]
+        outputs, term, statistics = self.functions[stage](
+            inputs, state.training, labels, weights, hi - lo, state.global_batch)
+        if state.labels is not None and replica == 0 and m == 0:
+            # Weight regularizers count once per step, like Keras: in the first unit of the
+            # first stage that uses the weights (evaluated here, so the tape sees them).
+            penalties = [tf.cast(c(), tf.float32) for c in self._penalties[stage]]
+            if penalties:
+                term = tf.add_n(penalties + ([term] if term is not None else []))
+        return outputs, term, statistics
 
-    def _forward(self, stage, replica, m, inputs: Tensors, ys, keep_tape: bool, observe=None):
-        graph = self.stages[stage]
-        last = stage == len(self.stages) - 1
+    def _forward(self, state: StepState, unit: Unit, action: Action) -> None:
+        stage, replica = unit
+        m = action.micro_batch
+        if stage == 0:
+            lo, hi = self.rows(0, replica, m)
+            inputs = {tid: state.inputs[tid][lo:hi] for tid in self.stages[0].input_ids}
+        else:
+            inputs = state.received.pop((unit, RECV_FORWARD, m))
+        tape = tf.GradientTape() if state.backward and not self.plan.recompute else None
+        with tape if tape is not None else contextlib.nullcontext():
+            if tape is not None:
+                for t in inputs.values():
+                    if _is_float(t):
+                        tape.watch(t)
+            outputs, term, statistics = self._call_stage(state, unit, m, inputs)
+        if state.training:
+            recorder = state.statistics[unit]
+            for node_id, stats in self.functions[stage].slice_statistics(statistics).items():
+                recorder.by_node.setdefault(node_id, []).append(stats)
+        state.stash[(unit, m)] = Stashed(inputs, outputs, tape, term)
+        if stage == len(self.stages) - 1:
+            state.predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
+        if term is not None:
+            state.loss_terms.append(term)
+        state.previous[unit] = list(outputs.values()) + ([term] if term is not None else [])
 
-        def compute():
-            outs = graph.call(inputs, training=self._training, observe=observe)
-            # A relayed tensor must be a new tensor so the tape sees output != input.
-            outs = {tid: (tf.identity(t) if tid in inputs else t) for tid, t in outs.items()}
-            term = None
-            if last and ys is not None:
-                lo, hi = self.rows(stage, replica, m)
-                weights = [None if w is None else w[lo:hi] for w in self._sample_weights]
-                term = self.loss.micro_batch_term(
-                    self._labels(ys, stage, replica, m), [outs[t] for t in self.output_ids],
-                    rows=hi - lo, global_rows=self.global_batch, sample_weights=weights)
-            if ys is not None and replica == 0 and m == 0:
-                # Weight regularizers count once per step, like Keras: in the first unit of
-                # the first stage that uses the weights (evaluated here, so the tape sees them).
-                penalties = [tf.cast(c(), tf.float32) for c in self._penalties[stage]]
-                penalties = [p for p in penalties if p is not None]
-                if penalties:
-                    term = tf.add_n(penalties + ([term] if term is not None else []))
-            return outs, term
-
-        if not keep_tape or self.plan.recompute:
-            outputs, term = compute()
-            return outputs, None, term
-        tape = tf.GradientTape()
-        with tape:
-            for t in inputs.values():
-                if _is_float(t):
-                    tape.watch(t)
-            outputs, term = compute()
-        return outputs, tape, term
-
-    def _backward(self, stage, replica, m, stashed, sent: Dict[int, Tensors], ys):
-        inputs, outputs, tape, term = stashed
-        graph = self.stages[stage]
-        last = stage == len(self.stages) - 1
+    def _backward(self, state: StepState, unit: Unit, action: Action) -> None:
+        stage, m = unit[0], action.micro_batch
+        stashed = state.stash.pop((unit, m))
+        inputs, outputs, tape, term = stashed.inputs, stashed.outputs, stashed.tape, stashed.term
         if tape is None:   # recomputation: run the forward again under a tape
             tape = tf.GradientTape()
             with tape:
                 for t in inputs.values():
                     if _is_float(t):
                         tape.watch(t)
-                outputs, term = self._forward(stage, replica, m, inputs, ys, keep_tape=False)[::2]
+                outputs, term, _ = self._call_stage(state, unit, m, inputs)
         upstream = None
-        if not last:
-            float_out = [tid for tid in graph.output_ids if _is_float(outputs[tid])]
-            upstream = self.transport.receive_gradients(stage, replica, m, sent, float_out)
-        return self.differentiate(graph, tape, inputs, outputs, term, upstream)
+        if stage < len(self.stages) - 1:
+            upstream = state.received.pop((unit, RECV_BACKWARD, m))
+        grads_in, var_grads = self.differentiate(self.stages[stage], tape, inputs, outputs,
+                                                 term, upstream, state.loss_scale)
+        state.input_gradients[(unit, m)] = grads_in
+        acc = state.accumulated.get(unit)
+        state.accumulated[unit] = var_grads if acc is None else [
+            g if a is None else (a if g is None else a + g) for a, g in zip(acc, var_grads)]
+        state.previous[unit] = [g for g in list(grads_in.values()) + var_grads
+                                if g is not None]
+
+    def _send_forward(self, state: StepState, unit: Unit, action: Action) -> None:
+        stage, replica = unit
+        outputs = state.stash[(unit, action.micro_batch)].outputs
+        state.sent.setdefault((FORWARD, stage, action.micro_batch), {})[replica] = outputs
+        self.transport.send_activations(stage, replica, action.micro_batch, outputs)
+
+    def _receive_forward(self, state: StepState, unit: Unit, action: Action) -> None:
+        stage, replica = unit
+        m = action.micro_batch
+        state.received[(unit, RECV_FORWARD, m)] = self.transport.receive_activations(
+            stage, replica, m, state.sent.get((FORWARD, stage - 1, m), {}))
+
+    def _send_backward(self, state: StepState, unit: Unit, action: Action) -> None:
+        stage, replica = unit
+        grads = state.input_gradients.pop((unit, action.micro_batch))
+        state.sent.setdefault((BACKWARD, stage, action.micro_batch), {})[replica] = grads
+        self.transport.send_gradients(stage, replica, action.micro_batch, grads)
+
+    def _receive_backward(self, state: StepState, unit: Unit, action: Action) -> None:
+        stage, replica = unit
+        m = action.micro_batch
+        outputs = state.stash[(unit, m)].outputs
+        float_out = [tid for tid in self.stages[stage].output_ids if _is_float(outputs[tid])]
+        state.received[(unit, RECV_BACKWARD, m)] = self.transport.receive_gradients(
+            stage, replica, m, state.sent.get((BACKWARD, stage + 1, m), {}), float_out)
+
+    def _allreduce(self, state: StepState, stage: int, replicas: List[int]) -> None:
+        """The stage's accumulated gradients, summed over its replicas."""
+        per_replica = {r: state.accumulated[(stage, r)] for r in replicas}
+        state.reduced[stage] = self.transport.sum_replicas(stage, per_replica)
 
     def differentiate(self, graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
-                      upstream: Optional[Tensors]):
+                      upstream: Optional[Tensors], loss_scale: Optional[tf.Tensor] = None):
         """A unit's backward from its forward's tape: (gradients of its float inputs by id,
         gradients of the stage's trainable variables). The last stage differentiates its loss
         term (`upstream` None); the others their float outputs weighted by `upstream`, plus
-        their weight-regularization term when they have one."""
+        their weight-regularization term when they have one. `loss_scale` multiplies the
+        gradient of the loss (mixed precision)."""
         if upstream is None:
-            targets, output_gradients = [term], [self._scaled_one(term)]
+            targets, output_gradients = [term], [_scaled_one(term, loss_scale)]
         else:
             float_out = [tid for tid in graph.output_ids if _is_float(outputs[tid])]
             targets = [outputs[tid] for tid in float_out]
             output_gradients = [upstream[tid] for tid in float_out]
             if term is not None:            # this stage's weight-regularization penalty
                 targets.append(term)
-                output_gradients.append(self._scaled_one(term))
+                output_gradients.append(_scaled_one(term, loss_scale))
         float_in = [tid for tid in graph.input_ids if _is_float(inputs[tid])]
         variables = graph.trainable_variables
         sources = [inputs[tid] for tid in float_in] + variables
@@ -297,58 +353,25 @@ class PipelineStep:
         return out
 
     # ---- BatchNormalization state ------------------------------------------------------------
-    def _normalization_layers(self, units) -> List:
-        stages = sorted({s for s, _ in units})
-        seen, out = set(), []
-        for s in stages:
-            for node in self.stages[s].nodes:
-                if bstats.is_batch_normalization(node.layer) and id(node.layer) not in seen:
-                    seen.add(id(node.layer))
-                    out.append(node.layer)
-        return out
-
-    def _read_moving_statistics(self, units) -> Dict[int, Tuple[tf.Tensor, tf.Tensor]]:
-        """The moving statistics before any unit runs (each unit's own Keras update follows in
-        program order, and is overwritten by the step's one update)."""
-        return {id(layer): (tf.identity(layer.moving_mean), tf.identity(layer.moving_variance))
-                for layer in self._normalization_layers(units)}
-
     def _update_moving_statistics(self, recorders, moving_before) -> None:
         """One Keras update per BatchNormalization call from the global batch's statistics."""
-        current = dict(moving_before)
-        for stage, graph in enumerate(self.stages):
-            mine = {r: recorders[(stage, r)] for r in range(self.replicas[stage])
-                    if (stage, r) in recorders}
-            if not mine:
-                continue
-            calls = [n for n in graph.nodes
-                     if any(id(n) in rec.by_node for rec in mine.values())]
-            if not calls:
-                continue
-            by_replica = {r: [bstats.combine(rec.by_node[id(n)]) for n in calls]
-                          for r, rec in mine.items()}
-            combined = bstats.combine_replicas(
-                by_replica, self.replicas[stage],
-                lambda lists, tag: self.transport.sum_replicas(stage, lists, tag=tag))
-            with tf.device(self.device(stage, min(mine))), tf.name_scope(f"stage{stage}/bn"):
-                for node, stats in zip(calls, combined):
-                    layer = node.layer
-                    mean, variance = bstats.moving_update(layer, stats, *current[id(layer)])
-                    current[id(layer)] = (mean, variance)
+        bstats.update_moving_statistics(
+            self.stages, self.replicas, recorders, moving_before,
+            sum_replicas=self.transport.sum_replicas, device=self.device)
 
-    def _scaled_one(self, term: tf.Tensor) -> tf.Tensor:
-        """d(loss)/d(term): 1, times the loss scale under mixed precision."""
-        one = tf.ones_like(term)
-        return one if self._loss_scale is None else one * tf.cast(self._loss_scale, term.dtype)
-
-    def _gather_gradients(self, accumulated: Dict[Unit, List[tf.Tensor]]):
+    def _gather_gradients(self, reduced: Dict[int, List[tf.Tensor]]):
+        """Every stage's summed gradients, aligned with the model's trainable variables (a
+        variable used by several stages gets the sum)."""
         by_var: Dict[int, tf.Tensor] = {}
         for stage, graph in enumerate(self.stages):
-            per_replica = {r: accumulated[(stage, r)] for r in range(self.replicas[stage])
-                           if (stage, r) in accumulated}
-            if not per_replica:
+            if stage not in reduced:
                 continue
-            summed = self.transport.sum_replicas(stage, per_replica)
-            for v, g in zip(graph.trainable_variables, summed):
+            for v, g in zip(graph.trainable_variables, reduced[stage]):
                 by_var[id(v)] = g if id(v) not in by_var else by_var[id(v)] + g
         return [by_var.get(id(v)) for v in self.model.trainable_variables]
+
+
+def _scaled_one(term: tf.Tensor, loss_scale: Optional[tf.Tensor]) -> tf.Tensor:
+    """d(loss)/d(term): 1, times the loss scale under mixed precision."""
+    one = tf.ones_like(term)
+    return one if loss_scale is None else one * tf.cast(loss_scale, term.dtype)

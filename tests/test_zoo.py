@@ -144,31 +144,23 @@ def dropout_mlp(seed=0):
     return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
 
 
-def test_seeded_dropout_draws_the_plain_models_masks_slice_by_slice():
-    model, reference = dropout_mlp(), dropout_mlp()
-    rng = np.random.RandomState(0)
-    x, y = rng.randn(BATCH * 2, 6).astype("float32"), rng.randint(0, 3, BATCH * 2)
+@pytest.mark.parametrize("micro_batches,replicas", [(2, 1), (1, 2)])
+def test_dropout_draws_new_masks_for_every_micro_batch_and_replica(micro_batches, replicas):
+    # A stage's forward is traced once and called for every micro-batch and replica: its
+    # random ops must still draw a new mask each call. Both halves of the batch hold the same
+    # rows: shared masks would give them equal training-mode outputs.
     from planner.plan import straight_plan
-    pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, BATCH * 2))
+    model = dropout_mlp()
+    pm = dapple.PipelinedModel(model, straight_plan([2], 5, micro_batches, 8,
+                                                    replicas=[replicas, 1]))
     pm.compile("sgd", LOSS)
+    half = np.random.RandomState(0).randn(4, 6).astype("float32")
+    x = tf.constant(np.concatenate([half, half]))
     tf.keras.utils.set_random_seed(5)
-    got = pm.gradients(x, y)
-    tf.keras.utils.set_random_seed(5)
-
-    @tf.function
-    def slice_by_slice():
-        grads = None
-        for lo in range(0, BATCH * 2, 4):
-            with tf.GradientTape() as tape:
-                part = LOSS(y[lo:lo + 4], reference(x[lo:lo + 4], training=True)) * (4 / 16)
-            g = tape.gradient(part, reference.trainable_variables)
-            grads = g if grads is None else [a + b for a, b in zip(grads, g)]
-        return grads
-    want = slice_by_slice()
-    assert relative_difference(got, want) < 1e-6
-    other_masks = [tf.convert_to_tensor(g) for g in ghost_batch_loss_and_grads(
-        dropout_mlp(), LOSS, x, y, 4)[1]]
-    assert relative_difference(other_masks, want) > 1e-2     # the masks matter
+    out = tf.function(lambda x: tf.concat(pm._step.run(x, None).predictions[0], 0))(x)
+    assert relative_difference([out[:4]], [out[4:]]) > 1e-2
+    without = tf.concat([model(half, training=False)] * 2, 0)
+    assert relative_difference([out], [without]) > 1e-2          # dropout did run
 
 
 def test_recomputation_is_refused_for_a_model_that_draws_random_numbers():
