@@ -163,7 +163,7 @@ class HorovodPipelinedModel(PipelinedModel):
         step = self._step
         last = self.plan.stages[-1]
         M, R = self.plan.micro_batches, last.replicas
-        size = step.global_batch // (M * R)
+        size = result.global_batch // (M * R)
         replica_of_rank = {d: r for r, d in enumerate(last.devices)}
         ranks = sorted(last.devices)
         outs = []

@@ -36,7 +36,6 @@ from dapple.checks import check_plan_matches_model, check_recompute, check_suppo
 from dapple.data import class_weight_fn, padded_batches, rows, unpack_validation_data
 from dapple.devices import local_devices
 from graph_rewrite.losses import PipelineLoss
-from graph_rewrite.local_transport import LocalTransport
 from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan
 from planner.slicing import check_even
@@ -75,7 +74,6 @@ class PipelinedModel:
         check_recompute(self.plan, model)
         self.devices = list(devices) if devices is not None else local_devices(
             max(d for s in self.plan.stages for d in s.devices) + 1)
-        self._transport_factory = LocalTransport
         self._shuffle_seed = None     # the Horovod runtime shares one across ranks
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None
@@ -97,7 +95,7 @@ class PipelinedModel:
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
 
     def _make_step(self, loss: Optional[PipelineLoss]) -> PipelineStep:
-        return PipelineStep(self.model, self.plan, loss, self.devices, self._transport_factory)
+        return PipelineStep(self.model, self.plan, loss, self.devices)
 
     @property
     def global_batch_size(self) -> Optional[int]:

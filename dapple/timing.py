@@ -34,6 +34,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from graph_rewrite.stage_gradients import stage_gradients
 from dapple.measure import MIN_BACKWARD_MS, median_ms, median_wall_and_cpu_ms
 
 @dataclass
@@ -70,12 +71,12 @@ def measure_stages(pm, x, y, warmup: int = 3, runs: int = 10) -> List[StageTimin
     step = pm._step
     xs = tf.nest.flatten(x)
     ys = [tf.convert_to_tensor(t) for t in tf.nest.flatten(y)]
-    step.global_batch = int(xs[0].shape[0])
-    pm._check_batch(step.global_batch)
-    mb_lo, mb_hi = step.rows(0, 0, 0)
+    batch = int(xs[0].shape[0])
+    pm._check_batch(batch)
+    mb_lo, mb_hi = step.rows(0, 0, 0, batch)
     # Micro-batch 0 through every stage, eagerly: the inputs each stage's unit sees.
     values = {tid: tf.convert_to_tensor(t) for tid, t in zip(step.input_ids, xs)}
-    micro = _slice(values, *_whole_micro_batch(step))
+    micro = _slice(values, *_whole_micro_batch(step, batch))
     stage_inputs = []
     for graph in step.stages:
         inputs = {tid: micro[tid] for tid in graph.input_ids}
@@ -85,26 +86,27 @@ def measure_stages(pm, x, y, warmup: int = 3, runs: int = 10) -> List[StageTimin
     out = []
     S = len(step.stages)
     for s, graph in enumerate(step.stages):
-        lo, hi = step.rows(s, 0, 0)
-        first_lo = _whole_micro_batch(step)[0]
+        lo, hi = step.rows(s, 0, 0, batch)
+        first_lo = _whole_micro_batch(step, batch)[0]
         device = step.device(s, 0)
         with tf.device(device):
             inputs = {tid: tf.identity(t[lo - first_lo:hi - first_lo])
                       for tid, t in stage_inputs[s].items()}
             labels = [t[lo:hi] for t in ys]
         out.append(_time_stage(step, s, graph, device, inputs, labels, hi - lo,
-                               last=(s == S - 1), warmup=warmup, runs=runs))
+                               last=(s == S - 1), warmup=warmup, runs=runs, batch=batch))
     return out
 
 
-def _whole_micro_batch(step):
+def _whole_micro_batch(step, batch: int):
     """Rows of micro-batch 0 over all replicas of stage 0 (stages differ only in slicing)."""
-    lo = min(step.rows(0, r, 0)[0] for r in range(step.replicas[0]))
-    hi = max(step.rows(0, r, 0)[1] for r in range(step.replicas[0]))
+    lo = min(step.rows(0, r, 0, batch)[0] for r in range(step.replicas[0]))
+    hi = max(step.rows(0, r, 0, batch)[1] for r in range(step.replicas[0]))
     return lo, hi
 
 
-def _time_stage(step, s, graph, device, inputs, labels, rows, last, warmup, runs) -> StageTiming:
+def _time_stage(step, s, graph, device, inputs, labels, rows, last, warmup, runs,
+                batch) -> StageTiming:
     float_in = [tid for tid in graph.input_ids if inputs[tid].dtype.is_floating]
     with tf.device(device):
         upstream = {tid: tf.random.normal(tf.shape(t)) for tid, t in
@@ -124,9 +126,9 @@ def _time_stage(step, s, graph, device, inputs, labels, rows, last, warmup, runs
                 outs = graph.call(inputs, training=True)
                 term = step.loss.micro_batch_term(
                     labels, [outs[t] for t in step.output_ids], rows=rows,
-                    global_rows=step.global_batch) if last else None
-            return step.differentiate(graph, tape, inputs, outs, term,
-                                      None if last else upstream)
+                    global_rows=batch) if last else None
+            return stage_gradients(graph, tape, inputs, outs, term,
+                                   None if last else upstream)
 
     forward_ms = median_ms(forward, warmup, runs)
     total_ms = median_ms(forward_backward, warmup, runs)

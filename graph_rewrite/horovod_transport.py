@@ -4,9 +4,11 @@
 to control dependencies, loss terms and gradient accumulation) with `HorovodTransport`, which
 builds only this rank's unit and moves boundary tensors and gradients with Horovod collectives:
 
-* Boundary s -> s+1: one `hvd.alltoall` per boundary tensor per micro-batch inside the process
-  set of both stages' ranks, with uneven `splits` (`horovod_ranks.RankLayout.send_splits`):
-  split, concat or both when replica counts differ. Gradients go back the same way.
+* Boundary s -> s+1: one `hvd.alltoall` per micro-batch inside the process set of both stages'
+  ranks, carrying all the boundary's tensors (relayed skips included) packed side by side as
+  bytes (`graph_rewrite.packing`), with uneven `splits` (`horovod_ranks.RankLayout.
+  send_splits`): split, concat or both when replica counts differ. Gradients go back the same
+  way, one collective per micro-batch.
 * Replicas of a stage: `hvd.allreduce(op=Sum)` of the accumulated gradients in the stage's
   process set (the global set for a data-parallel-only plan: plain Horovod data parallelism).
 * The step's loss is summed over all ranks (only last-stage ranks hold loss terms). That global
@@ -17,9 +19,9 @@ Decisions a newcomer needs (each checked on Horovod 0.28.1 + TF 2.15, see tests/
 
 * Names. Horovod pairs collectives across ranks by name, and TF prefixes the name scope,
   which differs per rank (`stage0/replica0/F3` vs `stage1/replica0/F3`). Every collective gets
-  a plan-wide name (`dapple.f<boundary>.<micro-batch>.<tensor>` ...) with
-  `ignore_name_scope=True`. Boundary tensors are numbered by position in the receiving stage's
-  `input_ids` (the ids themselves are process-local Python ids).
+  a plan-wide name (`dapple.f<boundary>.<micro-batch>`, `dapple.b<boundary>.<micro-batch>`
+  ...) with `ignore_name_scope=True`. Boundary tensors are packed in the receiving stage's
+  `input_ids` order (the ids themselves are process-local Python ids, the order is not).
 * Grappler hazards. Horovod ops are not marked stateful, so TF's graph optimizations treat
   them as pure functions: (1) common-subexpression elimination merges transfers with identical
   inputs and attributes (receives all send the same empty tensor; a layer like Add has the same
@@ -49,7 +51,8 @@ import tensorflow as tf
 from graph_rewrite.batch_statistics import UnsupportedLayerError, is_batch_normalization
 from graph_rewrite.horovod_ranks import RankLayout
 from graph_rewrite.model_graph import variable_holders
-from graph_rewrite.local_transport import Tensors, Unit
+from graph_rewrite.local_transport import Crossing, Tensors, Unit
+from graph_rewrite.packing import pack, row_bytes, unpack
 from graph_rewrite.pipeline import PipelineStep, StepResult
 
 ENV_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
@@ -119,10 +122,9 @@ def pin_gpu_to_local_rank() -> None:
 class HorovodTransport:
     """Builds only this rank's (stage, replica) unit; moves boundaries with Horovod."""
 
-    def __init__(self, pipeline: "HorovodPipelineStep"):
-        self.p = pipeline
-        self.layout: RankLayout = pipeline.layout
-        self.sets = pipeline.process_sets
+    def __init__(self, layout: RankLayout, process_sets):
+        self.layout = layout
+        self.sets = process_sets
         self.stage, self.replica = self.layout.unit(hvd.rank())
         # Read once per step; makes every transfer's splits input distinct (see the module
         # docstring, Grappler merge hazard).
@@ -139,9 +141,6 @@ class HorovodTransport:
 
     def _boundary_set(self, boundary: int):
         return self.sets[tuple(self.layout.boundary_ranks(boundary))]
-
-    def _micro_batch_rows(self) -> int:
-        return self.p.global_batch // self.p.plan.micro_batches
 
     def salt(self) -> tf.Tensor:
         if self._salt is None:
@@ -176,13 +175,10 @@ class HorovodTransport:
                               name=name, ignore_name_scope=True, process_set=process_set)
         self.pending.append(out)
 
-    def _receive(self, spec: tf.TensorSpec, pieces, name: str, process_set) -> tf.Tensor:
-        shape = list(spec.shape)[1:]
-        if any(d is None for d in shape):
-            raise ValueError(f"boundary tensor {spec.name!r} has shape {spec.shape}: transfers "
-                             f"between processes need every dimension but the batch to be "
-                             f"static; give the model's inputs fixed shapes")
-        out, _ = hvd.alltoall(self.empty(shape, spec.dtype),
+    def _receive(self, specs: Sequence[tf.TensorSpec], pieces, name: str,
+                 process_set) -> List[tf.Tensor]:
+        width = sum(row_bytes(s) for s in specs)
+        out, _ = hvd.alltoall(self.empty([width], tf.uint8),
                               splits=tf.constant([0] * process_set.size(), tf.int32),
                               name=name, ignore_name_scope=True, process_set=process_set)
         self.pending.append(out)     # a received gradient may be unused (a relayed model input)
@@ -192,53 +188,46 @@ class HorovodTransport:
             order = sorted(range(len(pieces)), key=lambda i: pieces[i].sender_replica)
             out = tf.concat([parts[i] for i in order], axis=0)
         rows = sum(p.rows for p in pieces)
-        return tf.ensure_shape(out, [rows] + shape)
+        return unpack(tf.ensure_shape(out, [rows, width]), specs)
 
-    # ---- activations ------------------------------------------------------------------------
-    def send_activations(self, stage: int, replica: int, micro_batch: int, outputs: Tensors) -> None:
-        rows = self._micro_batch_rows()
-        splits = self.layout.send_splits(stage, replica, stage + 1, rows)
-        order = self.layout.send_row_order(stage, replica, stage + 1, rows)
-        ps = self._boundary_set(stage)
-        for i, tid in enumerate(self.p.stages[stage + 1].input_ids):
-            self._send(outputs[tid], splits, f"dapple.f{stage}.{micro_batch}.{i}", ps, order)
+    # ---- activations and gradients: one collective per boundary, micro-batch and direction ---
+    def send_activations(self, crossing: Crossing, replica: int, outputs: Tensors) -> None:
+        b, ids = crossing.boundary, crossing.ids
+        self._send(pack([outputs[t] for t in ids], [crossing.specs[t] for t in ids]),
+                   self.layout.send_splits(b, replica, b + 1, crossing.rows),
+                   f"dapple.f{b}.{crossing.micro_batch}", self._boundary_set(b),
+                   self.layout.send_row_order(b, replica, b + 1, crossing.rows))
 
-    def receive_activations(self, stage: int, replica: int, micro_batch: int,
+    def receive_activations(self, crossing: Crossing, replica: int,
                             sent: Dict[int, Tensors]) -> Tensors:
-        graph = self.p.stages[stage]
-        pieces = self.layout.received_pieces(stage - 1, stage, replica, self._micro_batch_rows())
-        ps = self._boundary_set(stage - 1)
-        return {tid: self._receive(graph.specs[tid], pieces,
-                                   f"dapple.f{stage - 1}.{micro_batch}.{i}", ps)
-                for i, tid in enumerate(graph.input_ids)}
+        b, ids = crossing.boundary, crossing.ids
+        tensors = self._receive([crossing.specs[t] for t in ids],
+                                self.layout.received_pieces(b, b + 1, replica, crossing.rows),
+                                f"dapple.f{b}.{crossing.micro_batch}", self._boundary_set(b))
+        return dict(zip(ids, tensors))
 
-    # ---- gradients --------------------------------------------------------------------------
-    def send_gradients(self, stage: int, replica: int, micro_batch: int, grads: Tensors) -> None:
-        rows = self._micro_batch_rows()
-        splits = self.layout.send_splits(stage, replica, stage - 1, rows)
-        order = self.layout.send_row_order(stage, replica, stage - 1, rows)
-        ps = self._boundary_set(stage - 1)
-        for i, tid in enumerate(self.p.stages[stage].input_ids):
-            if tid in grads:
-                self._send(grads[tid], splits, f"dapple.b{stage - 1}.{micro_batch}.{i}", ps,
-                           order)
+    def send_gradients(self, crossing: Crossing, replica: int, grads: Tensors) -> None:
+        b, ids = crossing.boundary, _float_ids(crossing)
+        self._send(pack([grads[t] for t in ids], [crossing.specs[t] for t in ids]),
+                   self.layout.send_splits(b + 1, replica, b, crossing.rows),
+                   f"dapple.b{b}.{crossing.micro_batch}", self._boundary_set(b),
+                   self.layout.send_row_order(b + 1, replica, b, crossing.rows))
 
-    def receive_gradients(self, stage: int, replica: int, micro_batch: int,
-                          sent: Dict[int, Tensors], ids: Sequence[str]) -> Tensors:
-        receiving = self.p.stages[stage + 1]
-        pieces = self.layout.received_pieces(stage + 1, stage, replica, self._micro_batch_rows())
-        ps = self._boundary_set(stage)
-        index = {tid: i for i, tid in enumerate(receiving.input_ids)}
-        return {tid: self._receive(receiving.specs[tid], pieces,
-                                   f"dapple.b{stage}.{micro_batch}.{index[tid]}", ps)
-                for tid in ids}
+    def receive_gradients(self, crossing: Crossing, replica: int, sent: Dict[int, Tensors],
+                          ids: Sequence[str]) -> Tensors:
+        b, floats = crossing.boundary, _float_ids(crossing)
+        tensors = self._receive([crossing.specs[t] for t in floats],
+                                self.layout.received_pieces(b + 1, b, replica, crossing.rows),
+                                f"dapple.b{b}.{crossing.micro_batch}", self._boundary_set(b))
+        received = dict(zip(floats, tensors))
+        return {tid: received[tid] for tid in ids}
 
     # ---- replicas ---------------------------------------------------------------------------
     def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
-                     tag: str = "ar") -> List[tf.Tensor]:
+                     device: str, tag: str = "ar") -> List[tf.Tensor]:
         """Allreduce (sum) in the stage's process set; `tag` names the collectives."""
         grads = grads_by_replica[self.replica]
-        if self.p.plan.stages[stage].replicas == 1:
+        if len(self.layout.stage_ranks(stage)) == 1:
             return grads
         ps = self.sets[tuple(sorted(self.layout.stage_ranks(stage)))]
         with tf.name_scope(f"stage{stage}/{tag}"):
@@ -267,7 +256,7 @@ class HorovodPipelineStep(PipelineStep):
         self.layout = layout
         self.process_sets = process_sets
         super().__init__(model, plan, loss, [device] * layout.size,
-                         transport_factory=HorovodTransport)
+                         transport=HorovodTransport(layout, process_sets))
         check_shared_across_processes(self.stages)
         self.holders = variable_holders(self.stages)
 
@@ -307,8 +296,14 @@ class HorovodPipelineStep(PipelineStep):
         # Gradients are read after the loss: every rank's step ends with the global collective.
         with tf.control_dependencies([loss]):
             gradients = [None if g is None else tf.identity(g) for g in result.gradients]
-        return StepResult(loss=loss, gradients=gradients, predictions=result.predictions)
+        return StepResult(loss=loss, gradients=gradients, predictions=result.predictions,
+                          global_batch=result.global_batch)
 
+
+
+def _float_ids(crossing: Crossing) -> List[str]:
+    """The boundary tensors that carry gradients back, in the crossing's order."""
+    return [t for t in crossing.ids if crossing.specs[t].dtype.is_floating]
 
 
 def shared_stage_groups(stages) -> List[Tuple[int, ...]]:

@@ -1,12 +1,18 @@
 """Moving boundary tensors when every unit lives in this process, each on its own device.
 
-A receiver reads the senders' tensors directly and slices and concatenates the row ranges it
-needs on its own device (`planner.slicing.overlaps`): split, concat, both, or nothing when
+A transport moves one micro-batch's boundary tensors across one boundary (a `Crossing`: which
+tensors, their specs, and the rows every replica of both stages holds) and sums a stage's
+gradients over its replicas. It takes all it needs as arguments; `graph_rewrite.pipeline` calls
+it from the send, receive and allreduce actions of the lowered schedule.
+
+Here a receiver reads the senders' tensors directly and slices and concatenates the row ranges
+it needs on its own device (`planner.slicing.overlaps`): split, concat, both, or nothing when
 replica counts are equal. Replica gradients are added on the stage's first device. Across
 processes, `graph_rewrite.horovod_transport` implements the same methods with Horovod.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
@@ -15,59 +21,72 @@ from planner.slicing import overlaps
 
 Unit = Tuple[int, int]                 # (stage, replica)
 Tensors = Dict[str, tf.Tensor]         # boundary tensors by Keras tensor id
+Rows = Tuple[Tuple[int, int], ...]     # per replica: [lo, hi) rows of the global batch
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """One micro-batch's boundary tensors between stage `boundary` and stage `boundary + 1`."""
+    boundary: int
+    micro_batch: int
+    ids: Tuple[str, ...]                # in the receiving stage's input order
+    specs: Dict[str, tf.TensorSpec]
+    sender_rows: Rows                   # stage `boundary`'s replicas
+    receiver_rows: Rows                 # stage `boundary + 1`'s replicas
+
+    @property
+    def rows(self) -> int:
+        return sum(hi - lo for lo, hi in self.sender_rows)
 
 
 class LocalTransport:
     """All units live in this process, on its devices. Boundaries slice and concatenate rows."""
 
-    def __init__(self, pipeline):       # a graph_rewrite.pipeline.PipelineStep
-        self.p = pipeline
+    def __init__(self, replicas: Sequence[int]):
+        self.replicas = list(replicas)
 
     def local_units(self) -> List[Unit]:
-        return [(s, r) for s, st in enumerate(self.p.plan.stages) for r in range(st.replicas)]
+        return [(s, r) for s, n in enumerate(self.replicas) for r in range(n)]
 
     # Senders' side of a boundary. Locally the receiver reads the sender's tensors directly, so
     # there is nothing to do; a transport between processes sends here (and returns nothing).
-    def send_activations(self, stage: int, replica: int, micro_batch: int, outputs: Tensors) -> None:
+    def send_activations(self, crossing: Crossing, replica: int, outputs: Tensors) -> None:
         return None
 
-    def send_gradients(self, stage: int, replica: int, micro_batch: int, grads: Tensors) -> None:
+    def send_gradients(self, crossing: Crossing, replica: int, grads: Tensors) -> None:
         return None
 
-    def _gather(self, want_rows, pieces: Dict[int, Tensors], piece_rows: List[Tuple[int, int]],
-                ids: Sequence[str]) -> Tensors:
-        parts = overlaps(want_rows, piece_rows)
-        out = {}
-        for tid in ids:
-            taken = []
-            for i, lo, hi in parts:
-                t = pieces[i][tid]
-                full = piece_rows[i][1] - piece_rows[i][0]
-                taken.append(t if (lo, hi) == (0, full) else t[lo:hi])
-            out[tid] = taken[0] if len(taken) == 1 else tf.concat(taken, axis=0)
-        return out
-
-    def receive_activations(self, stage: int, replica: int, micro_batch: int,
+    def receive_activations(self, crossing: Crossing, replica: int,
                             sent: Dict[int, Tensors]) -> Tensors:
-        """Inputs of (stage, replica) for `micro_batch`, from stage-1's replicas' outputs."""
-        prev = stage - 1
-        piece_rows = [self.p.rows(prev, r, micro_batch) for r in range(self.p.replicas[prev])]
-        return self._gather(self.p.rows(stage, replica, micro_batch), sent, piece_rows,
-                            self.p.stages[stage].input_ids)
+        """Inputs of the receiving stage's `replica`, from the sending stage's outputs."""
+        return _gather(crossing.receiver_rows[replica], sent, crossing.sender_rows, crossing.ids)
 
-    def receive_gradients(self, stage: int, replica: int, micro_batch: int,
-                          sent: Dict[int, Tensors], ids: Sequence[str]) -> Tensors:
-        """Gradients of (stage, replica)'s outputs `ids`, from stage+1's replicas."""
-        nxt = stage + 1
-        piece_rows = [self.p.rows(nxt, r, micro_batch) for r in range(self.p.replicas[nxt])]
-        return self._gather(self.p.rows(stage, replica, micro_batch), sent, piece_rows, ids)
+    def receive_gradients(self, crossing: Crossing, replica: int, sent: Dict[int, Tensors],
+                          ids: Sequence[str]) -> Tensors:
+        """Gradients of the sending stage's `replica`'s outputs `ids`, from the receiving
+        stage's replicas."""
+        return _gather(crossing.sender_rows[replica], sent, crossing.receiver_rows, ids)
 
     def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
-                     tag: str = "ar") -> List[tf.Tensor]:
-        """Elementwise sums over the stage's replicas (`tag` names the collective)."""
+                     device: str, tag: str = "ar") -> List[tf.Tensor]:
+        """Elementwise sums over the stage's replicas, on `device` (`tag` names the ops)."""
         replicas = sorted(grads_by_replica)
         if len(replicas) == 1:
             return grads_by_replica[replicas[0]]
-        with tf.device(self.p.device(stage, 0)), tf.name_scope(f"stage{stage}/{tag}"):
+        with tf.device(device), tf.name_scope(f"stage{stage}/{tag}"):
             return [tf.add_n([grads_by_replica[r][i] for r in replicas])
                     for i in range(len(grads_by_replica[replicas[0]]))]
+
+
+def _gather(want_rows, pieces: Dict[int, Tensors], piece_rows: Rows,
+            ids: Sequence[str]) -> Tensors:
+    parts = overlaps(want_rows, list(piece_rows))
+    out = {}
+    for tid in ids:
+        taken = []
+        for i, lo, hi in parts:
+            t = pieces[i][tid]
+            full = piece_rows[i][1] - piece_rows[i][0]
+            taken.append(t if (lo, hi) == (0, full) else t[lo:hi])
+        out[tid] = taken[0] if len(taken) == 1 else tf.concat(taken, axis=0)
+    return out

@@ -48,10 +48,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
-from graph_rewrite.local_transport import LocalTransport, Tensors, Unit
+from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from graph_rewrite.stage_function import StageFunction
+from graph_rewrite.stage_gradients import is_float, stage_gradients
 from planner.actions import (ALLREDUCE, BACKWARD, FORWARD, RECV_BACKWARD, RECV_FORWARD,
                              SEND_BACKWARD, SEND_FORWARD, Action)
 from planner.plan import Plan
@@ -60,10 +61,6 @@ from planner.schedule import plan_schedule
 from planner.slicing import check_even, unit_rows
 
 FORWARD_ONLY = (FORWARD, SEND_FORWARD, RECV_FORWARD)
-
-
-def _is_float(t) -> bool:
-    return t.dtype.is_floating
 
 
 def _per_output(sample_weight, outputs: int) -> List[Optional[tf.Tensor]]:
@@ -85,6 +82,7 @@ class StepResult:
     loss: tf.Tensor
     gradients: List[Optional[tf.Tensor]]          # aligned with model.trainable_variables
     predictions: List[List[tf.Tensor]] = field(default_factory=list)  # per output, row order
+    global_batch: int = 0
 
 
 @dataclass
@@ -106,6 +104,7 @@ class StepState:
     training: bool
     backward: bool
     loss_scale: Optional[tf.Tensor]
+    one: Optional[tf.Tensor] = None                  # 1.0 the optimizer cannot fold
     previous: Dict[Unit, list] = field(default_factory=dict)   # the unit's last action's tensors
     received: Dict[Tuple[Unit, str, int], Tensors] = field(default_factory=dict)
     stash: Dict[Tuple[Unit, int], Stashed] = field(default_factory=dict)
@@ -122,7 +121,7 @@ class PipelineStep:
     """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
 
     def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
-                 devices: Sequence[str], transport_factory=LocalTransport):
+                 devices: Sequence[str], transport=None):
         self.model = model
         self.plan = plan
         self.loss = loss
@@ -137,8 +136,8 @@ class PipelineStep:
         self.functions = [StageFunction(g, loss, self.output_ids, g.index == last)
                           for g in self.stages]
         self._penalties = self._weight_penalties_by_stage()
-        self.transport = transport_factory(self)
-        self.global_batch: Optional[int] = None
+        self._one: Optional[tf.Variable] = None
+        self.transport = transport if transport is not None else LocalTransport(self.replicas)
         self._dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
                           SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
                           SEND_BACKWARD: self._send_backward,
@@ -148,11 +147,26 @@ class PipelineStep:
     def device(self, stage: int, replica: int) -> str:
         return self._devices[self.plan.stages[stage].devices[replica]]
 
-    def rows(self, stage: int, replica: int, micro_batch: int) -> Tuple[int, int]:
-        return unit_rows(self.global_batch, self.plan.micro_batches, self.replicas[stage],
+    def rows(self, stage: int, replica: int, micro_batch: int,
+             global_batch: int) -> Tuple[int, int]:
+        """[lo, hi) rows of the global batch that (stage, replica) holds of `micro_batch`."""
+        return unit_rows(global_batch, self.plan.micro_batches, self.replicas[stage],
                          micro_batch, replica)
 
+    def crossing(self, boundary: int, micro_batch: int, global_batch: int) -> Crossing:
+        """What crosses from stage `boundary` to the next for `micro_batch`."""
+        receiver = self.stages[boundary + 1]
+        return Crossing(
+            boundary, micro_batch, tuple(receiver.input_ids), receiver.specs,
+            tuple(self.rows(boundary, r, micro_batch, global_batch)
+                  for r in range(self.replicas[boundary])),
+            tuple(self.rows(boundary + 1, r, micro_batch, global_batch)
+                  for r in range(self.replicas[boundary + 1])))
+
     # ---- the step ---------------------------------------------------------------------------
+    # Plain Python that builds ops: not converted by AutoGraph (converting it cost seconds per
+    # trace). The stage functions convert the model's own layers as Keras does.
+    @tf.autograph.experimental.do_not_convert
     def run(self, x, y=None, training: bool = True, sample_weight=None,
             loss_scale: Optional[tf.Tensor] = None) -> StepResult:
         """Build the step's ops (call inside a tf.function). `y=None` builds forward only.
@@ -168,13 +182,14 @@ class PipelineStep:
         if global_batch is None:
             raise ValueError("the global batch size must be static; batch the data with "
                              "drop_remainder=True")
-        self.global_batch = int(global_batch)
-        check_even(self.global_batch, self.plan.micro_batches, self.replicas)
+        global_batch = int(global_batch)
+        check_even(global_batch, self.plan.micro_batches, self.replicas)
         ys = tf.nest.flatten(y) if y is not None else None
         state = StepState(inputs=dict(zip(self.input_ids, xs)), labels=ys,
                           sample_weights=_per_output(sample_weight, len(self.output_ids)),
-                          global_batch=self.global_batch, training=training,
-                          backward=ys is not None and training, loss_scale=loss_scale)
+                          global_batch=global_batch, training=training,
+                          backward=ys is not None and training, loss_scale=loss_scale,
+                          one=self._read_one() if ys is not None and training else None)
         units = self.transport.local_units()
         by_stage: Dict[int, List[int]] = {}
         for s, r in units:
@@ -207,7 +222,8 @@ class PipelineStep:
         preds = [[state.predictions[(m, r)][k] for m in range(M)
                   for r in range(self.replicas[S - 1]) if (m, r) in state.predictions]
                  for k in range(len(self.output_ids))]
-        return StepResult(loss=loss, gradients=gradients, predictions=preds)
+        return StepResult(loss=loss, gradients=gradients, predictions=preds,
+                          global_batch=global_batch)
 
     # ---- actions ----------------------------------------------------------------------------
     def _call_stage(self, state: StepState, unit: Unit, m: int, inputs: Tensors):
@@ -215,7 +231,7 @@ class PipelineStep:
         with the weight penalties added to the term by the step's first unit."""
         stage, replica = unit
         last = stage == len(self.stages) - 1
-        lo, hi = self.rows(stage, replica, m)
+        lo, hi = self.rows(stage, replica, m, state.global_batch)
         labels = weights = None
         if last and state.labels is not None:
             labels = [y[lo:hi] for y in state.labels]
@@ -234,16 +250,14 @@ class PipelineStep:
         stage, replica = unit
         m = action.micro_batch
         if stage == 0:
-            lo, hi = self.rows(0, replica, m)
+            lo, hi = self.rows(0, replica, m, state.global_batch)
             inputs = {tid: state.inputs[tid][lo:hi] for tid in self.stages[0].input_ids}
         else:
             inputs = state.received.pop((unit, RECV_FORWARD, m))
         tape = tf.GradientTape() if state.backward and not self.plan.recompute else None
         with tape if tape is not None else contextlib.nullcontext():
             if tape is not None:
-                for t in inputs.values():
-                    if _is_float(t):
-                        tape.watch(t)
+                _watch(tape, inputs, stage)
             outputs, term, statistics = self._call_stage(state, unit, m, inputs)
         if state.training:
             recorder = state.statistics[unit]
@@ -263,15 +277,13 @@ class PipelineStep:
         if tape is None:   # recomputation: run the forward again under a tape
             tape = tf.GradientTape()
             with tape:
-                for t in inputs.values():
-                    if _is_float(t):
-                        tape.watch(t)
+                _watch(tape, inputs, stage)
                 outputs, term, _ = self._call_stage(state, unit, m, inputs)
         upstream = None
         if stage < len(self.stages) - 1:
             upstream = state.received.pop((unit, RECV_BACKWARD, m))
-        grads_in, var_grads = self.differentiate(self.stages[stage], tape, inputs, outputs,
-                                                 term, upstream, state.loss_scale)
+        grads_in, var_grads = stage_gradients(self.stages[stage], tape, inputs, outputs, term,
+                                              upstream, state.loss_scale, state.one)
         state.input_gradients[(unit, m)] = grads_in
         acc = state.accumulated.get(unit)
         state.accumulated[unit] = var_grads if acc is None else [
@@ -283,59 +295,37 @@ class PipelineStep:
         stage, replica = unit
         outputs = state.stash[(unit, action.micro_batch)].outputs
         state.sent.setdefault((FORWARD, stage, action.micro_batch), {})[replica] = outputs
-        self.transport.send_activations(stage, replica, action.micro_batch, outputs)
+        self.transport.send_activations(
+            self.crossing(stage, action.micro_batch, state.global_batch), replica, outputs)
 
     def _receive_forward(self, state: StepState, unit: Unit, action: Action) -> None:
         stage, replica = unit
         m = action.micro_batch
         state.received[(unit, RECV_FORWARD, m)] = self.transport.receive_activations(
-            stage, replica, m, state.sent.get((FORWARD, stage - 1, m), {}))
+            self.crossing(stage - 1, m, state.global_batch), replica,
+            state.sent.get((FORWARD, stage - 1, m), {}))
 
     def _send_backward(self, state: StepState, unit: Unit, action: Action) -> None:
         stage, replica = unit
         grads = state.input_gradients.pop((unit, action.micro_batch))
         state.sent.setdefault((BACKWARD, stage, action.micro_batch), {})[replica] = grads
-        self.transport.send_gradients(stage, replica, action.micro_batch, grads)
+        self.transport.send_gradients(
+            self.crossing(stage - 1, action.micro_batch, state.global_batch), replica, grads)
 
     def _receive_backward(self, state: StepState, unit: Unit, action: Action) -> None:
         stage, replica = unit
         m = action.micro_batch
         outputs = state.stash[(unit, m)].outputs
-        float_out = [tid for tid in self.stages[stage].output_ids if _is_float(outputs[tid])]
+        float_out = [tid for tid in self.stages[stage].output_ids if is_float(outputs[tid])]
         state.received[(unit, RECV_BACKWARD, m)] = self.transport.receive_gradients(
-            stage, replica, m, state.sent.get((BACKWARD, stage + 1, m), {}), float_out)
+            self.crossing(stage, m, state.global_batch), replica,
+            state.sent.get((BACKWARD, stage + 1, m), {}), float_out)
 
     def _allreduce(self, state: StepState, stage: int, replicas: List[int]) -> None:
         """The stage's accumulated gradients, summed over its replicas."""
         per_replica = {r: state.accumulated[(stage, r)] for r in replicas}
-        state.reduced[stage] = self.transport.sum_replicas(stage, per_replica)
-
-    def differentiate(self, graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
-                      upstream: Optional[Tensors], loss_scale: Optional[tf.Tensor] = None):
-        """A unit's backward from its forward's tape: (gradients of its float inputs by id,
-        gradients of the stage's trainable variables). The last stage differentiates its loss
-        term (`upstream` None); the others their float outputs weighted by `upstream`, plus
-        their weight-regularization term when they have one. `loss_scale` multiplies the
-        gradient of the loss (mixed precision)."""
-        if upstream is None:
-            targets, output_gradients = [term], [_scaled_one(term, loss_scale)]
-        else:
-            float_out = [tid for tid in graph.output_ids if _is_float(outputs[tid])]
-            targets = [outputs[tid] for tid in float_out]
-            output_gradients = [upstream[tid] for tid in float_out]
-            if term is not None:            # this stage's weight-regularization penalty
-                targets.append(term)
-                output_gradients.append(_scaled_one(term, loss_scale))
-        float_in = [tid for tid in graph.input_ids if _is_float(inputs[tid])]
-        variables = graph.trainable_variables
-        sources = [inputs[tid] for tid in float_in] + variables
-        grads = tape.gradient(targets, sources, output_gradients=output_gradients,
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        # Embedding gradients come as tf.IndexedSlices, which do not add up across
-        # micro-batches and replicas; dense tensors do (at the cost of a dense table gradient).
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        grads_in = dict(zip(float_in, grads[:len(float_in)]))
-        return grads_in, list(grads[len(float_in):])
+        state.reduced[stage] = self.transport.sum_replicas(stage, per_replica,
+                                                           self.device(stage, 0))
 
     def _weight_penalties_by_stage(self) -> List[list]:
         """Each weight regularizer (Keras's callable losses) in the first stage that calls a
@@ -357,7 +347,16 @@ class PipelineStep:
         """One Keras update per BatchNormalization call from the global batch's statistics."""
         bstats.update_moving_statistics(
             self.stages, self.replicas, recorders, moving_before,
-            sum_replicas=self.transport.sum_replicas, device=self.device)
+            sum_replicas=lambda s, lists, tag: self.transport.sum_replicas(
+                s, lists, self.device(s, 0), tag=tag), device=self.device)
+
+    def _read_one(self) -> tf.Tensor:
+        """1.0, read from a variable once per step: a constant input would make the graph
+        optimizer specialize (copy and re-optimize) the backward function for every call."""
+        if self._one is None:
+            with tf.init_scope():
+                self._one = tf.Variable(1.0, trainable=False, name="dapple_one")
+        return self._one.read_value()
 
     def _gather_gradients(self, reduced: Dict[int, List[tf.Tensor]]):
         """Every stage's summed gradients, aligned with the model's trainable variables (a
@@ -371,7 +370,9 @@ class PipelineStep:
         return [by_var.get(id(v)) for v in self.model.trainable_variables]
 
 
-def _scaled_one(term: tf.Tensor, loss_scale: Optional[tf.Tensor]) -> tf.Tensor:
-    """d(loss)/d(term): 1, times the loss scale under mixed precision."""
-    one = tf.ones_like(term)
-    return one if loss_scale is None else one * tf.cast(loss_scale, term.dtype)
+def _watch(tape: tf.GradientTape, inputs: Tensors, stage: int) -> None:
+    """Watch the float inputs whose gradients go back to the previous stage."""
+    if stage > 0:
+        for t in inputs.values():
+            if is_float(t):
+                tape.watch(t)

@@ -1,0 +1,55 @@
+"""A unit's backward: the gradients a stage's tape gives for its inputs and variables."""
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from graph_rewrite.local_transport import Tensors
+from graph_rewrite.model_graph import StageGraph
+
+
+def is_float(t) -> bool:
+    return t.dtype.is_floating
+
+
+def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
+                    upstream: Optional[Tensors], loss_scale: Optional[tf.Tensor] = None,
+                    one: Optional[tf.Tensor] = None):
+    """A unit's backward from its forward's tape: (gradients of its float inputs by id,
+    gradients of the stage's trainable variables). The last stage differentiates its loss
+    term (`upstream` None); the others their float outputs weighted by `upstream`, plus
+    their weight-regularization term when they have one. `loss_scale` multiplies the
+    gradient of the loss (mixed precision); `one`, when given, is the 1.0 the gradient of a term
+    starts from (read from a variable, so the graph optimizer cannot fold it)."""
+    if upstream is None:
+        targets, output_gradients = [term], [scaled_one(term, one, loss_scale)]
+    else:
+        float_out = [tid for tid in graph.output_ids if is_float(outputs[tid])]
+        targets = [outputs[tid] for tid in float_out]
+        output_gradients = [upstream[tid] for tid in float_out]
+        if term is not None:            # this stage's weight-regularization penalty
+            targets.append(term)
+            output_gradients.append(scaled_one(term, one, loss_scale))
+    # Stage 0's inputs are the model's: nobody reads their gradients.
+    float_in = [] if graph.index == 0 else [tid for tid in graph.input_ids
+                                            if is_float(inputs[tid])]
+    variables = graph.trainable_variables
+    sources = [inputs[tid] for tid in float_in] + variables
+    grads = tape.gradient(targets, sources, output_gradients=output_gradients,
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    # Embedding gradients come as tf.IndexedSlices, which do not add up across
+    # micro-batches and replicas; dense tensors do (at the cost of a dense table gradient).
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    grads_in = dict(zip(float_in, grads[:len(float_in)]))
+    return grads_in, list(grads[len(float_in):])
+
+
+def scaled_one(term: tf.Tensor, one: Optional[tf.Tensor],
+               loss_scale: Optional[tf.Tensor]) -> tf.Tensor:
+    """d(loss)/d(term): 1, times the loss scale under mixed precision."""
+    ones = tf.ones_like(term)
+    if one is not None:
+        ones = ones * tf.cast(one, term.dtype)
+    return ones if loss_scale is None else ones * tf.cast(loss_scale, term.dtype)
+
