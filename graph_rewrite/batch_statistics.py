@@ -79,7 +79,9 @@ class SliceStatistics:
 def slice_statistics(layer, inputs: tf.Tensor) -> SliceStatistics:
     """What one call of `layer` on `inputs` contributes: reduced over every axis but the
     layer's channel axes, in float32."""
-    x = tf.cast(inputs, tf.float32)
+    # Moving statistics are not differentiated (as in Keras); without a path back, a traced
+    # stage's backward does not depend on them.
+    x = tf.cast(tf.stop_gradient(inputs), tf.float32)
     axes = [i for i in range(x.shape.rank) if i not in layer.axis]
     count = 1
     for i in axes:

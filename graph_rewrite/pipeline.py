@@ -53,6 +53,7 @@ from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from graph_rewrite.stage_function import StageFunction
 from graph_rewrite.stage_gradients import is_float, stage_gradients
+from graph_rewrite.step_state import Stashed, StepState
 from planner.actions import (ALLREDUCE, BACKWARD, FORWARD, RECV_BACKWARD, RECV_FORWARD,
                              SEND_BACKWARD, SEND_FORWARD, Action)
 from planner.plan import Plan
@@ -85,38 +86,6 @@ class StepResult:
     global_batch: int = 0
 
 
-@dataclass
-class Stashed:
-    """What a forward leaves for its backward."""
-    inputs: Tensors
-    outputs: Tensors
-    tape: Optional[tf.GradientTape]       # None under recomputation
-    term: Optional[tf.Tensor]             # loss term and/or weight penalty
-
-
-@dataclass
-class StepState:
-    """Everything one traced step builds, passed to every action's method."""
-    inputs: Dict[str, tf.Tensor]                 # model inputs by id, whole global batch
-    labels: Optional[List[tf.Tensor]]
-    sample_weights: List[Optional[tf.Tensor]]
-    global_batch: int
-    training: bool
-    backward: bool
-    loss_scale: Optional[tf.Tensor]
-    one: Optional[tf.Tensor] = None                  # 1.0 the optimizer cannot fold
-    previous: Dict[Unit, list] = field(default_factory=dict)   # the unit's last action's tensors
-    received: Dict[Tuple[Unit, str, int], Tensors] = field(default_factory=dict)
-    stash: Dict[Tuple[Unit, int], Stashed] = field(default_factory=dict)
-    input_gradients: Dict[Tuple[Unit, int], Tensors] = field(default_factory=dict)
-    sent: Dict[Tuple[str, int, int], Dict[int, Tensors]] = field(default_factory=dict)
-    accumulated: Dict[Unit, List[Optional[tf.Tensor]]] = field(default_factory=dict)
-    reduced: Dict[int, List[Optional[tf.Tensor]]] = field(default_factory=dict)   # by stage
-    loss_terms: List[tf.Tensor] = field(default_factory=list)
-    predictions: Dict[Tuple[int, int], List[tf.Tensor]] = field(default_factory=dict)
-    statistics: Dict[Unit, bstats.StatisticsRecorder] = field(default_factory=dict)
-
-
 class PipelineStep:
     """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
 
@@ -136,7 +105,7 @@ class PipelineStep:
         self.functions = [StageFunction(g, loss, self.output_ids, g.index == last)
                           for g in self.stages]
         self._penalties = self._weight_penalties_by_stage()
-        self._one: Optional[tf.Variable] = None
+        self._constants: Optional[tf.Variable] = None
         self.transport = transport if transport is not None else LocalTransport(self.replicas)
         self._dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
                           SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
@@ -188,8 +157,9 @@ class PipelineStep:
         state = StepState(inputs=dict(zip(self.input_ids, xs)), labels=ys,
                           sample_weights=_per_output(sample_weight, len(self.output_ids)),
                           global_batch=global_batch, training=training,
-                          backward=ys is not None and training, loss_scale=loss_scale,
-                          one=self._read_one() if ys is not None and training else None)
+                          backward=ys is not None and training, loss_scale=loss_scale)
+        if state.backward:
+            state.one, state.zero = self._read_constants()
         units = self.transport.local_units()
         by_stage: Dict[int, List[int]] = {}
         for s, r in units:
@@ -263,7 +233,8 @@ class PipelineStep:
             recorder = state.statistics[unit]
             for node_id, stats in self.functions[stage].slice_statistics(statistics).items():
                 recorder.by_node.setdefault(node_id, []).append(stats)
-        state.stash[(unit, m)] = Stashed(inputs, outputs, tape, term)
+        state.stash[(unit, m)] = Stashed(inputs, outputs, tape, term,
+                                         self._untargeted(stage, outputs, statistics))
         if stage == len(self.stages) - 1:
             state.predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
         if term is not None:
@@ -274,22 +245,32 @@ class PipelineStep:
         stage, m = unit[0], action.micro_batch
         stashed = state.stash.pop((unit, m))
         inputs, outputs, tape, term = stashed.inputs, stashed.outputs, stashed.tape, stashed.term
+        untargeted = stashed.untargeted
         if tape is None:   # recomputation: run the forward again under a tape
             tape = tf.GradientTape()
             with tape:
                 _watch(tape, inputs, stage)
-                outputs, term, _ = self._call_stage(state, unit, m, inputs)
+                outputs, term, statistics = self._call_stage(state, unit, m, inputs)
+            untargeted = self._untargeted(stage, outputs, statistics)
         upstream = None
         if stage < len(self.stages) - 1:
             upstream = state.received.pop((unit, RECV_BACKWARD, m))
         grads_in, var_grads = stage_gradients(self.stages[stage], tape, inputs, outputs, term,
-                                              upstream, state.loss_scale, state.one)
+                                              upstream, state.loss_scale, state.one,
+                                              state.zeros_like, untargeted)
         state.input_gradients[(unit, m)] = grads_in
         acc = state.accumulated.get(unit)
         state.accumulated[unit] = var_grads if acc is None else [
             g if a is None else (a if g is None else a + g) for a, g in zip(acc, var_grads)]
         state.previous[unit] = [g for g in list(grads_in.values()) + var_grads
                                 if g is not None]
+
+    def _untargeted(self, stage: int, outputs: Tensors, statistics) -> List[tf.Tensor]:
+        """A forward's outputs its backward does not differentiate."""
+        out = [t for pair in statistics.values() for t in pair]
+        if stage == len(self.stages) - 1:
+            out += list(outputs.values())
+        return out
 
     def _send_forward(self, state: StepState, unit: Unit, action: Action) -> None:
         stage, replica = unit
@@ -350,13 +331,15 @@ class PipelineStep:
             sum_replicas=lambda s, lists, tag: self.transport.sum_replicas(
                 s, lists, self.device(s, 0), tag=tag), device=self.device)
 
-    def _read_one(self) -> tf.Tensor:
-        """1.0, read from a variable once per step: a constant input would make the graph
-        optimizer specialize (copy and re-optimize) the backward function for every call."""
-        if self._one is None:
+    def _read_constants(self) -> Tuple[tf.Tensor, tf.Tensor]:
+        """1.0 and 0.0, read from a variable once per step: a constant input would make the
+        graph optimizer specialize (copy and re-optimize) the backward function per call."""
+        if self._constants is None:
             with tf.init_scope():
-                self._one = tf.Variable(1.0, trainable=False, name="dapple_one")
-        return self._one.read_value()
+                self._constants = tf.Variable([1.0, 0.0], trainable=False,
+                                              name="dapple_one_zero")
+        both = self._constants.read_value()
+        return both[0], both[1]
 
     def _gather_gradients(self, reduced: Dict[int, List[tf.Tensor]]):
         """Every stage's summed gradients, aligned with the model's trainable variables (a

@@ -1,7 +1,7 @@
 """A unit's backward: the gradients a stage's tape gives for its inputs and variables."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -15,13 +15,17 @@ def is_float(t) -> bool:
 
 def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
                     upstream: Optional[Tensors], loss_scale: Optional[tf.Tensor] = None,
-                    one: Optional[tf.Tensor] = None):
+                    one: Optional[tf.Tensor] = None, zero=None,
+                    untargeted: Sequence[tf.Tensor] = ()):
     """A unit's backward from its forward's tape: (gradients of its float inputs by id,
     gradients of the stage's trainable variables). The last stage differentiates its loss
     term (`upstream` None); the others their float outputs weighted by `upstream`, plus
     their weight-regularization term when they have one. `loss_scale` multiplies the
     gradient of the loss (mixed precision); `one`, when given, is the 1.0 the gradient of a term
-    starts from (read from a variable, so the graph optimizer cannot fold it)."""
+    starts from (read from a variable, so the graph optimizer cannot fold it). With `zero`
+    (a tensor -> zeros like it, read alike), the forward's other outputs (`untargeted`: the last stage's predictions,
+    BatchNormalization statistics) get that zero as their gradient instead of a constant the
+    optimizer would fold into a copy of the backward function for every call."""
     if upstream is None:
         targets, output_gradients = [term], [scaled_one(term, one, loss_scale)]
     else:
@@ -32,6 +36,11 @@ def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, 
             targets.append(term)
             output_gradients.append(scaled_one(term, one, loss_scale))
     # Stage 0's inputs are the model's: nobody reads their gradients.
+    if zero is not None:
+        for t in untargeted:
+            if is_float(t):
+                targets.append(t)
+                output_gradients.append(zero(t))
     float_in = [] if graph.index == 0 else [tid for tid in graph.input_ids
                                             if is_float(inputs[tid])]
     variables = graph.trainable_variables
