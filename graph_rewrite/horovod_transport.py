@@ -31,15 +31,16 @@ Decisions a newcomer needs (each checked on Horovod 0.28.1 + TF 2.15, see tests/
   constant, and so does x * 0), once, on one rank: the first call seems to work, later calls
   hang. Turning Grappler's `common_subgraph_elimination` off does not help. So every transfer
   input gets an exact zero that is neither constant nor shared: a variable read worth 0 times
-  the transfer's number (from 1), added to a send's data, and used as the row count of a
-  receive's empty tensor. Tests use different data in every micro-batch and several calls.
+  the transfer's number (from 1), added to a send's splits (not its data: an add over
+  megabytes cost a millisecond per transfer on a rank's one thread), and used as the row count
+  of a receive's empty tensor. Tests use different data in every micro-batch and several calls.
 * Keeping transfers. A sender's alltoall returns an empty tensor that nothing reads, and a
   received gradient can be unused too (the gradient of a model input relayed by stage 0).
   Horovod ops are not stateful, so TF drops such ops and the peers wait forever; a control
   dependency on them did not keep them either (the probe hung), nor did size(output) * salt
-  (Grappler knew the size). The step's loss adds sum(output) * salt for every transfer: an
-  exact 0 for finite values, and a data dependency Grappler cannot drop. (A non-finite
-  received gradient therefore makes the reported loss NaN; training has diverged anyway.)
+  (Grappler knew the size). The step's loss adds (the output's first byte) * salt for every
+  transfer (an empty sum for a send): an exact 0, and a data dependency Grappler cannot drop.
+  One byte, not a sum over the payload, which cost milliseconds between two transfers.
 """
 from __future__ import annotations
 
@@ -171,7 +172,10 @@ class HorovodTransport:
         if [r for pair in row_order for r in pair] != sorted(r for pair in row_order for r in pair):
             # Destinations in rank order are not in replica (row) order: reorder the rows.
             tensor = tf.concat([tensor[lo:hi] for lo, hi in row_order], axis=0)
-        out, _ = hvd.alltoall(self.distinct(tensor), splits=tf.constant(splits, tf.int32),
+        # The splits, not the megabytes of data, carry the salt that keeps this transfer
+        # distinct (see the module docstring): an add over the payload sat on the rank's one
+        # thread between two transfers.
+        out, _ = hvd.alltoall(tensor, splits=self.distinct(tf.constant(splits, tf.int32)),
                               name=name, ignore_name_scope=True, process_set=process_set)
         self.pending.append(out)
 
@@ -289,9 +293,11 @@ class HorovodPipelineStep(PipelineStep):
         # (a control dependency alone did not: the job hung, see the module docstring).
         kept = result.loss
         for out in self.transport.pending:
-            # sum * salt: an exact 0 that depends on the transfer's values, which Grappler
-            # cannot fold (the salt is a variable read)
-            kept = kept + tf.reduce_sum(tf.cast(out, kept.dtype)) * self.transport.salt()
+            # one element * salt: an exact 0 that depends on the transfer, which Grappler
+            # cannot fold (the salt is a variable read); one element, not a sum over megabytes
+            # on the rank's one thread between two transfers
+            first = tf.reshape(out, [-1])[:1]
+            kept = kept + tf.reduce_sum(tf.cast(first, kept.dtype)) * self.transport.salt()
         loss = hvd.allreduce(kept, op=hvd.Sum, name="dapple.loss", ignore_name_scope=True)
         # Gradients are read after the loss: every rank's step ends with the global collective.
         with tf.control_dependencies([loss]):
