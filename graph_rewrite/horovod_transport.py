@@ -212,6 +212,8 @@ class HorovodTransport:
 
     def send_gradients(self, crossing: Crossing, replica: int, grads: Tensors) -> None:
         b, ids = crossing.boundary, _float_ids(crossing)
+        if not ids:     # only integer tensors cross: no gradients, no collective on either side
+            return
         self._send(pack([grads[t] for t in ids], [crossing.specs[t] for t in ids]),
                    self.layout.send_splits(b + 1, replica, b, crossing.rows),
                    f"dapple.b{b}.{crossing.micro_batch}", self._boundary_set(b),
@@ -220,6 +222,8 @@ class HorovodTransport:
     def receive_gradients(self, crossing: Crossing, replica: int, sent: Dict[int, Tensors],
                           ids: Sequence[str]) -> Tensors:
         b, floats = crossing.boundary, _float_ids(crossing)
+        if not floats:
+            return {}
         tensors = self._receive([crossing.specs[t] for t in floats],
                                 self.layout.received_pieces(b + 1, b, replica, crossing.rows),
                                 f"dapple.b{b}.{crossing.micro_batch}", self._boundary_set(b))

@@ -100,9 +100,6 @@ class Schedule:
     def lowered(self) -> bool:
         return any(not a.is_compute for lst in self.lists for a in lst)
 
-    def chunks_of(self, position: int) -> List[int]:
-        return [c for c, p in enumerate(self.placement) if p == position]
-
     def compute(self) -> "Schedule":
         """The same schedule without data movement (what `planner.lowering.lower` adds)."""
         return Schedule(self.name, self.placement,
