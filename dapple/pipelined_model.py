@@ -20,6 +20,10 @@ are Keras's; clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) sees the whol
 The plan is checked against the model before anything runs: its layer count, its layer names
 (when the plan has them), and the model signature of the profile it was made from (when
 present). The global batch must be the plan's, and must divide into micro-batches x replicas.
+
+Where the step runs is a `Runtime` (`dapple.runtime`) chosen once, here: every unit in this
+process (`dapple.local_runtime`), or one unit per Horovod rank under horovodrun
+(`dapple.horovod_runtime`). This class runs the same actions on either.
 """
 from __future__ import annotations
 
@@ -31,10 +35,10 @@ from typing import List, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-from dapple.checkpoint import save_weights_atomically
 from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
 from dapple.data import class_weight_fn, padded_batches, rows, unpack_validation_data
-from dapple.devices import local_devices
+from dapple.local_runtime import LocalRuntime
+from dapple.runtime import Runtime, loss_scale
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan
@@ -46,7 +50,7 @@ RUNTIMES = ("local", "horovod")
 
 def _use_horovod(runtime: Optional[str]) -> bool:
     """`runtime="horovod"`/"local" decides; by default Horovod when horovodrun started this
-    process or the user initialized Horovod (see `dapple.horovod_model`)."""
+    process or the user initialized Horovod (see `dapple.horovod_runtime`)."""
     if runtime not in (None,) + RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES} (or None to detect), got {runtime!r}")
     if runtime is not None:
@@ -57,24 +61,25 @@ def _use_horovod(runtime: Optional[str]) -> bool:
     return hvd is not None and hvd.is_initialized()
 
 
-class PipelinedModel:
-    def __new__(cls, model=None, plan=None, devices=None, runtime=None):
-        # One class for users; under horovodrun each rank runs its own unit.
-        if cls is PipelinedModel and _use_horovod(runtime):
-            from dapple.horovod_model import HorovodPipelinedModel
-            cls = HorovodPipelinedModel
-        return super().__new__(cls)
+def _make_runtime(runtime: Optional[str], model: tf.keras.Model, plan: Plan,
+                  devices) -> Runtime:
+    if _use_horovod(runtime):
+        # Imported only when chosen: it needs Horovod, which a local run may not have.
+        from dapple.horovod_runtime import HorovodRuntime
+        return HorovodRuntime(model, plan, devices)
+    return LocalRuntime(plan, devices)
 
+
+class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
-                 runtime=None):
+                 runtime: Optional[str] = None):
         self.model = model
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
+        # Checked before the runtime starts (Horovod's, too): a clear error on every rank.
         check_plan_matches_model(self.plan, model)
         check_supported_model(model)
         check_recompute(self.plan, model)
-        self.devices = list(devices) if devices is not None else local_devices(
-            max(d for s in self.plan.stages for d in s.devices) + 1)
-        self._shuffle_seed = None     # the Horovod runtime shares one across ranks
+        self.runtime = _make_runtime(runtime, model, self.plan, devices)
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None
         self.optimizer = None
@@ -91,11 +96,34 @@ class PipelinedModel:
                            loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
         self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
-        self._step = self._make_step(self._loss)
+        self._step = self.runtime.make_step(self.model, self.plan, self._loss)
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
 
-    def _make_step(self, loss: Optional[PipelineLoss]) -> PipelineStep:
-        return PipelineStep(self.model, self.plan, loss, self.devices)
+    # ---- where this process runs (the runtime's) ------------------------------------------------
+    @property
+    def devices(self) -> List[str]:
+        """The device of every plan device id (under horovodrun: this rank's, for all)."""
+        return self.runtime.devices
+
+    @property
+    def rank(self) -> int:
+        """This process's Horovod rank (0 when one process runs every unit)."""
+        return self.runtime.rank
+
+    @property
+    def stage(self) -> Optional[int]:
+        """The stage this process runs under horovodrun (None when it runs every stage)."""
+        return self.runtime.stage
+
+    @property
+    def replica(self) -> Optional[int]:
+        """The replica of `stage` this process runs under horovodrun (else None)."""
+        return self.runtime.replica
+
+    def gather_weights(self) -> None:
+        """Make this process's copy of the model current (under horovodrun each rank trains
+        only its stage; locally there is nothing to gather)."""
+        self.runtime.gather_weights()
 
     @property
     def global_batch_size(self) -> Optional[int]:
@@ -114,15 +142,6 @@ class PipelinedModel:
                                 else ""))
         check_even(n, self.plan.micro_batches, [s.replicas for s in self.plan.stages])
 
-    # ---- hooks a runtime across processes overrides (dapple.horovod_model) ---------------------
-    def _compiled(self, what: str, fn):
-        """Wrap a compiled step function (`what` names it); here it runs as it is."""
-        return fn
-
-    def _predictions(self, result) -> List[tf.Tensor]:
-        """Every output's predictions for the global batch, in row order."""
-        return [tf.concat(p, axis=0) for p in result.predictions]
-
     def _has_metrics(self) -> bool:
         cm = self.model.compiled_metrics
         return bool(getattr(cm, "_user_metrics", None) or getattr(cm, "_user_weighted_metrics",
@@ -130,22 +149,9 @@ class PipelinedModel:
 
     def _update_metrics(self, y, result, sample_weight=None) -> None:
         if self._has_metrics():
-            y_pred = self._predictions(result)
+            y_pred = self.runtime.predictions(self._step, result)
             self.model.compiled_metrics.update_state(
                 y, y_pred[0] if len(y_pred) == 1 else y_pred, sample_weight)
-
-    def _loss_scale(self) -> Optional[tf.Tensor]:
-        """The optimizer's current loss scale under mixed precision, else None."""
-        if isinstance(self.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
-            return self.optimizer.loss_scale
-        return None
-
-    def _finish_gradients(self, gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
-        """What the optimizer is given: the accumulated gradients, unscaled once under mixed
-        precision. (Across processes, also agreed on: `dapple.horovod_model`.)"""
-        if self._loss_scale() is not None:
-            gradients = self.optimizer.get_unscaled_gradients(gradients)
-        return gradients
 
     # ---- training ------------------------------------------------------------------------------
     def gradients(self, x, y, sample_weight=None) -> List[tf.Tensor]:
@@ -159,24 +165,19 @@ class PipelinedModel:
             def grad_fn(x, y, sample_weight):
                 result = self._step.run(x, y, sample_weight=sample_weight)
                 return result.loss, result.gradients
-            self._grad_fn = self._compiled("gradients step", grad_fn)
+            self._grad_fn = self.runtime.compiled("gradients step", grad_fn)
         loss, grads = self._grad_fn(x, y, sample_weight)
         return grads
-
-    def _apply(self, gradients) -> None:
-        pairs = [(g, v) for g, v in zip(gradients, self.model.trainable_variables)
-                 if g is not None]
-        self.optimizer.apply_gradients(pairs)
 
     def _build_train_fn(self):
         @tf.function
         def train_fn(x, y, sample_weight):
             result = self._step.run(x, y, sample_weight=sample_weight,
-                                    loss_scale=self._loss_scale())
-            self._apply(self._finish_gradients(result.gradients))
+                                    loss_scale=loss_scale(self.optimizer))
+            self.runtime.apply_gradients(self._step, self.optimizer, result.gradients)
             self._update_metrics(y, result, sample_weight)
             return result.loss
-        return self._compiled("train step", train_fn)
+        return self.runtime.compiled("train step", train_fn)
 
     def train_step(self, x, y, sample_weight=None) -> tf.Tensor:
         """One optimizer step on one global batch; returns the loss."""
@@ -228,7 +229,7 @@ class PipelinedModel:
                                                                               sample_weight)
         ds = tf.data.Dataset.from_tensor_slices(elements)
         if shuffle:
-            ds = ds.shuffle(n, seed=self._shuffle_seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(n, seed=self.runtime.shuffle_seed, reshuffle_each_iteration=True)
         ds = ds.batch(batch_size, drop_remainder=True)
         return ds.map(class_weight_fn(class_weight)) if class_weight else ds
 
@@ -316,15 +317,15 @@ class PipelinedModel:
         repeating its last row) and the padding's outputs dropped, so every row is predicted.
         """
         if self._step is None:
-            self._step = self._make_step(None)
+            self._step = self.runtime.make_step(self.model, self.plan, None)
         if self._predict_fn is None:
             @tf.function
             def predict_fn(x):
                 result = self._step.run(x, None, training=False)
                 # The loss is returned too: across processes it keeps the step's transfers
                 # and closing collective alive on every rank (Grappler drops unused ones).
-                return result.loss, self._predictions(result)
-            compiled = self._compiled("predict step", predict_fn)
+                return result.loss, self.runtime.predictions(self._step, result)
+            compiled = self.runtime.compiled("predict step", predict_fn)
             self._predict_fn = lambda x: compiled(x)[1]
         if isinstance(x, tf.data.Dataset):
             if batch_size is not None:
@@ -354,7 +355,7 @@ class PipelinedModel:
                 result = self._step.run(x, y, training=False, sample_weight=sample_weight)
                 self._update_metrics(y, result, sample_weight)
                 return result.loss
-            self._eval_fn = self._compiled("evaluate step", eval_fn)
+            self._eval_fn = self.runtime.compiled("evaluate step", eval_fn)
         eval_fn = self._eval_fn
         loss_mean = tf.keras.metrics.Mean()
         for m in self.model.compiled_metrics.metrics:
@@ -372,11 +373,12 @@ class PipelinedModel:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_weights(self, path: str) -> None:
-        """The plain model's weights in Keras's format, written atomically."""
-        save_weights_atomically(self.model, path)
+        """The plain model's weights in Keras's format, written atomically (once, under
+        horovodrun, after every stage's weights are gathered)."""
+        self.runtime.save_weights(self.model, path)
 
     def load_weights(self, path: str):
         """Keras's `load_weights` into the plain model (so any plan's checkpoint loads)."""
-        return self.model.load_weights(path)
+        return self.runtime.load_weights(self.model, path)
 
 

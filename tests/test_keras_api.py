@@ -272,6 +272,17 @@ def test_plan_needing_more_devices_than_exist_is_refused():
         PipelinedModel(mlp_with_skip(), plan)
 
 
+def test_an_unknown_runtime_is_refused():
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        PipelinedModel(mlp_with_skip(), straight_plan([2], 5, 2, BATCH), runtime="mpi")
+
+
+def test_one_process_running_every_unit_is_rank_0_of_no_single_stage():
+    pm = PipelinedModel(mlp_with_skip(), straight_plan([2], 5, 2, BATCH), runtime="local")
+    assert (pm.rank, pm.stage, pm.replica) == (0, None, None)
+    pm.gather_weights()              # one copy of every variable: nothing to gather
+
+
 def test_global_batch_not_divisible_by_micro_batches_times_replicas():
     plan = straight_plan([2], 5, 3, None, replicas=[2, 1])
     pm = PipelinedModel(mlp_with_skip(), plan)

@@ -1,8 +1,8 @@
-"""`PipelinedModel` under horovodrun: one process per plan device, same API, same results.
+"""The Horovod runtime: one process (rank) per plan device, same API, same results.
 
-`dapple.PipelinedModel(model, plan)` becomes a `HorovodPipelinedModel` when the process was
-started by horovodrun or Horovod is initialized (or with `runtime="horovod"`). Every rank runs
-the same user script; rank r runs plan device r (`graph_rewrite.horovod_ranks`):
+`dapple.PipelinedModel(model, plan)` runs on it when the process was started by horovodrun or
+Horovod is initialized (or with `runtime="horovod"`). Every rank runs the same user script and
+`PipelinedModel`'s same actions; rank r runs plan device r (`graph_rewrite.horovod_ranks`):
 
 * Horovod is initialized with the plan's process sets (or they are added, if the user called
   `hvd.init()` first, which needs `HOROVOD_DYNAMIC_PROCESS_SETS=1`; `dapple launch` sets it).
@@ -34,23 +34,23 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import List, Optional, Union
+from typing import List, Optional
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from dapple.checkpoint import save_weights_atomically
+from dapple.runtime import Runtime, apply_present, loss_scale, unscaled
 from graph_rewrite.horovod_ranks import RankLayout, WorldSizeError
 from graph_rewrite.horovod_transport import (HorovodPipelineStep, init_horovod,
                                              pin_gpu_to_local_rank, rank_device,
                                              shared_stage_groups)
-from graph_rewrite.model_graph import cut_model
 from graph_rewrite.horovod_watchdog import StepWatchdog
 from graph_rewrite.losses import PipelineLoss
+from graph_rewrite.model_graph import cut_model
+from graph_rewrite.pipeline import StepResult
 from planner.plan import Plan
-from dapple.checkpoint import save_weights_atomically
-from dapple.checks import check_plan_matches_model
-from dapple.pipelined_model import PipelinedModel
 
 
 def _world_size_from_env() -> Optional[int]:
@@ -72,17 +72,15 @@ def _install_failure_report(who: str) -> None:
     sys.excepthook = hook
 
 
-class HorovodPipelinedModel(PipelinedModel):
-    def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
-                 runtime=None):
-        plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
-        check_plan_matches_model(plan, model)       # before Horovod starts: a clear error
+class HorovodRuntime(Runtime):
+    def __init__(self, model: tf.keras.Model, plan: Plan, devices=None):
         size = hvd.size() if hvd.is_initialized() else _world_size_from_env()
         self.layout = RankLayout(plan, size if size is not None else plan.num_devices)
         if not hvd.is_initialized():
             pin_gpu_to_local_rank()
-        stages = cut_model(model, [tuple(st.layers) for st in plan.stages])
-        self.process_sets = init_horovod(self.layout.process_sets(shared_stage_groups(stages)))
+        self.stages = cut_model(model, [tuple(st.layers) for st in plan.stages])
+        self.process_sets = init_horovod(
+            self.layout.process_sets(shared_stage_groups(self.stages)))
         if hvd.size() != self.layout.size:
             raise WorldSizeError(f"the plan uses {self.layout.size} devices but Horovod runs "
                                  f"{hvd.size()} processes")
@@ -92,63 +90,23 @@ class HorovodPipelinedModel(PipelinedModel):
         _install_failure_report(self.who)
         self.device = devices[0] if devices else rank_device(hvd.local_rank())
         # Every plan device id of this process's step names this rank's one device.
-        super().__init__(model, plan, devices=[self.device] * plan.num_devices)
+        self.devices = [self.device] * plan.num_devices
         self.watchdog = StepWatchdog(self.who)
         self._placeholder = None
-        self._poison = 0.0
         self._traced = set()
         with self.watchdog.step("broadcasting rank 0's initial weights", first=True):
             hvd.broadcast_variables(model.variables, root_rank=0)
         # One shuffle seed for all ranks: every rank must see the same global batches.
         seed = hvd.broadcast(tf.constant(np.random.randint(0, 2**31 - 1), tf.int64), 0,
                              name="dapple.shuffle_seed")
-        self._shuffle_seed = int(seed)
+        self.shuffle_seed = int(seed)
 
-    def _make_step(self, loss: Optional[PipelineLoss]) -> HorovodPipelineStep:
-        return HorovodPipelineStep(self.model, self.plan, loss, self.device,
-                                   self.process_sets, self.layout)
+    def make_step(self, model: tf.keras.Model, plan: Plan,
+                  loss: Optional[PipelineLoss]) -> HorovodPipelineStep:
+        return HorovodPipelineStep(model, plan, loss, self.device, self.process_sets,
+                                   self.layout)
 
-    # ---- the optimizer sees the whole model's gradient -------------------------------------------
-    def _finish_gradients(self, gradients):
-        gradients = super()._finish_gradients(gradients)
-        transport = self._step.transport
-        if self._loss_scale() is not None:
-            local = tf.constant(0.0)
-            for g in gradients:
-                if g is not None:
-                    local = local + tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(g))),
-                                            tf.float32)
-            nonfinite = transport.sum_over_ranks(local, "nonfinite")
-            # NaN in every rank's gradients when any rank had a non-finite one: every
-            # LossScaleOptimizer then skips the step and lowers its scale alike.
-            poison = tf.where(nonfinite > 0, float("nan"), 0.0)
-            gradients = [None if g is None else g + tf.cast(poison, g.dtype) for g in gradients]
-            self._poison = poison
-        clip = _global_clipnorm(self.optimizer)
-        if clip:
-            squares = tf.constant(0.0)
-            for g, v in zip(gradients, self.model.trainable_variables):
-                if g is not None and self._step.owns_norm_of(v):
-                    squares = squares + tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
-            norm = tf.sqrt(transport.sum_over_ranks(squares, "gradnorm"))
-            # tf.clip_by_global_norm's factor; the optimizer's own clip, on this rank's share
-            # only, then changes nothing (that share's norm is at most the clipped norm).
-            scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
-            gradients = [None if g is None else g * tf.cast(scale, g.dtype) for g in gradients]
-        return gradients
-
-    def _apply(self, gradients) -> None:
-        if any(g is not None for g in gradients):
-            return super()._apply(gradients)
-        # No trainable variables here: step the optimizer anyway, so its iteration count and
-        # loss scale stay those of every other rank.
-        if self._placeholder is None:
-            with tf.init_scope():
-                self._placeholder = tf.Variable(0.0, name="dapple_no_weights")
-        zero = tf.zeros_like(self._placeholder) + self._poison
-        self.optimizer.apply_gradients([(zero, self._placeholder)])
-
-    def _compiled(self, what: str, fn):
+    def compiled(self, what: str, fn):
         """Run the compiled `fn` under the watchdog (the first call also traces)."""
         def call(*args):
             first = what not in self._traced
@@ -157,17 +115,53 @@ class HorovodPipelinedModel(PipelinedModel):
                 return fn(*args)
         return call
 
-    def _predictions(self, result) -> List[tf.Tensor]:
+    # ---- the optimizer sees the whole model's gradient -------------------------------------------
+    def apply_gradients(self, step: HorovodPipelineStep, optimizer, gradients) -> None:
+        gradients = unscaled(optimizer, gradients)
+        poison = 0.0
+        if loss_scale(optimizer) is not None:
+            local = tf.constant(0.0)
+            for g in gradients:
+                if g is not None:
+                    local = local + tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(g))),
+                                            tf.float32)
+            nonfinite = step.transport.sum_over_ranks(local, "nonfinite")
+            # NaN in every rank's gradients when any rank had a non-finite one: every
+            # LossScaleOptimizer then skips the step and lowers its scale alike.
+            poison = tf.where(nonfinite > 0, float("nan"), 0.0)
+            gradients = [None if g is None else g + tf.cast(poison, g.dtype) for g in gradients]
+        clip = _global_clipnorm(optimizer)
+        if clip:
+            squares = tf.constant(0.0)
+            for g, v in zip(gradients, step.model.trainable_variables):
+                if g is not None and step.owns_norm_of(v):
+                    squares = squares + tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+            norm = tf.sqrt(step.transport.sum_over_ranks(squares, "gradnorm"))
+            # tf.clip_by_global_norm's factor; the optimizer's own clip, on this rank's share
+            # only, then changes nothing (that share's norm is at most the clipped norm).
+            scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
+            gradients = [None if g is None else g * tf.cast(scale, g.dtype) for g in gradients]
+        if any(g is not None for g in gradients):
+            apply_present(optimizer, gradients, step.model.trainable_variables)
+            return
+        # No trainable variables here: step the optimizer anyway, so its iteration count and
+        # loss scale stay those of every other rank.
+        if self._placeholder is None:
+            with tf.init_scope():
+                self._placeholder = tf.Variable(0.0, name="dapple_no_weights")
+        zero = tf.zeros_like(self._placeholder) + poison
+        optimizer.apply_gradients([(zero, self._placeholder)])
+
+    def predictions(self, step: HorovodPipelineStep, result: StepResult) -> List[tf.Tensor]:
         """Every output's predictions for the whole global batch, in row order, on every rank:
         last-stage ranks hold their rows; one allgather per output brings them together."""
-        step = self._step
-        last = self.plan.stages[-1]
-        M, R = self.plan.micro_batches, last.replicas
+        last = step.plan.stages[-1]
+        M, R = step.plan.micro_batches, last.replicas
         size = result.global_batch // (M * R)
         replica_of_rank = {d: r for r, d in enumerate(last.devices)}
         ranks = sorted(last.devices)
         outs = []
-        for k, tensor in enumerate(self.model.outputs):
+        for k, tensor in enumerate(step.model.outputs):
             mine = result.predictions[k] if k < len(result.predictions) else []
             if mine:
                 local = step.transport.distinct(tf.concat(mine, axis=0))
@@ -187,24 +181,19 @@ class HorovodPipelinedModel(PipelinedModel):
         """Make every rank's copy of the model current: each stage's first rank broadcasts the
         stage's variables (the replicas of a stage hold equal values)."""
         with self.watchdog.step("gathering stage weights"):
-            for s, graph in enumerate(self._stage_graphs()):
+            for s, graph in enumerate(self.stages):
                 variables = graph.variables
                 if variables:
                     hvd.broadcast_variables(variables, root_rank=self.layout.rank(s, 0))
 
-    def _stage_graphs(self):
-        if self._step is None:
-            self._step = self._make_step(None)
-        return self._step.stages
-
-    def save_weights(self, path: str) -> None:
+    def save_weights(self, model: tf.keras.Model, path: str) -> None:
         """The plain model's Keras checkpoint, with every stage's variables, written once by
         rank 0 (atomically); every rank returns after it is complete."""
         self.gather_weights()
         error = ""
         if self.rank == 0:
             try:
-                save_weights_atomically(self.model, path)
+                save_weights_atomically(model, path)
             except Exception as e:   # tell the other ranks instead of leaving them waiting
                 error = f"{type(e).__name__}: {e}"
                 traceback.print_exc()
@@ -214,11 +203,11 @@ class HorovodPipelinedModel(PipelinedModel):
             raise RuntimeError(f"rank 0 could not write the checkpoint {path!r}"
                                + (f": {error}" if error else " (see rank 0's output)"))
 
-    def load_weights(self, path: str):
+    def load_weights(self, model: tf.keras.Model, path: str):
         """Rank 0 reads the checkpoint; all ranks then hold its weights."""
-        status = self.model.load_weights(path) if self.rank == 0 else None
+        status = model.load_weights(path) if self.rank == 0 else None
         with self.watchdog.step("broadcasting loaded weights"):
-            hvd.broadcast_variables(self.model.variables, root_rank=0)
+            hvd.broadcast_variables(model.variables, root_rank=0)
         return status
 
 

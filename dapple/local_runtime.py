@@ -1,0 +1,50 @@
+"""The local runtime: every unit of the plan runs in this process, each on its own device.
+
+Boundaries are moved by `graph_rewrite.local_transport`; there is one copy of every variable,
+so the gradients, predictions and weights this process holds are already the whole model's.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import tensorflow as tf
+
+from dapple.checkpoint import save_weights_atomically
+from dapple.devices import local_devices
+from dapple.runtime import Runtime, apply_present, unscaled
+from graph_rewrite.losses import PipelineLoss
+from graph_rewrite.pipeline import PipelineStep, StepResult
+from planner.plan import Plan
+
+
+class LocalRuntime(Runtime):
+    rank = 0
+    stage = replica = None
+    shuffle_seed = None             # fit shuffles with a fresh seed, as Keras does
+
+    def __init__(self, plan: Plan, devices=None):
+        self.devices = list(devices) if devices is not None else local_devices(
+            max(d for s in plan.stages for d in s.devices) + 1)
+
+    def make_step(self, model: tf.keras.Model, plan: Plan,
+                  loss: Optional[PipelineLoss]) -> PipelineStep:
+        return PipelineStep(model, plan, loss, self.devices)
+
+    def compiled(self, what: str, fn):
+        return fn
+
+    def apply_gradients(self, step: PipelineStep, optimizer, gradients) -> None:
+        apply_present(optimizer, unscaled(optimizer, gradients),
+                      step.model.trainable_variables)
+
+    def predictions(self, step: PipelineStep, result: StepResult) -> List[tf.Tensor]:
+        return [tf.concat(p, axis=0) for p in result.predictions]
+
+    def gather_weights(self) -> None:
+        """Nothing to gather: the model's variables are the ones trained."""
+
+    def save_weights(self, model: tf.keras.Model, path: str) -> None:
+        save_weights_atomically(model, path)
+
+    def load_weights(self, model: tf.keras.Model, path: str):
+        return model.load_weights(path)

@@ -1,0 +1,76 @@
+"""What a `PipelinedModel` delegates to where its step runs: the `Runtime` interface.
+
+`PipelinedModel` is the same Keras-facing object everywhere and runs the same actions (build the
+step, trace it, apply the gradients, gather predictions, write checkpoints); a runtime holds
+only what differs between running every unit in this process (`dapple.local_runtime`) and one
+unit per Horovod rank (`dapple.horovod_runtime`). `PipelinedModel` picks one when it is made.
+Runtimes never import `dapple.pipelined_model`: dependencies point one way.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Callable, List, Optional
+
+import tensorflow as tf
+
+from graph_rewrite.losses import PipelineLoss
+from graph_rewrite.pipeline import PipelineStep, StepResult
+from planner.plan import Plan
+
+
+class Runtime(abc.ABC):
+    rank: int                       # this process's Horovod rank; 0 locally
+    stage: Optional[int]            # the unit this process runs; None locally (it runs all)
+    replica: Optional[int]
+    devices: List[str]              # by plan device id
+    shuffle_seed: Optional[int]     # fit's shuffle seed (one for all ranks under Horovod)
+
+    @abc.abstractmethod
+    def make_step(self, model: tf.keras.Model, plan: Plan,
+                  loss: Optional[PipelineLoss]) -> PipelineStep:
+        """The pipelined step of the units this process runs (`loss=None`: forward only)."""
+
+    @abc.abstractmethod
+    def compiled(self, what: str, fn: Callable) -> Callable:
+        """The compiled step function `fn` as it is to be called (`what` names it)."""
+
+    @abc.abstractmethod
+    def apply_gradients(self, step: PipelineStep, optimizer,
+                        gradients: List[Optional[tf.Tensor]]) -> None:
+        """Give the step's gradients (aligned with the model's trainable variables) to the
+        optimizer as it would get them for the plain model on one process."""
+
+    @abc.abstractmethod
+    def predictions(self, step: PipelineStep, result: StepResult) -> List[tf.Tensor]:
+        """Every output's predictions for the whole global batch, in row order."""
+
+    @abc.abstractmethod
+    def gather_weights(self) -> None:
+        """Make this process's copy of every model variable current."""
+
+    @abc.abstractmethod
+    def save_weights(self, model: tf.keras.Model, path: str) -> None:
+        """The plain model's checkpoint with every stage's variables, written once."""
+
+    @abc.abstractmethod
+    def load_weights(self, model: tf.keras.Model, path: str):
+        """Keras's `load_weights` into the plain model, on every process."""
+
+
+def loss_scale(optimizer) -> Optional[tf.Tensor]:
+    """The optimizer's current loss scale under mixed precision, else None."""
+    if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+        return optimizer.loss_scale
+    return None
+
+
+def unscaled(optimizer, gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+    """The accumulated gradients unscaled once under mixed precision (as Keras does)."""
+    if loss_scale(optimizer) is not None:
+        return optimizer.get_unscaled_gradients(gradients)
+    return gradients
+
+
+def apply_present(optimizer, gradients: List[Optional[tf.Tensor]], variables) -> None:
+    """One `apply_gradients` of the gradients that are not None, with their variables."""
+    optimizer.apply_gradients([(g, v) for g, v in zip(gradients, variables) if g is not None])
