@@ -27,6 +27,7 @@ def strategy_report(plan: Plan, profile, topology,
     dtype = getattr(profile, "compute_dtype", "float32")
     activations = f" (activations in {dtype})" if dtype != "float32" else ""
     lines = [f"# Strategy for {profile.name} on {topology.describe()}{activations}", "",
+             f"Topology: {topology.links_source()}.", "",
              f"Plan **{plan.shape()}**, {plan.num_stages} stage(s), global batch "
              f"{plan.global_batch_size}, {plan.micro_batches} micro-batches of "
              f"{plan.micro_batch_size()}, warm-up policy {plan.schedule} "

@@ -10,11 +10,14 @@ Decisions a newcomer needs:
   memory size.
 * Bandwidths are the rates one transfer achieves on that link class; the cost model
   (`planner.cost_model`) decides how collectives and split/concat transfers use them.
+* Links are assumed (presets, spec strings: `topology.constants`) unless the topology carries
+  `measured`, the record `dapple topology --measure` writes: when (`at`, ISO 8601), how, and
+  each measured rank pair. Files without it load as before; the planner reads only the numbers.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from topology.errors import TopologyError
 
@@ -28,6 +31,9 @@ class Topology:
     intra_host_latency: float = 0.0         # seconds per transfer inside a host
     inter_host_latency: float = 0.0         # seconds per transfer between hosts
     name: str = ""
+    # how the link figures were measured ({"at": ISO time, ...}); None: assumed. Not compared:
+    # two topologies with the same figures plan the same.
+    measured: Optional[Dict[str, Any]] = field(default=None, compare=False)
     # derived (filled in __post_init__)
     _host_of: tuple = field(default=(), repr=False, compare=False)
     _host_start: tuple = field(default=(), repr=False, compare=False)
@@ -50,6 +56,10 @@ class Topology:
                              ("inter-host latency", self.inter_host_latency)):
             if value < 0:
                 raise TopologyError(f"{label} must be >= 0 seconds, got {value!r}")
+        if self.measured is not None and not (isinstance(self.measured, dict)
+                                              and isinstance(self.measured.get("at"), str)):
+            raise TopologyError(f"'measured' must be an object with 'at' (when, ISO 8601), got "
+                                f"{self.measured!r}")
         host_of, starts = [], []
         for h, n in enumerate(counts):
             starts.append(len(host_of))
@@ -90,9 +100,15 @@ class Topology:
             return self.intra_host_bandwidth, self.intra_host_latency
         return self.inter_host_bandwidth, self.inter_host_latency
 
+    def links_source(self) -> str:
+        """Where the link figures come from, in words: measured (when) or assumed."""
+        if self.measured is None:
+            return "links assumed (preset or spec figures, not measured)"
+        return f"links measured at {self.measured['at']}"
+
     # ---- (de)serialisation -------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "devices_per_host": list(self.devices_per_host),
             "device_memory_bytes": self.device_memory_bytes,
@@ -101,13 +117,16 @@ class Topology:
             "intra_host_latency": self.intra_host_latency,
             "inter_host_latency": self.inter_host_latency,
         }
+        if self.measured is not None:
+            out["measured"] = self.measured
+        return out
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Topology":
         if not isinstance(d, dict):
             raise TopologyError(f"a topology is a JSON object, got {type(d).__name__}")
         known = {"name", "devices_per_host", "device_memory_bytes", "intra_host_bandwidth",
-                 "inter_host_bandwidth", "intra_host_latency", "inter_host_latency"}
+                 "inter_host_bandwidth", "intra_host_latency", "inter_host_latency", "measured"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise TopologyError(f"topology has unknown field(s) {unknown}; known: {sorted(known)}")
@@ -121,7 +140,7 @@ class Topology:
                                                         C.ETHERNET_25G_BANDWIDTH)),
                        intra_host_latency=float(d.get("intra_host_latency", C.NVLINK_LATENCY)),
                        inter_host_latency=float(d.get("inter_host_latency", C.ETHERNET_LATENCY)),
-                       name=str(d.get("name", "")))
+                       name=str(d.get("name", "")), measured=d.get("measured"))
         except KeyError:
             raise TopologyError("topology needs 'devices_per_host', e.g. [8, 8]") from None
         except (TypeError, ValueError) as e:

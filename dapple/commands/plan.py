@@ -165,7 +165,8 @@ def _report(profile, topo, sizes) -> None:
         _fail(f"--report={FLAGS.report}: {e}")
     rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
                          plan_space=FLAGS.plan_space) for gbs in sizes]
-    written = write_report(FLAGS.report, rows, title=f"{profile.name} on {topo.describe()}")
+    written = write_report(FLAGS.report, rows, title=f"{profile.name} on {topo.describe()}",
+                           notes=[f"Topology: {topo.links_source()}."])
     print(f"strategy report written to {', '.join(written)}", file=sys.stderr)
 
 
