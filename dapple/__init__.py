@@ -9,8 +9,8 @@ What users touch:
 
 `import dapple` splits the CPU into logical devices (TensorFlow fixes its device list at first
 use, so this must happen before anything else touches TensorFlow; see `dapple.devices`). The
-`dapple` command's planner-only subcommands (`plan`, `simulate`) skip this so they start fast
-and work without TensorFlow installed.
+`dapple` command's subcommands that need no TensorFlow (`plan`, `simulate`, `emulate`) skip
+this so they start fast and work without TensorFlow installed.
 """
 import importlib.util as _importlib_util
 import os as _os
@@ -19,16 +19,16 @@ import sys as _sys
 __version__ = "0.1.0"
 
 
-def _planner_only_invocation() -> bool:
-    from dapple.cli import PLANNER_ONLY_COMMANDS
+def _invocation_without_tensorflow() -> bool:
+    from dapple.cli import COMMANDS_WITHOUT_TENSORFLOW
     return (_os.path.basename(_sys.argv[0] if _sys.argv else "") == "dapple"
-            and len(_sys.argv) > 1 and _sys.argv[1] in PLANNER_ONLY_COMMANDS)
+            and len(_sys.argv) > 1 and _sys.argv[1] in COMMANDS_WITHOUT_TENSORFLOW)
 
 
 _HAS_TF = _importlib_util.find_spec("tensorflow") is not None
 if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "dapple":
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # the CLI's own output stays readable
-if _HAS_TF and not _planner_only_invocation():
+if _HAS_TF and not _invocation_without_tensorflow():
     from dapple.devices import configure_local_devices as _configure_local_devices
     _configure_local_devices()
 

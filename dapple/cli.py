@@ -16,8 +16,12 @@ COMMANDS = {
     "verify": "check a plan's gradients against the plain model (needs TensorFlow)",
     "launch": "run a training script under horovodrun for a plan",
     "demo": "profile, plan, report and train a small model on local logical devices",
+    "emulate": "run a command's Horovod ranks on an emulated cluster: a network namespace per "
+               "host, links shaped to a rate (needs root)",
 }
 PLANNER_ONLY_COMMANDS = ("plan", "simulate")
+# Commands that never touch TensorFlow: `import dapple` skips setting up its devices for them.
+COMMANDS_WITHOUT_TENSORFLOW = PLANNER_ONLY_COMMANDS + ("emulate",)
 
 
 def usage() -> str:

@@ -1,0 +1,139 @@
+"""Run a command's ranks with Horovod over Gloo on an emulated cluster (`dapple emulate`).
+
+    run_emulated(parse_emulated_cluster("2x2,net=200Mbps"), ["dapple", "topology", "--measure"])
+
+builds the network (`dapple.emulated_network`), starts Horovod's own rendezvous server inside
+host 0's namespace, starts every rank inside its host's namespace with the environment
+horovodrun's Gloo launcher gives it, streams their output (`dapple.rank_processes`), and
+returns the job's exit status. Whatever happens (success, a failing or killed rank, SIGINT,
+SIGTERM, SIGHUP, an error while building), the ranks are ended and the network is deleted.
+
+Rank layout, as `horovodrun -H host0:D0,host1:D1 --gloo`: ranks are numbered host by host
+(Horovod's own `get_host_assignments`), and each rank's HOROVOD_RANK/SIZE, LOCAL_RANK/SIZE,
+CROSS_RANK/SIZE and HOROVOD_HOSTNAME come from Horovod's `create_slot_env_vars`, the rendezvous
+address/port, controller and Gloo interface from `create_run_env_vars`: the ranks cannot tell
+the difference from a horovodrun job across machines.
+
+Each rank gets `threads_per_rank` TensorFlow/OpenMP threads (default 1) and, with `pin`, one
+CPU (rank r on the r-th allowed CPU, modulo their number) through `taskset`, so ranks behave
+like devices of their own rather than all sharing every core.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+from typing import Dict, List, Optional, Sequence
+
+from dapple.emulate_spec import EmulatedCluster, EmulateError
+from dapple.emulated_network import NIC, EmulatedNetwork, check_prerequisites
+from dapple.rank_processes import StopFlag, end_ranks, start_rank, watch
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def say(message: str) -> None:
+    print(f"dapple emulate: {message}", file=sys.stderr, flush=True)
+
+
+def resolve_program(program: Sequence[str]) -> List[str]:
+    """`program` with its executable found on PATH or beside this Python (a virtualenv's
+    `dapple`, `python` or `horovodrun` even when the venv is not activated)."""
+    if not program:
+        raise EmulateError("nothing to run: put the command after `--`, as in `dapple emulate "
+                           "--topology=2x2,net=200Mbps -- dapple topology --measure`")
+    head = program[0]
+    if os.sep in head:
+        found = head if os.access(head, os.X_OK) else None
+    else:
+        found = shutil.which(head)
+        beside = os.path.join(os.path.dirname(sys.executable), head)
+        if found is None and os.access(beside, os.X_OK):
+            found = beside
+    if found is None:
+        raise EmulateError(f"cannot run {head!r}: not an executable file, and not found on "
+                           f"PATH or beside {sys.executable}")
+    return [os.path.abspath(found)] + list(program[1:])
+
+
+def host_assignments(cluster: EmulatedCluster):
+    """Horovod's slot assignments (rank, local and cross ranks) for hosts host0, host1, ..."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    hosts = ",".join(f"host{h}:{n}" for h, n in enumerate(cluster.ranks_per_host))
+    return get_host_assignments(parse_hosts(hosts), cluster.num_ranks)
+
+
+def rank_environment(slot, rendezvous_address: str, rendezvous_port: int,
+                     threads_per_rank: int, base: Optional[Dict[str, str]] = None
+                     ) -> Dict[str, str]:
+    """What horovodrun's Gloo launcher would set for `slot`, over `base` (os.environ)."""
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+    env = dict(os.environ if base is None else base)
+    env.setdefault("DAPPLE_NUM_CPU_DEVICES", "1")      # one rank is one device
+    threads = str(threads_per_rank)
+    env.update({"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads,
+                "PYTHONUNBUFFERED": "1"})
+    run_vars = create_run_env_vars(rendezvous_address, [NIC], rendezvous_port)
+    env.update({k: str(v) for k, v in run_vars.items()})
+    env.update(create_slot_env_vars(slot))
+    return env
+
+
+def _cpu_for(rank: int) -> Optional[int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[rank % len(cpus)] if cpus else None
+
+
+def _host_index(slot) -> int:
+    return int(slot.hostname[len("host"):])
+
+
+def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_rank: int = 1,
+                 pin: bool = True) -> int:
+    """Run `program` as every rank of `cluster`; the job's exit status (see the module doc)."""
+    if threads_per_rank < 1:
+        raise EmulateError(f"--threads_per_rank must be >= 1, got {threads_per_rank}")
+    check_prerequisites()
+    argv = resolve_program(program)
+    from horovod.runner.http.http_server import RendezvousServer
+    slots = host_assignments(cluster)
+    taskset = shutil.which("taskset") if pin else None
+    if pin and taskset is None:
+        say("taskset not found: ranks run unpinned")
+
+    stop = StopFlag()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, stop) for s in HANDLED_SIGNALS} if in_main_thread else {}
+    network = EmulatedNetwork(cluster)
+    rendezvous, ranks = None, []
+    try:
+        say(f"{cluster.describe()}; namespaces {network.prefix}h0..h{cluster.num_hosts - 1}, "
+            f"bridge {network.bridge_namespace}")
+        network.create()
+        with network.inside(0):              # its socket stays in host 0, reachable by all
+            rendezvous = RendezvousServer()
+            port = rendezvous.start()
+        rendezvous.init(slots)
+        for slot in slots:
+            if stop.signum is not None:
+                break
+            host = _host_index(slot)
+            env = rank_environment(slot, network.address(0), port, threads_per_rank)
+            cpu = _cpu_for(slot.rank) if taskset else None
+            pinning = [taskset, "-c", str(cpu)] if cpu is not None else []
+            ranks.append(start_rank(slot.rank, host, network.exec_prefix(host) + pinning + argv,
+                                    env))
+        outcome = watch(ranks, stop, say)
+        return outcome.status
+    finally:
+        end_ranks(ranks)
+        if rendezvous is not None:
+            rendezvous.stop()
+            server = getattr(rendezvous, "_httpd", None)
+            if server is not None:
+                server.server_close()            # the socket pins host 0's namespace
+        network.destroy()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
