@@ -8,15 +8,15 @@ from dapple.emulate_spec import (MIN_BURST_BYTES, EmulateError, default_burst_by
 KIB, MIB = 1024, 2 ** 20
 
 SPECS = [
-    # (spec, ranks per host, rate bytes/s, tc rate, burst bytes)
-    ("2x2,net=200Mbps", (2, 2), 25e6, "200000000bit", 256 * KIB),
-    ("2x1,net=1Gbps", (1, 1), 125e6, "1000000000bit", 1_250_000),
-    ("4x8,net=25MB/s", (8, 8, 8, 8), 25e6, "200000000bit", 256 * KIB),
-    ("2+1,net=10Gbps", (2, 1), 1.25e9, "10000000000bit", 12_500_000),
-    ("1x3,net=100kbps", (3,), 12.5e3, "100000bit", 256 * KIB),
+    # (spec, ranks per host, rate bytes/s, tc rate, burst bytes: 2 ms at the rate, >= 64 KiB)
+    ("2x2,net=200Mbps", (2, 2), 25e6, "200000000bit", 64 * KIB),
+    ("2x1,net=1Gbps", (1, 1), 125e6, "1000000000bit", 250_000),
+    ("4x8,net=25MB/s", (8, 8, 8, 8), 25e6, "200000000bit", 64 * KIB),
+    ("2+1,net=10Gbps", (2, 1), 1.25e9, "10000000000bit", 2_500_000),
+    ("1x3,net=100kbps", (3,), 12.5e3, "100000bit", 64 * KIB),
     ("2x2,net=1.5Gbps,burst=1MiB", (2, 2), 187.5e6, "1500000000bit", MIB),
     ("2x2, net = 200Mbps , burst=512KiB", (2, 2), 25e6, "200000000bit", 512 * KIB),
-    ("2X2,net=200Mbps", (2, 2), 25e6, "200000000bit", 256 * KIB),
+    ("2X2,net=200Mbps", (2, 2), 25e6, "200000000bit", 64 * KIB),
 ]
 
 
@@ -44,9 +44,10 @@ def test_rate_table(rate, tc):
     assert tc_rate(rate) == tc
 
 
-def test_burst_holds_a_timer_tick_and_at_least_256_kib():
-    assert default_burst_bytes(25e6) == MIN_BURST_BYTES == 256 * KIB   # 250 kB per 10 ms
-    assert default_burst_bytes(1.25e9) == 12_500_000                   # 10 Gbps: 12.5 MB
+def test_burst_holds_2_ms_at_the_rate_and_at_least_64_kib():
+    assert default_burst_bytes(25e6) == MIN_BURST_BYTES == 64 * KIB    # 50 kB per 2 ms
+    assert default_burst_bytes(125e6) == 250_000                       # 1 Gbps
+    assert default_burst_bytes(1.25e9) == 2_500_000                    # 10 Gbps
 
 
 BAD = [
