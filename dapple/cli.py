@@ -18,6 +18,8 @@ COMMANDS = {
     "demo": "profile, plan, report and train a small model on local logical devices",
     "emulate": "run a command's Horovod ranks on an emulated cluster: a network namespace per "
                "host, links shaped to a rate (needs root)",
+    "topology": "measure the links between Horovod ranks; write the topology JSON the planner "
+                "reads (needs TensorFlow, Horovod)",
 }
 PLANNER_ONLY_COMMANDS = ("plan", "simulate")
 # Commands that never touch TensorFlow: `import dapple` skips setting up its devices for them.

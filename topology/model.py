@@ -11,8 +11,9 @@ Decisions a newcomer needs:
 * Bandwidths are the rates one transfer achieves on that link class; the cost model
   (`planner.cost_model`) decides how collectives and split/concat transfers use them.
 * Links are assumed (presets, spec strings: `topology.constants`) unless the topology carries
-  `measured`, the record `dapple topology --measure` writes: when (`at`, ISO 8601), how, and
-  each measured rank pair. Files without it load as before; the planner reads only the numbers.
+  `measured`, the record `dapple topology --measure` writes: when (`at`, ISO 8601), how, each
+  measured rank pair, and which link classes it could not measure (`assumed`, in words). Files
+  without it load as before; the planner reads only the numbers.
 """
 from __future__ import annotations
 
@@ -104,7 +105,9 @@ class Topology:
         """Where the link figures come from, in words: measured (when) or assumed."""
         if self.measured is None:
             return "links assumed (preset or spec figures, not measured)"
-        return f"links measured at {self.measured['at']}"
+        assumed = self.measured.get("assumed") or []
+        return f"links measured at {self.measured['at']}" + "".join(
+            f"; {note} assumed" for note in assumed)
 
     # ---- (de)serialisation -------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
