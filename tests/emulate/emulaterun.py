@@ -50,10 +50,10 @@ def why_emulation_is_impossible() -> Optional[str]:
 
 
 def emulate(topology: str, program: Sequence[str], timeout: float = 180,
-            env: Optional[Dict[str, str]] = None, signal_after: Optional[float] = None
-            ) -> RunResult:
+            env: Optional[Dict[str, str]] = None, signal_after: Optional[float] = None,
+            signum: int = signal.SIGTERM) -> RunResult:
     """`dapple emulate --topology=topology -- program...`; a program starting with a script of
-    tests/horovod/scripts runs it with this Python. `signal_after` sends the launcher SIGTERM
+    tests/horovod/scripts runs it with this Python. `signal_after` sends the launcher `signum`
     after that many seconds."""
     program = list(program)
     if not os.path.isabs(program[0]) and os.path.exists(os.path.join(SCRIPTS, program[0])):
@@ -71,7 +71,7 @@ def emulate(topology: str, program: Sequence[str], timeout: float = 180,
             try:
                 out, _ = proc.communicate(timeout=signal_after)
             except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signum)
         out, _ = proc.communicate(timeout=timeout)
         code: Optional[int] = proc.returncode
     except subprocess.TimeoutExpired as e:

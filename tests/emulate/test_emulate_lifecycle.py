@@ -6,6 +6,7 @@ The rank programs here are a few lines of Python (no TensorFlow), so each run ta
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -101,11 +102,15 @@ def test_a_killed_rank_ends_the_job_within_seconds(can_emulate):
     assert_all_gone(result, 4)
 
 
-def test_sigterm_to_the_launcher_ends_every_rank_and_tears_down(can_emulate):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_launcher_ends_every_rank_and_tears_down(can_emulate, signum):
+    """SIGINT is Ctrl-C's signal (the ranks lead their own sessions: only the launcher gets
+    it from a terminal, and ends them)."""
     program = FAIL_ONE.format(rank=-1, action="pass")
-    result = emulate("2x1,net=100Mbps", [PY, "-c", program], timeout=60, signal_after=4)
-    assert result.returncode == 128 + 15, result.output[-3000:]
-    assert "dapple emulate: received SIGTERM; ending all ranks" in result.output
+    result = emulate("2x1,net=100Mbps", [PY, "-c", program], timeout=60, signal_after=4,
+                     signum=signum)
+    assert result.returncode == 128 + signum, result.output[-3000:]
+    assert f"dapple emulate: received {signum.name}; ending all ranks" in result.output
     assert_all_gone(result, 2)
 
 
