@@ -9,8 +9,9 @@ runtime relies on:
   allreduce once);
 * the lists run to the end when all positions run together: otherwise `ScheduleError` names
   every stuck action and what it waits for;
-* each position's peak number of held micro-batches (activations kept from a forward until the
-  action that last reads them: B, or W of a split backward).
+* each position's peak number of held micro-batches (full activations, kept from a forward
+  until its B, or I of a split backward) and of micro-batches awaiting W
+  (`planner.schedule_memory`).
 
 The order it returns respects every data dependency; the runtime builds its graph in that order.
 """
@@ -19,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Set
 
-from planner.actions import (BACKWARD, BACKWARD_WEIGHT, FORWARD, Schedule, ScheduleError)
+from planner.actions import Schedule, ScheduleError
 from planner.lowering import Located, check_compute, lower, needs
+from planner.schedule_memory import peak_counts
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Replay:
     schedule: Schedule                  # lowered
     order: List[Located]                # completion order, one step's actions by position
     peak_held: List[int]                # per position: micro-batches whose activations it holds
+    peak_awaiting_weight: List[int]     # per position: micro-batches past I, before W
 
 
 def replay(schedule: Schedule) -> Replay:
@@ -45,8 +48,6 @@ def replay(schedule: Schedule) -> Replay:
             seen.add(a)
     done: Set[Located] = set()
     position = [0] * lowered.num_positions
-    held = [0] * lowered.num_positions
-    peak = [0] * lowered.num_positions
     order: List[Located] = []
 
     def next_ready(p: int, compute: bool):
@@ -78,12 +79,7 @@ def replay(schedule: Schedule) -> Replay:
             done.add((p, a))
             position[p] += 1
             order.append((p, a))
-            if a.kind == FORWARD:
-                held[p] += 1
-                peak[p] = max(peak[p], held[p])
-            elif a.kind in (BACKWARD, BACKWARD_WEIGHT):
-                held[p] -= 1
-    return Replay(lowered, order, peak)
+    return Replay(lowered, order, *peak_counts(lowered))
 
 
 def _stuck(schedule: Schedule, position: List[int], done: Set[Located]) -> str:

@@ -1,11 +1,20 @@
-"""The schedules of today's plans as action lists: GPipe and DAPPLE's early backward.
+"""Schedules by name, and the two the runtime runs: GPipe and DAPPLE's early backward (1F1B).
 
-Early backward (DAPPLE §III-B, §V-C): stage i runs K_i forwards, then strictly alternates one
-backward and one forward until its forwards are exhausted, then runs the remaining backwards.
+The names a plan may carry (`SCHEDULES`; `build_schedule` makes any of them):
 
-* policy "A": K_i = min(S - i, M)
+* "gpipe": all forwards, then all backwards (K_i = M);
+* "1f1b": DAPPLE's early backward (§III-B, §V-C): stage i runs K_i forwards, then strictly
+  alternates one backward and one forward until its forwards are exhausted, then runs the
+  remaining backwards. K_i = min(S - i, M) unless the plan's `warmup` says otherwise (the
+  planner writes its choice there: policy A's depths, policy B's, capped by memory);
+* "interleaved": Megatron's interleaved 1F1B over v chunks per position (`planner.interleaved`);
+* "zb-h1": zero-bubble ZB-H1, backwards split into I and W (`planner.zero_bubble`).
+
+The warm-up policies of early backward, also accepted as schedule names (plans written before
+the names above; they load and run as 1F1B with that policy's depths):
+
+* policy "A": K_i = min(S - i, M)         (PipeDream-Flush, Megatron's 1F1B; "1f1b"'s default)
 * policy "B": K_i = min(2(S - i) - 1, M)
-* "gpipe":    K_i = M (all forwards, then all backwards)
 
 A memory limit D (micro-batches whose activations fit on a device) caps K_i further; the planner
 writes the capped depths into the plan's schedule (`warmup`).
@@ -20,24 +29,34 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from planner.actions import (BACKWARD, FORWARD, Action, Schedule, ScheduleError,
-                             one_chunk_per_position)
+from planner.actions import (BACKWARD, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
+                             ScheduleError, one_chunk_per_position)
+from planner.interleaved import INTERLEAVED, interleaved_schedule
+from planner.zero_bubble import ZERO_BUBBLE_H1, zb_h1_schedule
 
-POLICIES = ("A", "B", "gpipe")
+POLICIES = ("A", "B", "gpipe")           # warm-up policies of GPipe and early backward
+GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
+SCHEDULES = (GPIPE, ONE_F_ONE_B, INTERLEAVED, ZERO_BUBBLE_H1)
+EARLY_BACKWARD = (ONE_F_ONE_B, "A", "B")   # one schedule; "A" and "B" name its warm-up policies
+NAMES = SCHEDULES + ("A", "B")             # every name a plan may carry
+WARMUP_SCHEDULES = (GPIPE,) + EARLY_BACKWARD   # the schedules a plan's `warmup` may set
+RUNTIME_SCHEDULES = WARMUP_SCHEDULES       # what graph_rewrite runs today
 
 
 def warmup_depths(policy: str, num_stages: int, micro_batches: int,
                   memory_limit: Optional[int] = None) -> List[int]:
-    """K_i for every stage under `policy`, capped by `memory_limit` (D) when given."""
+    """K_i for every stage under `policy` ("1f1b" is policy A), capped by `memory_limit` (D)
+    when given."""
     S, M = num_stages, micro_batches
-    if policy == "A":
+    if policy in ("A", ONE_F_ONE_B):
         ks = [min(S - i, M) for i in range(S)]
     elif policy == "B":
         ks = [min(2 * (S - i) - 1, M) for i in range(S)]
     elif policy == "gpipe":
         ks = [M] * S
     else:
-        raise ScheduleError(f"unknown schedule policy {policy!r}; use 'A', 'B' or 'gpipe'")
+        raise ScheduleError(f"unknown warm-up policy {policy!r}; use 'A', 'B', '1f1b' or "
+                            f"'gpipe'")
     if memory_limit is not None:
         if memory_limit < 1:
             raise ScheduleError(f"memory limit D must allow at least one micro-batch, got "
@@ -78,8 +97,8 @@ def stage_actions(stage: int, micro_batches: int, warmup: int) -> List[Action]:
 def pipeline_schedule(num_stages: int, micro_batches: int, policy: str = "A",
                       warmup: Optional[Sequence[int]] = None) -> Schedule:
     """GPipe or early backward for `num_stages` stages (stage s runs on position s)."""
-    if policy not in POLICIES:
-        raise ScheduleError(f"unknown schedule {policy!r}; use one of {POLICIES}")
+    if policy not in WARMUP_SCHEDULES:
+        raise ScheduleError(f"unknown schedule {policy!r}; use one of {WARMUP_SCHEDULES}")
     ks = list(warmup) if warmup is not None else warmup_depths(policy, num_stages, micro_batches)
     if len(ks) != num_stages:
         raise ScheduleError(f"{len(ks)} warmup depths for {num_stages} stages")
@@ -88,7 +107,62 @@ def pipeline_schedule(num_stages: int, micro_batches: int, policy: str = "A",
         [stage_actions(s, micro_batches, k) for s, k in enumerate(ks)], policy)
 
 
+def build_schedule(name: str, num_positions: int, micro_batches: int,
+                   warmup: Optional[Sequence[int]] = None,
+                   virtual_stages: Optional[int] = None) -> Schedule:
+    """The compute actions of schedule `name` on `num_positions` positions (stages, or for
+    "interleaved" devices holding `virtual_stages` chunks each)."""
+    if name not in NAMES:
+        raise ScheduleError(f"unknown schedule {name!r}; use one of {SCHEDULES}")
+    if warmup is not None and name not in WARMUP_SCHEDULES:
+        raise ScheduleError(f"schedule {name!r} fixes its own warm-up; 'warmup' applies to "
+                            f"{WARMUP_SCHEDULES} only")
+    if virtual_stages not in (None, 1) and name != INTERLEAVED:
+        raise ScheduleError(f"schedule {name!r} runs one chunk per position; virtual_stages "
+                            f"= {virtual_stages} needs schedule {INTERLEAVED!r}")
+    if name == INTERLEAVED:
+        if virtual_stages is None:
+            raise ScheduleError(f"schedule {INTERLEAVED!r} needs virtual_stages (chunks per "
+                                f"position), e.g. 2")
+        return interleaved_schedule(num_positions, micro_batches, virtual_stages)
+    if name == ZERO_BUBBLE_H1:
+        return zb_h1_schedule(num_positions, micro_batches)
+    return pipeline_schedule(num_positions, micro_batches, name, warmup)
+
+
 def plan_schedule(plan) -> Schedule:
-    """The compute actions of a `planner.plan.Plan`'s schedule."""
-    return pipeline_schedule(plan.num_stages, plan.micro_batches, plan.schedule,
-                             plan.warmup_depths())
+    """The compute actions of a `planner.plan.Plan`'s schedule (its stages are the chunks)."""
+    v = plan.virtual_stages if plan.schedule == INTERLEAVED else None
+    positions = plan.num_stages // (v or 1)
+    warmup = plan.warmup
+    if warmup is None and plan.schedule in WARMUP_SCHEDULES:
+        warmup = warmup_depths(plan.schedule, positions, plan.micro_batches)
+    return build_schedule(plan.schedule, positions, plan.micro_batches, warmup, v)
+
+
+def first_backward_depths(schedule: Schedule) -> List[int]:
+    """Per position, the forwards it runs before its first backward (B or I): the warm-up
+    depth K of any schedule."""
+    depths = []
+    for lst in schedule.lists:
+        compute = [a for a in lst if a.is_compute]
+        first = next((i for i, a in enumerate(compute) if a.kind != FORWARD
+                      and a.kind != BACKWARD_WEIGHT), len(compute))
+        depths.append(sum(1 for a in compute[:first] if a.kind == FORWARD))
+    return depths
+
+
+def runtime_supported(name: str) -> bool:
+    """Whether the dapple runtime (graph_rewrite) runs schedule `name` today."""
+    return name in RUNTIME_SCHEDULES
+
+
+def require_runtime_support(plan) -> None:
+    """Raise `ScheduleError` before any building when the runtime cannot run `plan`'s schedule
+    (the planner and simulator know more schedules than the runtime runs)."""
+    if not runtime_supported(plan.schedule):
+        raise ScheduleError(
+            f"the plan's schedule {plan.schedule!r} is planned and simulated, but the dapple "
+            f"runtime runs only {', '.join(RUNTIME_SCHEDULES)} today; re-plan with "
+            f"`dapple plan --schedule=1f1b` (or gpipe), or set \"schedule\": {{\"name\": "
+            f"\"1f1b\"}} in the plan")

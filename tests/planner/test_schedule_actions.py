@@ -72,7 +72,9 @@ def test_lowering_a_split_backward_sends_after_I_and_reduces_after_the_last_W():
     assert str(lowered) == (
         "0: 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0I0 0RECV_B1 0I1 0W0 0W1 0ALLREDUCE\n"
         "1: 1RECV_F0 1F0 1I0 1SEND_B0 1RECV_F1 1F1 1I1 1SEND_B1 1W0 1W1 1ALLREDUCE")
-    assert replay(lowered).peak_held == [2, 2]        # activations are held until W
+    result = replay(lowered)
+    assert result.peak_held == [2, 1]                 # full activations: forward to I
+    assert result.peak_awaiting_weight == [2, 2]      # then what W reads: I to W
 
 
 def test_chunks_on_one_position_pass_data_without_transfers():
