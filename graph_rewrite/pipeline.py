@@ -48,6 +48,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
+from graph_rewrite.accumulation import Accumulator
 from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
@@ -105,7 +106,11 @@ class PipelineStep:
         self.functions = [StageFunction(g, loss, self.output_ids, g.index == last)
                           for g in self.stages]
         self._penalties = self._weight_penalties_by_stage()
-        self._constants: Optional[tf.Variable] = None
+        self._accumulate = Accumulator()
+        self._combine_statistics = bstats.CallCombiner()
+        with tf.init_scope():
+            # Made here, not in the step: a tf.function that creates a variable traces twice.
+            self._constants = tf.Variable([1.0, 0.0], trainable=False, name="dapple_one_zero")
         self.transport = transport if transport is not None else LocalTransport(self.replicas)
         self._dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
                           SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
@@ -131,6 +136,13 @@ class PipelineStep:
                   for r in range(self.replicas[boundary])),
             tuple(self.rows(boundary + 1, r, micro_batch, global_batch)
                   for r in range(self.replicas[boundary + 1])))
+
+    def trained_variables(self) -> List[tf.Variable]:
+        """The model's trainable variables the units of this process give gradients for, in
+        the model's order (what the optimizer will be asked to update)."""
+        mine = {id(v) for s in {s for s, _ in self.transport.local_units()}
+                for v in self.stages[s].trainable_variables}
+        return [v for v in self.model.trainable_variables if id(v) in mine]
 
     # ---- the step ---------------------------------------------------------------------------
     # Plain Python that builds ops: not converted by AutoGraph (converting it cost seconds per
@@ -239,7 +251,7 @@ class PipelineStep:
             state.predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
         if term is not None:
             state.loss_terms.append(term)
-        state.previous[unit] = list(outputs.values()) + ([term] if term is not None else [])
+        state.previous[unit] = _producers(list(outputs.values()) + [term])
 
     def _backward(self, state: StepState, unit: Unit, action: Action) -> None:
         stage, m = unit[0], action.micro_batch
@@ -259,11 +271,8 @@ class PipelineStep:
                                               upstream, state.loss_scale, state.one,
                                               state.zeros_like, untargeted)
         state.input_gradients[(unit, m)] = grads_in
-        acc = state.accumulated.get(unit)
-        state.accumulated[unit] = var_grads if acc is None else [
-            g if a is None else (a if g is None else a + g) for a, g in zip(acc, var_grads)]
-        state.previous[unit] = [g for g in list(grads_in.values()) + var_grads
-                                if g is not None]
+        state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
+        state.previous[unit] = _producers(list(grads_in.values()) + var_grads)
 
     def _untargeted(self, stage: int, outputs: Tensors, statistics) -> List[tf.Tensor]:
         """A forward's outputs its backward does not differentiate."""
@@ -329,15 +338,12 @@ class PipelineStep:
         bstats.update_moving_statistics(
             self.stages, self.replicas, recorders, moving_before,
             sum_replicas=lambda s, lists, tag: self.transport.sum_replicas(
-                s, lists, self.device(s, 0), tag=tag), device=self.device)
+                s, lists, self.device(s, 0), tag=tag), device=self.device,
+            combine_calls=self._combine_statistics)
 
     def _read_constants(self) -> Tuple[tf.Tensor, tf.Tensor]:
         """1.0 and 0.0, read from a variable once per step: a constant input would make the
         graph optimizer specialize (copy and re-optimize) the backward function per call."""
-        if self._constants is None:
-            with tf.init_scope():
-                self._constants = tf.Variable([1.0, 0.0], trainable=False,
-                                              name="dapple_one_zero")
         both = self._constants.read_value()
         return both[0], both[1]
 
@@ -351,6 +357,18 @@ class PipelineStep:
             for v, g in zip(graph.trainable_variables, reduced[stage]):
                 by_var[id(v)] = g if id(v) not in by_var else by_var[id(v)] + g
         return [by_var.get(id(v)) for v in self.model.trainable_variables]
+
+
+def _producers(tensors) -> List[tf.Operation]:
+    """The distinct ops that produce `tensors` (None skipped): the next action's control
+    dependencies. Waiting on an op is waiting on its outputs, and one edge per op instead of per
+    tensor keeps the graph small (161 gradients of one call op were 161 edges on every op of
+    the next action)."""
+    ops = {}
+    for t in tensors:
+        if t is not None:
+            ops.setdefault(id(t.op), t.op)
+    return list(ops.values())
 
 
 def _watch(tape: tf.GradientTape, inputs: Tensors, stage: int) -> None:
