@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from dapple.checkpoint import save_weights_atomically
+from dapple.eager_build import build_optimizer
 from dapple.runtime import Runtime, apply_present, loss_scale, unscaled
 from graph_rewrite.horovod_ranks import RankLayout, WorldSizeError
 from graph_rewrite.horovod_transport import (HorovodPipelineStep, init_horovod,
@@ -146,11 +147,14 @@ class HorovodRuntime(Runtime):
             return
         # No trainable variables here: step the optimizer anyway, so its iteration count and
         # loss scale stay those of every other rank.
-        if self._placeholder is None:
-            with tf.init_scope():
-                self._placeholder = tf.Variable(0.0, name="dapple_no_weights")
         zero = tf.zeros_like(self._placeholder) + poison
         optimizer.apply_gradients([(zero, self._placeholder)])
+
+    def prepare_optimizer(self, step: HorovodPipelineStep, optimizer) -> None:
+        variables = step.trained_variables()
+        if not variables and self._placeholder is None:
+            self._placeholder = tf.Variable(0.0, name="dapple_no_weights")
+        build_optimizer(optimizer, variables or [self._placeholder])
 
     def predictions(self, step: HorovodPipelineStep, result: StepResult) -> List[tf.Tensor]:
         """Every output's predictions for the whole global batch, in row order, on every rank:

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
 from dapple.data import class_weight_fn, padded_batches, rows, unpack_validation_data
+from dapple.eager_build import build_metrics
 from dapple.local_runtime import LocalRuntime
 from dapple.runtime import Runtime, loss_scale
 from graph_rewrite.losses import PipelineLoss
@@ -170,6 +171,8 @@ class PipelinedModel:
         return grads
 
     def _build_train_fn(self):
+        self.runtime.prepare_optimizer(self._step, self.optimizer)
+
         @tf.function
         def train_fn(x, y, sample_weight):
             result = self._step.run(x, y, sample_weight=sample_weight,
@@ -183,7 +186,11 @@ class PipelinedModel:
         """One optimizer step on one global batch; returns the loss."""
         self._require_compiled()
         self._check_batch(rows(x))
+        return self._train(x, y, sample_weight)
+
+    def _train(self, x, y, sample_weight):
         if self._train_fn is None:
+            build_metrics(self.model, y)
             self._train_fn = self._build_train_fn()
         return self._train_fn(x, y, sample_weight)
 
@@ -278,8 +285,6 @@ class PipelinedModel:
                                               add_progbar=verbose != 0, model=self.model,
                                               verbose=verbose, epochs=epochs, steps=steps)
         self.model.stop_training = False
-        if self._train_fn is None:
-            self._train_fn = self._build_train_fn()
         loss_mean = tf.keras.metrics.Mean()
         cbs.on_train_begin()
         logs = {}
@@ -293,7 +298,7 @@ class PipelinedModel:
                     break
                 bx, by, bsw = self._unpack(batch, need_y=True)
                 cbs.on_train_batch_begin(step)
-                loss_mean.update_state(self._train_fn(bx, by, bsw))
+                loss_mean.update_state(self._train(bx, by, bsw))
                 logs = self._metric_logs(loss_mean)
                 cbs.on_train_batch_end(step, logs)
                 if self.model.stop_training:
@@ -362,6 +367,7 @@ class PipelinedModel:
             m.reset_state()
         for batch in self._dataset(x, y, batch_size, False, "evaluate", sample_weight):
             bx, by, bsw = self._unpack(batch, need_y=True)
+            build_metrics(self.model, by)
             loss_mean.update_state(eval_fn(bx, by, bsw))
         if int(loss_mean.count) == 0:
             raise ValueError("evaluate got no full global batch of data")

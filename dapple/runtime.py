@@ -13,6 +13,7 @@ from typing import Callable, List, Optional
 
 import tensorflow as tf
 
+from dapple.eager_build import build_optimizer
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep, StepResult
 from planner.plan import Plan
@@ -39,6 +40,11 @@ class Runtime(abc.ABC):
                         gradients: List[Optional[tf.Tensor]]) -> None:
         """Give the step's gradients (aligned with the model's trainable variables) to the
         optimizer as it would get them for the plain model on one process."""
+
+    def prepare_optimizer(self, step: PipelineStep, optimizer) -> None:
+        """Create the optimizer's variables before the step is traced: a `tf.function` that
+        creates variables on its first call is traced twice (the whole pipeline twice)."""
+        build_optimizer(optimizer, step.trained_variables())
 
     @abc.abstractmethod
     def predictions(self, step: PipelineStep, result: StepResult) -> List[tf.Tensor]:
