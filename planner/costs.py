@@ -3,7 +3,8 @@
 replays a schedule (`planner.simulator`, reports, `dapple verify --timing`).
 
 All times are milliseconds for ONE micro-batch on ONE replica of a stage (its slice of the
-micro-batch), except `allreduce_ms`, which is once per iteration per stage.
+micro-batch), except `allreduce_ms`, which is once per iteration per stage. With an interleaved
+schedule the "stages" here are the plan's chunks (its `stages`), in pipeline order.
 """
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class PipelineCosts:
     send_backward_ms: List[float]           # per boundary s+1 -> s (length S-1): gradients
     allreduce_ms: List[float]               # per stage; 0 for a stage with one replica
     activation_bytes: List[float] = field(default_factory=list)  # per stage, one micro-batch held
+    # Per stage, one micro-batch after I of a split backward, until its W: what W reads. Empty:
+    # the same as activation_bytes (nothing freed before W).
+    weight_gradient_bytes: List[float] = field(default_factory=list)
 
     @property
     def num_stages(self) -> int:
@@ -30,6 +34,10 @@ class PipelineCosts:
             if len(getattr(self, name)) != S:
                 raise ValueError(f"PipelineCosts.{name} has {len(getattr(self, name))} entries "
                                  f"for {S} stages")
+        for name in ("activation_bytes", "weight_gradient_bytes"):
+            if getattr(self, name) and len(getattr(self, name)) != S:
+                raise ValueError(f"PipelineCosts.{name} has {len(getattr(self, name))} entries "
+                                 f"for {S} stages (or leave it empty)")
         for name in ("send_forward_ms", "send_backward_ms"):
             if len(getattr(self, name)) != max(S - 1, 0):
                 raise ValueError(f"PipelineCosts.{name} needs {S - 1} entries (one per boundary), "

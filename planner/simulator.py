@@ -7,25 +7,30 @@ What runs, in which order, and which data moves where comes only from the lowere
 
 Model (decisions a newcomer needs):
 
-* A position (a stage) is one resource. Its replicas run in lockstep on their own slices of
-  every micro-batch, so one timeline per stage stands for all its devices (`PipelineCosts`
-  already holds per-replica durations). A position runs its list strictly in order.
+* A position (a stage, or the devices holding several chunks of an interleaved schedule) is
+  one resource. Its replicas run in lockstep on their own slices of every micro-batch, so one
+  timeline per position stands for all its devices (`PipelineCosts` holds per-replica
+  durations, one entry per chunk). A position runs its list strictly in order.
 * An action starts when its position is free and everything it reads is done
   (`planner.lowering.needs`). Compute takes the cost model's time; a split backward's I and W
-  take half the backward each until profiles measure them.
+  take half the backward each until profiles measure them (a graph.txt profile has only B).
 * A send costs its position nothing: the transfer starts on its link when the link is free;
   transfers on one link run one at a time, first ready first served (ties: first produced).
-  A receive completes when its transfer arrives. Links are full duplex by default:
-  activations (s -> s+1) and gradients (s+1 -> s) use separate channels. `link_duplex="half"`
-  makes both directions share one channel, which is what eq. 1 assumes when it models a
-  boundary as a stage of its own with F = send forward and B = send backward.
-* A stage's allreduce (the ALLREDUCE action after its last backward) occupies it for the cost
-  model's time; allreduces of different stages run on different device groups.
-* A micro-batch's activations are *held* on a stage from the start of its forward to the end
-  of its backward (of W for a split backward); at equal times a release counts before an
-  acquisition (the stage runs one action at a time).
-* Busy time is forward + backward compute; idle time is the rest of the iteration minus the
-  stage's allreduce; bubble fraction is idle / iteration.
+  A receive completes when its transfer arrives. A link joins two positions; it is full
+  duplex by default: each direction is a channel of its own (activations s -> s+1 and gradients
+  s+1 -> s; with interleaving, all transfers from one position to another share a channel).
+  `link_duplex="half"` makes both directions share one channel, which is what eq. 1 assumes
+  when it models a boundary as a stage of its own with F = send forward and B = send backward.
+* A chunk's allreduce (the ALLREDUCE action after its last weight gradient) occupies its
+  position for the cost model's time; allreduces of different positions run on different
+  device groups.
+* A micro-batch's activations are *held* on a chunk from the start of its forward to the end
+  of its backward (of I for a split backward); from then until the end of its W it *awaits W*,
+  keeping only what W reads (`planner.schedule_memory`). At equal times a release counts
+  before an acquisition (the position runs one action at a time).
+* Statistics are per position ("stage" in the results): busy time is forward + backward
+  compute; idle time is the rest of the iteration minus the allreduces; bubble fraction is
+  idle / iteration.
 * Deterministic: events are committed in order of start time with fixed tie-breaks, and a
   duration never depends on anything random. The simulation is exact for this model (a
   max-plus system), not sampled.
@@ -36,7 +41,7 @@ stuck action and what it waits for.
 from __future__ import annotations
 
 import heapq
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
@@ -64,10 +69,11 @@ _COMPUTE_EVENTS = (FORWARD_KIND, BACKWARD_KIND, BACKWARD_INPUT_KIND, BACKWARD_WE
 @dataclass(frozen=True)
 class TimelineEvent:
     kind: str                  # one of the *_KIND constants
-    stage: int                 # compute/allreduce: the stage; transfers: boundary s (s <-> s+1)
+    stage: int                 # compute/allreduce: the chunk; transfers: boundary c (c <-> c+1)
     micro_batch: Optional[int]  # None for allreduce
     start_ms: float
     end_ms: float
+    position: Optional[int] = None   # compute/allreduce: where it ran; transfers: the sender
 
     @property
     def duration_ms(self) -> float:
@@ -76,14 +82,17 @@ class TimelineEvent:
 
 @dataclass
 class StageStats:
-    stage: int
+    """One position: a stage, or the devices running chunks of an interleaved schedule."""
+    stage: int                 # the position
     busy_ms: float
     idle_ms: float
     allreduce_ms: float
     bubble_fraction: float
-    peak_held_micro_batches: int
-    peak_held_bytes: float
-    end_ms: float              # when the stage's allreduce (or last task) ends
+    peak_held_micro_batches: int         # full activations, forward to B or I (all its chunks)
+    peak_held_bytes: float               # held and awaiting W, at their bytes
+    end_ms: float              # when the position's allreduce (or last task) ends
+    peak_awaiting_weight_micro_batches: int = 0     # past I, before W
+    chunks: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -96,7 +105,13 @@ class SimulationResult:
 
     @property
     def num_stages(self) -> int:
+        """Positions (stages; with interleaving, device groups holding several chunks)."""
         return len(self.stages)
+
+    @property
+    def num_boundaries(self) -> int:
+        """Chunk boundaries c <-> c+1 (transfer events' `stage`)."""
+        return sum(len(s.chunks) for s in self.stages) - 1
 
     @property
     def bubble_fraction(self) -> float:
@@ -105,8 +120,8 @@ class SimulationResult:
             if self.iteration_ms > 0 else 0.0
 
     def stage_events(self, stage: int) -> List[TimelineEvent]:
-        """Compute and allreduce events of `stage`, in time order."""
-        return [e for e in self.events if e.stage == stage and
+        """Compute and allreduce events of position `stage`, in time order."""
+        return [e for e in self.events if e.position == stage and
                 e.kind in _COMPUTE_EVENTS + (ALLREDUCE_KIND,)]
 
     def link_events(self, boundary: int) -> List[TimelineEvent]:
@@ -114,8 +129,9 @@ class SimulationResult:
                 e.kind in (SEND_FORWARD_KIND, SEND_BACKWARD_KIND)]
 
     def held_over_time(self, stage: int) -> List[Tuple[float, int]]:
-        """Step function of micro-batches held on `stage`: [(time, count from then on)]."""
-        return _held_steps(self.events, stage)
+        """Step function of micro-batches held on position `stage`: [(time, count from then
+        on)]."""
+        return [(t, int(round(c))) for t, c in _held_steps(self.events, stage)]
 
     def to_dict(self, with_timeline: bool = False) -> Dict:
         d = {
@@ -134,26 +150,25 @@ def simulate_plan(plan, costs: PipelineCosts, link_duplex: str = "full") -> Simu
     """Simulate `plan` (a `planner.plan.Plan`) with per-task durations `costs`."""
     if costs.num_stages != plan.num_stages:
         raise ValueError(f"costs describe {costs.num_stages} stages but the plan has "
-                         f"{plan.num_stages}; compute them for this plan "
-                         f"(planner.cost_model.pipeline_costs)")
+                         f"{plan.num_stages} (chunks, with interleaving); compute them for this "
+                         f"plan (planner.cost_model.pipeline_costs)")
     return simulate(plan_schedule(plan), costs, link_duplex=link_duplex)
 
 
 def simulate(schedule: Schedule, costs: PipelineCosts,
              link_duplex: str = "full") -> SimulationResult:
-    """Run the lowered `schedule` (`planner.lowering.lower`) with the durations in `costs`."""
+    """Run the lowered `schedule` (`planner.lowering.lower`) with the durations in `costs`
+    (one entry per chunk)."""
     if link_duplex not in LINK_DUPLEX_MODES:
         raise ValueError(f"link_duplex must be one of {LINK_DUPLEX_MODES}, got {link_duplex!r}")
-    S = schedule.num_chunks
-    if S == 0:
+    C = schedule.num_chunks
+    if C == 0:
         raise ValueError("empty schedule: a plan has at least one stage")
-    if costs.num_stages != S:
-        raise ValueError(f"costs describe {costs.num_stages} stages, schedule has {S}")
-    if schedule.placement != tuple(range(S)):
-        raise ValueError("the simulator runs one stage per position (no virtual stages yet)")
+    if costs.num_stages != C:
+        raise ValueError(f"costs describe {costs.num_stages} stages, schedule has {C} chunks")
     _check_costs(costs)
     lowered = replay(schedule).schedule      # checks every action once and no deadlock
-    P = lowered.num_positions
+    P, placement = lowered.num_positions, lowered.placement
 
     position = [0] * P
     position_free = [0.0] * P
@@ -164,8 +179,9 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     events: List[TimelineEvent] = []
     sequence = 0
 
-    def channel(kind: str, boundary: int) -> Tuple:
-        return (boundary,) if link_duplex == "half" else (boundary, kind)
+    def channel(sender: int, receiver: int) -> Tuple:
+        return (min(sender, receiver), max(sender, receiver)) if link_duplex == "half" \
+            else (sender, receiver)
 
     def ready_at(p: int, action: Action) -> Optional[float]:
         """When `action` may start as far as its inputs go; None while one is not done."""
@@ -200,16 +216,15 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
             position[p] += 1
             if action.kind in (SEND_FORWARD, SEND_BACKWARD):
                 # The sender goes on at once; the link carries the data when it is free.
-                forward = action.kind == SEND_FORWARD
-                kind, boundary = (SEND_FORWARD_KIND, c) if forward else (SEND_BACKWARD_KIND, c - 1)
-                heapq.heappush(link_queue.setdefault(channel(kind, boundary), []),
+                receiver = placement[c + 1 if action.kind == SEND_FORWARD else c - 1]
+                heapq.heappush(link_queue.setdefault(channel(p, receiver), []),
                                (start, sequence, action, p))
                 sequence += 1
                 position_free[p] = start
                 continue
             if action.kind not in (RECV_FORWARD, RECV_BACKWARD) and not (
                     action.kind == ALLREDUCE and end == start):
-                events.append(TimelineEvent(_EVENT_KIND[action.kind], c, m, start, end))
+                events.append(TimelineEvent(_EVENT_KIND[action.kind], c, m, start, end, p))
             finished[(p, action)] = end
             position_free[p] = end
         else:
@@ -222,26 +237,31 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
             end = start + duration
             link_free[ch] = end
             events.append(TimelineEvent(SEND_FORWARD_KIND if forward else SEND_BACKWARD_KIND,
-                                        boundary, send.micro_batch, start, end))
+                                        boundary, send.micro_batch, start, end, p))
             finished[(p, send)] = end           # the receiver's data has arrived
 
     iteration = max([e.end_ms for e in events] + [0.0])
     events.sort(key=lambda e: (e.start_ms, _KIND_ORDER[e.kind], e.stage,
                                -1 if e.micro_batch is None else e.micro_batch))
-
-    stage_stats = []
-    for s in range(S):
-        busy = sum(e.duration_ms for e in events if e.stage == s and e.kind in _COMPUTE_EVENTS)
-        allreduce = costs.allreduce_ms[s]
+    held_bytes = list(costs.activation_bytes) or [0.0] * C
+    awaiting_bytes = list(costs.weight_gradient_bytes) or held_bytes
+    stats = []
+    for p in range(P):
+        chunks = [c for c in range(C) if placement[c] == p]
+        busy = sum(e.duration_ms for e in events if e.position == p and
+                   e.kind in _COMPUTE_EVENTS)
+        allreduce = sum(costs.allreduce_ms[c] for c in chunks)
         idle = max(iteration - busy - allreduce, 0.0)
-        peak = max((count for _, count in _held_steps(events, s)), default=0)
-        per_mb = costs.activation_bytes[s] if costs.activation_bytes else 0.0
-        stage_stats.append(StageStats(
-            stage=s, busy_ms=busy, idle_ms=idle, allreduce_ms=allreduce,
+        stats.append(StageStats(
+            stage=p, busy_ms=busy, idle_ms=idle, allreduce_ms=allreduce,
             bubble_fraction=idle / iteration if iteration > 0 else 0.0,
-            peak_held_micro_batches=peak, peak_held_bytes=peak * per_mb,
-            end_ms=position_free[lowered.placement[s]]))
-    return SimulationResult(iteration_ms=iteration, stages=stage_stats, events=events,
+            peak_held_micro_batches=int(round(_peak(events, p, [1.0] * C, [0.0] * C))),
+            peak_held_bytes=_peak(events, p, held_bytes, awaiting_bytes),
+            end_ms=position_free[p],
+            peak_awaiting_weight_micro_batches=int(round(_peak(events, p, [0.0] * C,
+                                                               [1.0] * C))),
+            chunks=chunks))
+    return SimulationResult(iteration_ms=iteration, stages=stats, events=events,
                             schedule=lowered, link_duplex=link_duplex)
 
 
@@ -262,26 +282,42 @@ _KIND_ORDER = {BACKWARD_KIND: 0, BACKWARD_WEIGHT_KIND: 0, BACKWARD_INPUT_KIND: 1
                SEND_FORWARD_KIND: 2, SEND_BACKWARD_KIND: 3, ALLREDUCE_KIND: 4}
 
 
-def _held_steps(events: Sequence[TimelineEvent], stage: int) -> List[Tuple[float, int]]:
+def _held_steps(events: Sequence[TimelineEvent], position: int,
+                held_weight: Optional[Sequence[float]] = None,
+                awaiting_weight: Optional[Sequence[float]] = None) -> List[Tuple[float, float]]:
+    """Step function [(time, amount from then on)] of what `position` keeps: per micro-batch of
+    chunk c, `held_weight[c]` from a forward's start to its B's or I's end, then
+    `awaiting_weight[c]` until its W's end (defaults: count held micro-batches)."""
     changes = []   # (time, order, delta): releases (order 0) before acquisitions (order 1)
     for e in events:
-        if e.stage != stage:
+        if e.position != position:
             continue
+        held = 1.0 if held_weight is None else held_weight[e.stage]
+        awaiting = 0.0 if awaiting_weight is None else awaiting_weight[e.stage]
         if e.kind == FORWARD_KIND:
-            changes.append((e.start_ms, 1, +1))
-        elif e.kind in (BACKWARD_KIND, BACKWARD_WEIGHT_KIND):
-            changes.append((e.end_ms, 0, -1))
+            changes.append((e.start_ms, 1, +held))
+        elif e.kind in (BACKWARD_KIND, BACKWARD_INPUT_KIND):
+            changes.append((e.end_ms, 0, -held))
+            if e.kind == BACKWARD_INPUT_KIND:
+                changes.append((e.end_ms, 1, +awaiting))
+        elif e.kind == BACKWARD_WEIGHT_KIND:
+            changes.append((e.end_ms, 0, -awaiting))
     changes.sort()
-    steps, count = [(0.0, 0)], 0
+    steps, amount = [(0.0, 0.0)], 0.0
     for time, _, delta in changes:
-        count += delta
+        amount += delta
         if steps[-1][0] == time:
-            steps[-1] = (time, count)
+            steps[-1] = (time, amount)
         else:
-            steps.append((time, count))
-    # Entries at one instant collapse to the last count: a backward ending at t and the next
+            steps.append((time, amount))
+    # Entries at one instant collapse to the last amount: a backward ending at t and the next
     # forward starting at t leave the count unchanged, never one above it.
     return steps
+
+
+def _peak(events, position, held_weight, awaiting_weight) -> float:
+    return max(amount for _, amount in _held_steps(events, position, held_weight,
+                                                   awaiting_weight))
 
 
 def _check_costs(costs: PipelineCosts) -> None:

@@ -24,7 +24,8 @@ flags.DEFINE_string("topology", None, "topology: preset A/B/C, a spec like '2x8,
                                       "or a JSON file")
 flags.DEFINE_string("costs", None, "JSON file of PipelineCosts fields (forward_ms, backward_ms, "
                                    "send_forward_ms, send_backward_ms, allreduce_ms, "
-                                   "activation_bytes), instead of --profile/--topology")
+                                   "activation_bytes, weight_gradient_bytes; one entry per "
+                                   "chunk), instead of --profile/--topology")
 flags.DEFINE_enum("format", "text", ["text", "json"], "how to print the results")
 flags.DEFINE_boolean("timeline", False, "include every timeline event in the JSON output")
 flags.DEFINE_string("output", None, "write the timeline picture here (.png, .svg or .pdf)")
@@ -50,7 +51,7 @@ def load_costs(path: str, num_stages: int):
     except json.JSONDecodeError as e:
         raise UsageError(f"--costs file {path}: not valid JSON: {e}") from None
     fields = ("forward_ms", "backward_ms", "send_forward_ms", "send_backward_ms",
-              "allreduce_ms", "activation_bytes")
+              "allreduce_ms", "activation_bytes", "weight_gradient_bytes")
     if not isinstance(data, dict) or any(k not in fields for k in data):
         raise UsageError(f"--costs file {path}: must be a JSON object with the fields {fields}")
     try:
