@@ -14,7 +14,9 @@ from planner.costs import PipelineCosts
 from planner.latency import interleave, round_trip_phases
 from planner.plan import Estimate, Plan, PlanError, StageEstimate
 from planner.profile import Profile
-from planner.schedule import warmup_depths
+from planner.schedule import WARMUP_SCHEDULES, plan_schedule, pipeline_schedule, warmup_depths
+from planner.schedule_memory import peak_bytes
+from planner.simulator import simulate
 
 # ---- the constants (docs/cost_model.md, "The constants", says why each value) ----------------
 # Fixed cost of every scheduled forward or backward task (launch, dependencies, dispatch).
@@ -25,6 +27,9 @@ SMALL_BATCH_HALF_SAMPLES = 0.0
 BYTES_PER_PARAMETER_FACTOR = 4.0
 # Bytes held per byte of layer outputs while a micro-batch waits for its backward (Table II).
 ACTIVATION_MEMORY_FACTOR = 5.0
+# Bytes a micro-batch keeps per byte of layer outputs after I of a split backward, until W:
+# the layers' inputs and the gradients of their outputs, what the weight gradients read.
+WEIGHT_GRADIENT_MEMORY_FACTOR = 2.0
 # Device memory training cannot use (CUDA context, workspaces, fragmentation).
 DEVICE_RESERVED_BYTES = 2 ** 30
 # Warm-up policy B when the activation communication ratio reaches this (Table IV).
@@ -173,6 +178,12 @@ class StageModel:
         return (ACTIVATION_MEMORY_FACTOR * self.profile.output_bytes(first, last)
                 * self.slice_size(replicas) / self.pbs)
 
+    def weight_gradient_bytes(self, first: int, last: int, replicas: int) -> float:
+        """Bytes one micro-batch slice keeps on a replica between I and W of a split
+        backward."""
+        return (WEIGHT_GRADIENT_MEMORY_FACTOR * self.profile.output_bytes(first, last)
+                * self.slice_size(replicas) / self.pbs)
+
     def max_in_flight(self, first: int, last: int, replicas: int) -> int:
         """D: micro-batches whose activations fit beside the stage's weights (0: none)."""
         key = (first, last, replicas)
@@ -208,15 +219,16 @@ class StageModel:
 
 # ---- what a plan costs --------------------------------------------------------------------
 
-def to_pipeline_costs(stages: Sequence[StageCost],
-                      activation_bytes: Sequence[float] = ()) -> PipelineCosts:
+def to_pipeline_costs(stages: Sequence[StageCost], activation_bytes: Sequence[float] = (),
+                      weight_gradient_bytes: Sequence[float] = ()) -> PipelineCosts:
     """The `PipelineCosts` of a plan given as its stages' costs."""
     return PipelineCosts(forward_ms=[s.forward_ms for s in stages],
                          backward_ms=[s.backward_ms for s in stages],
                          send_forward_ms=[s.send_forward_ms for s in stages[1:]],
                          send_backward_ms=[s.send_backward_ms for s in stages[1:]],
                          allreduce_ms=[s.allreduce_ms for s in stages],
-                         activation_bytes=list(activation_bytes))
+                         activation_bytes=list(activation_bytes),
+                         weight_gradient_bytes=list(weight_gradient_bytes))
 
 
 def activation_communication_ratio(costs: PipelineCosts) -> float:
@@ -269,7 +281,8 @@ class PlanCosts:
                        for i, (st, c) in enumerate(zip(plan.stages, counts))]
         self.pipeline = to_pipeline_costs(
             self.stages, [model.activation_bytes(st.first, st.last, st.replicas)
-                          for st in plan.stages])
+                          for st in plan.stages],
+            [model.weight_gradient_bytes(st.first, st.last, st.replicas) for st in plan.stages])
 
     def warmup(self) -> Tuple[str, List[int]]:
         """(policy, K_i) by `warmup_for`; PlanError when a stage cannot hold one micro-batch."""
@@ -285,33 +298,61 @@ class PlanCosts:
                           self.plan.micro_batches)
 
     def memory(self, warmup: Optional[Sequence[int]] = None) -> List[float]:
-        """Bytes per device of each stage holding K_i micro-batches (default: the plan's)."""
-        ks = list(warmup) if warmup is not None else self.plan.warmup_depths()
-        return [self.model.static_bytes(st.first, st.last)
-                + ks[i] * self.pipeline.activation_bytes[i]
-                for i, st in enumerate(self.plan.stages)]
+        """Bytes per device running each stage (chunk): the weights of every chunk on the
+        device, the reserve once, and the peak of the activations its schedule keeps
+        (`planner.schedule_memory`; 1F1B and GPipe: K_i micro-batches, and `warmup` replaces
+        the plan's K_i)."""
+        plan = self.plan
+        schedule = plan_schedule(plan) if warmup is None else \
+            pipeline_schedule(plan.num_stages, plan.micro_batches, "1f1b", warmup)
+        activations = peak_bytes(schedule, self.pipeline.activation_bytes,
+                                 self.pipeline.weight_gradient_bytes)
+        weights = [0.0] * schedule.num_positions
+        for c, st in enumerate(plan.stages):
+            weights[schedule.placement[c]] += \
+                self.model.static_bytes(st.first, st.last) - DEVICE_RESERVED_BYTES
+        return [DEVICE_RESERVED_BYTES + weights[p] + activations[p]
+                for p in schedule.placement]
 
     def estimate(self, check_memory: bool = False) -> Estimate:
         """L = Tw + Ts + Te at the plan's warm-up depths (`warmup_for`'s when it has none).
-        `pivot_stage` indexes computation stages: a pivot on a transfer names its sender."""
+        `pivot_stage` indexes computation stages: a pivot on a transfer names its sender.
+        Schedules the formula does not describe (interleaved, zb-h1) are simulated instead."""
         plan, costs = self.plan, self.pipeline
+        if plan.schedule not in WARMUP_SCHEDULES:
+            return self._simulated_estimate(check_memory)
         ks = plan.warmup
         if ks is None or len(ks) != plan.num_stages:
             ks = warmup_for(costs, [c.max_in_flight for c in self.stages],
                             plan.micro_batches)[1]
         Tw, Ts, Te, Q = round_trip_phases(*interleave(costs), plan.micro_batches, ks)
-        memory = self.memory()
+        return Estimate(latency_ms=Tw + Ts + Te, warmup_ms=Tw, steady_ms=Ts, ending_ms=Te,
+                        pivot_stage=Q // 2, stages=self._stage_estimates(check_memory))
+
+    def _stage_estimates(self, check_memory: bool) -> List[StageEstimate]:
+        costs, memory = self.pipeline, self.memory()
         if check_memory:
             for i, m in enumerate(memory):
                 if m > self.topology.device_memory_bytes:
                     raise PlanError(f"stage {i} needs {m / 2**30:.2f} GiB per device, more than "
                                     f"the {self.topology.device_memory_bytes / 2**30:.2f} GiB "
                                     f"available")
-        stages = [StageEstimate(forward_ms=costs.forward_ms[i], backward_ms=costs.backward_ms[i],
-                                allreduce_ms=costs.allreduce_ms[i], memory_bytes=memory[i])
-                  for i in range(costs.num_stages)]
-        return Estimate(latency_ms=Tw + Ts + Te, warmup_ms=Tw, steady_ms=Ts, ending_ms=Te,
-                        pivot_stage=Q // 2, stages=stages)
+        return [StageEstimate(forward_ms=costs.forward_ms[i], backward_ms=costs.backward_ms[i],
+                              allreduce_ms=costs.allreduce_ms[i], memory_bytes=memory[i])
+                for i in range(costs.num_stages)]
+
+    def _simulated_estimate(self, check_memory: bool) -> Estimate:
+        """The simulated iteration as the latency; phases from the first device group: until
+        its first backward, until its last forward ends, the rest."""
+        result = simulate(plan_schedule(self.plan), self.pipeline)
+        first = result.stage_events(0)
+        backward = min((e.start_ms for e in first if e.kind != "forward"), default=0.0)
+        last_forward = max((e.end_ms for e in first if e.kind == "forward"), default=0.0)
+        return Estimate(latency_ms=result.iteration_ms, warmup_ms=backward,
+                        steady_ms=max(last_forward - backward, 0.0),
+                        ending_ms=result.iteration_ms - max(last_forward, backward),
+                        pivot_stage=0, stages=self._stage_estimates(check_memory),
+                        method="simulated")
 
 
 def pipeline_costs(plan: Plan, profile: Profile, topology) -> PipelineCosts:

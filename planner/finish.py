@@ -9,6 +9,7 @@ from typing import List
 from planner.cost_model import PlanCosts, StageModel
 from planner.plan import Plan, PlanError
 from planner.profile import Profile
+from planner.schedule import EARLY_BACKWARD, ONE_F_ONE_B
 
 
 class NoPlanFits(PlanError):
@@ -25,12 +26,13 @@ def micro_batch_choices(global_batch_size: int) -> List[int]:
 
 
 def finish_plan(plan: Plan, profile: Profile, topology, keep_warmup: bool = False) -> Plan:
-    """Fill the derived fields: warm-up policy and K_i (kept when `keep_warmup` and the plan
-    has them), estimate, topology, profile, layer names. The plan is validated and costed
-    once."""
+    """Fill the derived fields: an early-backward plan's K_i (policy A or B by the ACR, capped
+    by memory; kept when `keep_warmup` and the plan has them; the name becomes "1f1b"),
+    estimate, topology, profile, layer names. Other schedules keep their own warm-up. The plan
+    is validated and costed once."""
     costs = PlanCosts(plan, profile, topology)
-    if not keep_warmup or plan.warmup is None:
-        plan.schedule, plan.warmup = costs.warmup()
+    if plan.schedule in EARLY_BACKWARD and (not keep_warmup or plan.warmup is None):
+        plan.schedule, plan.warmup = ONE_F_ONE_B, costs.warmup()[1]
     plan.estimate = costs.estimate()
     plan.topology = topology.to_dict()
     plan.profile = profile.summary()

@@ -12,12 +12,19 @@ Conventions (the same everywhere in dapple):
   and the profiler write the same order).
 * `devices` are device ids of the topology, ordered host by host (the order `horovodrun -H
   h1:8,h2:8` numbers ranks). A stage's replica count is `len(devices)`.
-* `schedule` names the schedule: "A" (early backward, K_i = min(S-i, M)), "B" (early
-  backward, K_i = min(2(S-i)-1, M)) or "gpipe" (K_i = M). `warmup` (K_i per stage) may be
-  given explicitly, e.g. when a memory limit D caps it; when absent it is derived from the
-  policy (`planner.schedule.warmup_depths`). In JSON both are one object, the schedule's name
-  and parameters: `"schedule": {"name": "A", "warmup": [2, 1]}` (version 2; a version 1 file,
-  with `"schedule": "A"` and `warmup` beside it, still loads).
+* `schedule` names the schedule (`planner.schedule.SCHEDULES`): "gpipe" (K_i = M), "1f1b"
+  (DAPPLE's early backward; K_i = min(S-i, M) unless `warmup` says otherwise), "interleaved"
+  (Megatron's, `virtual_stages` chunks per device) or "zb-h1" (zero bubble, split backward).
+  The early-backward policies "A" (K_i = min(S-i, M)) and "B" (K_i = min(2(S-i)-1, M)) are
+  also accepted, as older plans name them. `warmup` (K_i per stage, gpipe and early backward
+  only) may be given explicitly, e.g. when a memory limit D caps it; when absent it is derived
+  from the name (`planner.schedule.warmup_depths`). In JSON the name and its parameters are one
+  object: `"schedule": {"name": "1f1b", "warmup": [2, 1]}`,
+  `{"name": "interleaved", "virtual_stages": 2}` (version 2; a version 1 file, with
+  `"schedule": "A"` and `warmup` beside it, still loads).
+* Interleaved plans list their chunks as `stages`, in pipeline order: with S devices groups
+  and v virtual stages there are S v of them, and chunk c runs on the devices of chunk c % S
+  (its `devices` repeat that chunk's; a device group holds chunks c, c + S, c + 2S, ...).
 * A micro-batch is global_batch_size / micro_batches samples (an integer); a stage with R
   replicas splits it as evenly as possible (`Plan.slice_sizes`), each replica taking at least
   one sample. Slices may differ by one sample (a 15:1 plan of a 2048 batch).
@@ -32,7 +39,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from planner import slicing
 from planner.files import write_text_atomically
-from planner.schedule import POLICIES as SCHEDULE_POLICIES, check_warmup, warmup_depths
+from planner.schedule import (INTERLEAVED, NAMES as SCHEDULE_NAMES, SCHEDULES,
+                              WARMUP_SCHEDULES, check_warmup, first_backward_depths,
+                              plan_schedule, warmup_depths)
 
 PLAN_VERSION = 2
 
@@ -57,6 +66,9 @@ class Estimate:
     ending_ms: float
     pivot_stage: int
     stages: List[StageEstimate] = field(default_factory=list)
+    # "formula": DAPPLE's eq. 1-3 with the round trip (gpipe, early backward); "simulated": the
+    # simulator's iteration (interleaved, zb-h1), phases read from the first device group.
+    method: str = "formula"
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Estimate":
@@ -93,39 +105,52 @@ class Plan:
     stages: List[Stage]
     micro_batches: int
     global_batch_size: Optional[int] = None
-    schedule: str = "A"
+    schedule: str = "1f1b"
     warmup: Optional[List[int]] = None
     recompute: bool = False
     estimate: Optional[Estimate] = None
     topology: Optional[Dict[str, Any]] = None   # description of the topology it was made for
     profile: Optional[Dict[str, Any]] = None    # {"name": ..., "hash": ...}
     version: int = PLAN_VERSION
+    virtual_stages: Optional[int] = None        # "interleaved": chunks per device group
 
     # ---- derived views -------------------------------------------------------------
     @property
     def num_stages(self) -> int:
+        """Entries of `stages`: the pipeline's stages, or an interleaved plan's chunks."""
         return len(self.stages)
 
     @property
+    def num_positions(self) -> int:
+        """Device groups along the pipeline: stages, or num_stages / virtual_stages."""
+        v = self.virtual_stages if self.schedule == INTERLEAVED and self.virtual_stages else 1
+        return max(1, self.num_stages // v)
+
+    @property
     def num_devices(self) -> int:
-        return sum(s.replicas for s in self.stages)
+        return sum(s.replicas for s in self.stages[:self.num_positions])
 
     @property
     def num_layers(self) -> int:
         return self.stages[-1].last + 1
 
     def shape(self) -> str:
-        """The paper's notation: 'DP', 'straight', or replica counts like '8:8'."""
-        if self.num_stages == 1:
-            return "DP" if self.stages[0].replicas > 1 else "single"
-        if all(s.replicas == 1 for s in self.stages):
+        """The paper's notation: 'DP', 'straight', or replica counts like '8:8' (of the device
+        groups: an interleaved plan's chunks repeat them)."""
+        groups = self.stages[:self.num_positions]
+        if len(groups) == 1:
+            return "DP" if groups[0].replicas > 1 else "single"
+        if all(s.replicas == 1 for s in groups):
             return "straight"
-        return ":".join(str(s.replicas) for s in self.stages)
+        return ":".join(str(s.replicas) for s in groups)
 
     def warmup_depths(self) -> List[int]:
+        """K per position: forwards before its first backward (chunk forwards, interleaved)."""
         if self.warmup is not None:
             return list(self.warmup)
-        return warmup_depths(self.schedule, self.num_stages, self.micro_batches)
+        if self.schedule in WARMUP_SCHEDULES:
+            return warmup_depths(self.schedule, self.num_stages, self.micro_batches)
+        return first_backward_depths(plan_schedule(self))
 
     def micro_batch_size(self) -> Optional[int]:
         if self.global_batch_size is None:
@@ -150,6 +175,8 @@ class Plan:
                             f"version {PLAN_VERSION}); re-create the plan with `dapple plan`")
         if not self.stages:
             raise PlanError("plan has no stages")
+        self._validate_schedule()
+        S = self.num_positions
         expected_first = 0
         seen: Dict[int, int] = {}
         for i, st in enumerate(self.stages):
@@ -166,6 +193,9 @@ class Plan:
             expected_first = st.last + 1
             if not st.devices:
                 raise PlanError(f"stage {i} has no devices")
+            if i >= S:          # an interleaved chunk: on its position's devices
+                self._check_chunk_devices(i, S)
+                continue
             for d in st.devices:
                 if not isinstance(d, int) or d < 0:
                     raise PlanError(f"stage {i}: device id {d!r} is not a non-negative integer")
@@ -184,8 +214,6 @@ class Plan:
                             f"{num_devices} devices (0..{num_devices - 1})")
         if self.micro_batches < 1:
             raise PlanError(f"micro_batches must be >= 1, got {self.micro_batches}")
-        if self.schedule not in SCHEDULE_POLICIES:
-            raise PlanError(f"schedule {self.schedule!r} is not one of {SCHEDULE_POLICIES}")
         if self.global_batch_size is not None:
             if self.global_batch_size % self.micro_batches:
                 raise PlanError(
@@ -204,12 +232,49 @@ class Plan:
             check_warmup(self.warmup, self.micro_batches)
         return self
 
+    def _validate_schedule(self) -> None:
+        name, v = self.schedule, self.virtual_stages
+        if name not in SCHEDULE_NAMES:
+            raise PlanError(f"schedule {name!r} is not one of {SCHEDULES} (or the early-"
+                            f"backward policies 'A', 'B' of older plans)")
+        if self.warmup is not None and name not in WARMUP_SCHEDULES:
+            raise PlanError(f"schedule {name!r} fixes its own warm-up; remove 'warmup' (it "
+                            f"applies to {', '.join(WARMUP_SCHEDULES)})")
+        if name != INTERLEAVED:
+            if v not in (None, 1):
+                raise PlanError(f"virtual_stages = {v} needs schedule {INTERLEAVED!r}; "
+                                f"{name!r} runs one chunk per device group")
+            return
+        if not isinstance(v, int) or v < 1:
+            raise PlanError(f"schedule {INTERLEAVED!r} needs virtual_stages, a positive integer "
+                            f"(chunks per device group), e.g. {{\"name\": \"interleaved\", "
+                            f"\"virtual_stages\": 2}}; got {v!r}")
+        if self.num_stages % v:
+            raise PlanError(f"an interleaved plan with virtual_stages = {v} lists S x {v} "
+                            f"chunks as its stages; this one has {self.num_stages}, not a "
+                            f"multiple of {v}")
+
+    def _check_chunk_devices(self, chunk: int, positions: int) -> None:
+        home, st = chunk % positions, self.stages[chunk]
+        first = self.stages[home]
+        if st.replicas != first.replicas:
+            raise PlanError(
+                f"chunk {chunk} has {st.replicas} replica(s) but chunk {home}, on the same "
+                f"device group (chunk c runs where chunk c % {positions} does), has "
+                f"{first.replicas}: every chunk of a device group runs on all of its devices")
+        if list(st.devices) != list(first.devices):
+            raise PlanError(f"chunk {chunk} runs on devices {st.devices} but chunk {home}, on "
+                            f"the same device group, on {first.devices}; give chunk {chunk} "
+                            f"the devices {first.devices}")
+
     # ---- JSON ----------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         schedule = {"name": d.pop("schedule")}
         if d.pop("warmup") is not None:
             schedule["warmup"] = list(self.warmup)
+        if d.pop("virtual_stages") is not None:
+            schedule["virtual_stages"] = self.virtual_stages
         d["schedule"] = schedule
         order = ["version", "stages", "micro_batches", "global_batch_size", "schedule",
                  "recompute", "estimate", "topology", "profile"]
@@ -266,7 +331,7 @@ class Plan:
 
 def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int,
                   global_batch_size: Optional[int] = None, replicas: Optional[Sequence[int]] = None,
-                  schedule: str = "A") -> Plan:
+                  schedule: str = "1f1b") -> Plan:
     """A plan from cut positions: `boundaries` are the first layers of stages 1..S-1.
 
     `replicas[i]` devices go to stage i (default 1 each), numbered consecutively.
@@ -285,7 +350,7 @@ def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int
                 schedule=schedule).validate(num_layers=num_layers)
 
 
-SCHEDULE_PARAMETERS = ("warmup",)
+SCHEDULE_PARAMETERS = ("warmup", "virtual_stages")
 
 
 def _schedule_fields(d: Dict[str, Any]) -> Dict[str, Any]:
@@ -300,11 +365,11 @@ def _schedule_fields(d: Dict[str, Any]) -> Dict[str, Any]:
         return {}
     if "warmup" in d:
         raise PlanError("'warmup' belongs inside the schedule object: \"schedule\": {\"name\": "
-                        "\"A\", \"warmup\": [...]}")
+                        "\"1f1b\", \"warmup\": [...]}")
     spec = d.pop("schedule")
     if not isinstance(spec, dict) or "name" not in spec:
         raise PlanError(f"'schedule' must be an object with a name and parameters, e.g. "
-                        f"{{\"name\": \"A\", \"warmup\": [2, 1]}}; got {spec!r}")
+                        f"{{\"name\": \"1f1b\", \"warmup\": [2, 1]}}; got {spec!r}")
     unknown = sorted(set(spec) - {"name"} - set(SCHEDULE_PARAMETERS))
     if unknown:
         raise PlanError(f"schedule {spec['name']!r} has unknown parameter(s) {unknown}; known: "

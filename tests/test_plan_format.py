@@ -82,3 +82,55 @@ def test_load_names_the_file(tmp_path):
     path.write_text("{not json")
     with pytest.raises(PlanError, match="broken.json: plan is not valid JSON"):
         Plan.load(str(path))
+
+
+def interleaved_dict(devices=((0, 1), (2, 3)), v=2, chunks=None):
+    """A hand-written interleaved plan: 2 device groups of 2, 4 chunks of 2 layers, chunk c on
+    the devices of chunk c % 2."""
+    chunks = chunks if chunks is not None else [list(devices[c % 2]) for c in range(2 * v)]
+    return {"version": 2, "micro_batches": 4, "global_batch_size": 32,
+            "schedule": {"name": "interleaved", "virtual_stages": v},
+            "stages": [{"layers": [2 * c, 2 * c + 1], "devices": d} for c, d in enumerate(chunks)]}
+
+
+def test_interleaved_plans_list_their_chunks_and_say_how_many_per_device():
+    plan = Plan.from_dict(interleaved_dict()).validate(num_layers=8, num_devices=4)
+    assert (plan.schedule, plan.virtual_stages) == ("interleaved", 2)
+    assert (plan.num_stages, plan.num_positions, plan.num_devices) == (4, 2, 4)
+    assert plan.shape() == "2:2"
+    assert json.loads(plan.to_json())["schedule"] == {"name": "interleaved", "virtual_stages": 2}
+    assert Plan.from_json(plan.to_json()) == plan
+    # Chunk forwards before the first backward per group (Megatron: 2(S-s-1) + (v-1)S, + 1).
+    assert plan.warmup_depths() == [5, 3]
+
+
+def test_every_schedule_name_round_trips_and_old_names_still_load():
+    for name in ("gpipe", "1f1b", "zb-h1", "A", "B"):
+        plan = straight_plan([3], 6, 4, 64, schedule=name)
+        assert Plan.from_json(plan.to_json()).schedule == name
+    assert straight_plan([3], 6, 4, 64).schedule == "1f1b"
+    assert straight_plan([3], 6, 4, 64, schedule="zb-h1").warmup_depths() == [2, 1]
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["schedule"].pop("virtual_stages"), "needs virtual_stages"),
+    (lambda d: d["schedule"].update(virtual_stages=3), "lists S x 3 chunks"),
+    (lambda d: d["stages"][3].update(devices=[2]), "chunk 3 has 1 replica"),
+    (lambda d: d["stages"][2].update(devices=[1, 0]), r"give chunk 2 the devices \[0, 1\]"),
+    (lambda d: d["stages"][2].update(devices=[2, 3]), "chunk 2 runs on devices"),
+    (lambda d: d["schedule"].update(name="zb-h1"), "virtual_stages = 2 needs schedule"),
+    (lambda d: d["schedule"].update(name="1f1b"), "virtual_stages = 2 needs schedule"),
+    (lambda d: d["schedule"].update(warmup=[2, 1]), "fixes its own warm-up"),
+])
+def test_interleaved_plan_errors_name_the_problem(edit, message):
+    data = interleaved_dict()
+    edit(data)
+    with pytest.raises(PlanError, match=message):
+        Plan.from_dict(data).validate(num_layers=8)
+
+
+def test_a_zb_h1_plan_takes_no_warmup():
+    data = straight_plan([3], 6, 4, 64, schedule="zb-h1").to_dict()
+    data["schedule"]["warmup"] = [2, 1]
+    with pytest.raises(PlanError, match="'zb-h1' fixes its own warm-up"):
+        Plan.from_dict(data).validate(num_layers=6)
