@@ -45,10 +45,14 @@ def data_for(model, batch, seed):
     """Random inputs matching the model's inputs, and labels for its outputs (class ids for
     outputs named like classifiers, reals otherwise)."""
     rng = np.random.RandomState(seed)
+    def values(t):
+        if t.dtype.is_integer:         # token ids below every integer model's vocabulary
+            return rng.randint(0, 10, size=(batch, *t.shape[1:])).astype(t.dtype.name)
+        return rng.randn(batch, *t.shape[1:]).astype("float32")
     if isinstance(model.input, dict):
-        x = {k: rng.randn(batch, *t.shape[1:]).astype("float32") for k, t in model.input.items()}
+        x = {k: values(t) for k, t in model.input.items()}
     else:
-        x = rng.randn(batch, *model.input.shape[1:]).astype("float32")
+        x = values(model.input)
     ys = []
     for out in model.outputs:
         if out.shape[-1] > 1:
@@ -56,6 +60,17 @@ def data_for(model, batch, seed):
         else:
             ys.append(rng.randn(batch, 1).astype("float32"))
     return x, (ys[0] if len(ys) == 1 else ys)
+
+
+def integer_boundary(seed=0, vocab=10, length=4):
+    """Token ids reshaped, then embedded and classified. Cut after the reshape, the first
+    stage has no variables and its boundary carries only int32 ids (no gradient goes back)."""
+    tf.keras.utils.set_random_seed(seed)
+    ids = tf.keras.Input((length,), dtype="int32", name="ids")
+    h = tf.keras.layers.Reshape((length,), name="ids_reshape")(ids)
+    h = tf.keras.layers.Embedding(vocab, 3, name="embed")(h)
+    h = tf.keras.layers.Flatten(name="flat")(h)
+    return tf.keras.Model(ids, tf.keras.layers.Dense(5, name="out")(h), name="integer_boundary")
 
 
 def plain_loss_and_grads(model, loss, x, y):

@@ -68,7 +68,9 @@ for step in range(args.steps):
     own_gradients = sum(g is not None for g in got)
     for g, w in zip(got, want):
         if g is not None:
-            grad_diff = max(grad_diff, float(np.max(np.abs(g.numpy() - w.numpy()))))
+            # the plain model's embedding gradients are tf.IndexedSlices
+            dense = tf.convert_to_tensor(w).numpy()
+            grad_diff = max(grad_diff, float(np.max(np.abs(g.numpy() - dense))))
     got_loss = pm.train_step(x, y)
     print(f"rank {pm.rank}: step {step} train step done", flush=True)
     ref_opt.apply_gradients(zip(want, reference.trainable_variables))
