@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from functools import cached_property
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 FORWARD = "F"
 BACKWARD = "B"              # input and weight gradients together
@@ -95,6 +96,11 @@ class Schedule:
     @property
     def micro_batches(self) -> int:
         return len({a.micro_batch for lst in self.lists for a in lst if a.kind == FORWARD})
+
+    @cached_property
+    def split_chunks(self) -> FrozenSet[int]:
+        """Chunks whose backward is split into I and W (computed once: lowering asks often)."""
+        return frozenset(a.chunk for lst in self.lists for a in lst if a.kind == BACKWARD_INPUT)
 
     @property
     def lowered(self) -> bool:

@@ -17,6 +17,7 @@ simulator.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Dict, List, Tuple
 
 from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
@@ -46,7 +47,7 @@ def check_compute(schedule: Schedule) -> None:
         kinds = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT) if split else (FORWARD, BACKWARD)
         expected = {Action(c, k, m) for k in kinds for m in range(M)}
         missing = sorted(expected - set(mine))
-        repeated = sorted({a for a in mine if mine.count(a) > 1})
+        repeated = sorted(a for a, n in Counter(mine).items() if n > 1)
         stray = sorted(set(mine) - expected)
         if missing or repeated or stray:
             raise ScheduleError(
@@ -57,9 +58,7 @@ def check_compute(schedule: Schedule) -> None:
 
 def _backward_kind(schedule: Schedule, chunk: int) -> str:
     """The action that computes `chunk`'s input gradients: B, or I when its backward is split."""
-    lst = schedule.lists[schedule.placement[chunk]]
-    split = any(a.chunk == chunk and a.kind == BACKWARD_INPUT for a in lst)
-    return BACKWARD_INPUT if split else BACKWARD
+    return BACKWARD_INPUT if chunk in schedule.split_chunks else BACKWARD
 
 
 def lower(schedule: Schedule) -> Schedule:

@@ -183,10 +183,18 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
         return (min(sender, receiver), max(sender, receiver)) if link_duplex == "half" \
             else (sender, receiver)
 
+    ready_known: Dict[int, float] = {}    # position -> when its next action's inputs are done
+
     def ready_at(p: int, action: Action) -> Optional[float]:
-        """When `action` may start as far as its inputs go; None while one is not done."""
+        """When `action` may start as far as its inputs go; None while one is not done (a
+        known time never changes, so it is kept until the position moves on)."""
+        if p in ready_known:
+            return ready_known[p]
         times = [finished.get(n) for n in needs(lowered, p, action)]
-        return None if any(t is None for t in times) else max(times, default=0.0)
+        if any(t is None for t in times):
+            return None
+        ready_known[p] = max(times, default=0.0)
+        return ready_known[p]
 
     while True:
         best = None   # (key, payload)
@@ -214,6 +222,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
             c, m = action.chunk, action.micro_batch
             end = start + _duration(action, costs)
             position[p] += 1
+            ready_known.pop(p, None)
             if action.kind in (SEND_FORWARD, SEND_BACKWARD):
                 # The sender goes on at once; the link carries the data when it is free.
                 receiver = placement[c + 1 if action.kind == SEND_FORWARD else c - 1]
