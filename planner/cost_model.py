@@ -14,9 +14,10 @@ from planner.costs import PipelineCosts
 from planner.latency import interleave, round_trip_phases
 from planner.plan import Estimate, Plan, PlanError, StageEstimate
 from planner.profile import Profile
-from planner.schedule import WARMUP_SCHEDULES, plan_schedule, pipeline_schedule, warmup_depths
+from planner.schedule import (FORWARD_BACKWARD, GPIPE, pipeline_schedule, plan_schedule,
+                              warmup_depths)
 from planner.schedule_memory import peak_bytes
-from planner.simulator import simulate
+from planner.simulator import SimulationResult, simulate
 
 # ---- the constants (docs/cost_model.md, "The constants", says why each value) ----------------
 # Fixed cost of every scheduled forward or backward task (launch, dependencies, dispatch).
@@ -283,6 +284,14 @@ class PlanCosts:
             self.stages, [model.activation_bytes(st.first, st.last, st.replicas)
                           for st in plan.stages],
             [model.weight_gradient_bytes(st.first, st.last, st.replicas) for st in plan.stages])
+        self._simulation: Optional[SimulationResult] = None
+
+    def simulation(self) -> SimulationResult:
+        """The plan's schedule simulated with these costs; computed once, for the plan as it
+        is at the first call (set the warm-up first)."""
+        if self._simulation is None:
+            self._simulation = simulate(plan_schedule(self.plan), self.pipeline)
+        return self._simulation
 
     def warmup(self) -> Tuple[str, List[int]]:
         """(policy, K_i) by `warmup_for`; PlanError when a stage cannot hold one micro-batch."""
@@ -319,10 +328,12 @@ class PlanCosts:
         `pivot_stage` indexes computation stages: a pivot on a transfer names its sender.
         Schedules the formula does not describe (interleaved, zb-h1) are simulated instead."""
         plan, costs = self.plan, self.pipeline
-        if plan.schedule not in WARMUP_SCHEDULES:
+        if plan.schedule not in FORWARD_BACKWARD:
             return self._simulated_estimate(check_memory)
         ks = plan.warmup
-        if ks is None or len(ks) != plan.num_stages:
+        if plan.schedule == GPIPE and ks is None:
+            ks = plan.warmup_depths()                 # every forward first: K_i = M
+        elif ks is None or len(ks) != plan.num_stages:
             ks = warmup_for(costs, [c.max_in_flight for c in self.stages],
                             plan.micro_batches)[1]
         Tw, Ts, Te, Q = round_trip_phases(*interleave(costs), plan.micro_batches, ks)
@@ -344,7 +355,7 @@ class PlanCosts:
     def _simulated_estimate(self, check_memory: bool) -> Estimate:
         """The simulated iteration as the latency; phases from the first device group: until
         its first backward, until its last forward ends, the rest."""
-        result = simulate(plan_schedule(self.plan), self.pipeline)
+        result = self.simulation()
         first = result.stage_events(0)
         backward = min((e.start_ms for e in first if e.kind != "forward"), default=0.0)
         last_forward = max((e.end_ms for e in first if e.kind == "forward"), default=0.0)

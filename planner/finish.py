@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List
+from typing import List, Optional
 
 from planner.cost_model import PlanCosts, StageModel
 from planner.plan import Plan, PlanError
 from planner.profile import Profile
-from planner.schedule import EARLY_BACKWARD, ONE_F_ONE_B
+from planner.schedule import EARLY_BACKWARD, ONE_F_ONE_B, ZERO_BUBBLE_H1
 
 
 class NoPlanFits(PlanError):
@@ -25,14 +25,18 @@ def micro_batch_choices(global_batch_size: int) -> List[int]:
     return [m for m in range(1, global_batch_size + 1) if global_batch_size % m == 0]
 
 
-def finish_plan(plan: Plan, profile: Profile, topology, keep_warmup: bool = False) -> Plan:
-    """Fill the derived fields: an early-backward plan's K_i (policy A or B by the ACR, capped
-    by memory; kept when `keep_warmup` and the plan has them; the name becomes "1f1b"),
+def finish_plan(plan: Plan, profile: Profile, topology, keep_warmup: bool = False,
+                costs: Optional[PlanCosts] = None) -> Plan:
+    """Fill the derived fields: an early-backward or zb-h1 plan's K_i (policy A or B by the ACR,
+    capped by memory; kept when `keep_warmup` and the plan has them; "A" and "B" become "1f1b"),
     estimate, topology, profile, layer names. Other schedules keep their own warm-up. The plan
-    is validated and costed once."""
-    costs = PlanCosts(plan, profile, topology)
-    if plan.schedule in EARLY_BACKWARD and (not keep_warmup or plan.warmup is None):
-        plan.schedule, plan.warmup = ONE_F_ONE_B, costs.warmup()[1]
+    is validated and costed once (`costs`: this plan's, when the caller has them)."""
+    costs = costs or PlanCosts(plan, profile, topology)
+    if plan.schedule in EARLY_BACKWARD + (ZERO_BUBBLE_H1,) and (
+            not keep_warmup or plan.warmup is None):
+        plan.warmup = costs.warmup()[1]
+        if plan.schedule in EARLY_BACKWARD:
+            plan.schedule = ONE_F_ONE_B
     plan.estimate = costs.estimate()
     plan.topology = topology.to_dict()
     plan.profile = profile.summary()

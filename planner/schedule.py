@@ -8,7 +8,8 @@ The names a plan may carry (`SCHEDULES`; `build_schedule` makes any of them):
   remaining backwards. K_i = min(S - i, M) unless the plan's `warmup` says otherwise (the
   planner writes its choice there: policy A's depths, policy B's, capped by memory);
 * "interleaved": Megatron's interleaved 1F1B over v chunks per position (`planner.interleaved`);
-* "zb-h1": zero-bubble ZB-H1, backwards split into I and W (`planner.zero_bubble`).
+* "zb-h1": zero-bubble ZB-H1, backwards split into I and W (`planner.zero_bubble`); warm-up as
+  "1f1b"'s.
 
 The warm-up policies of early backward, also accepted as schedule names (plans written before
 the names above; they load and run as 1F1B with that policy's depths):
@@ -39,16 +40,17 @@ GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
 SCHEDULES = (GPIPE, ONE_F_ONE_B, INTERLEAVED, ZERO_BUBBLE_H1)
 EARLY_BACKWARD = (ONE_F_ONE_B, "A", "B")   # one schedule; "A" and "B" name its warm-up policies
 NAMES = SCHEDULES + ("A", "B")             # every name a plan may carry
-WARMUP_SCHEDULES = (GPIPE,) + EARLY_BACKWARD   # the schedules a plan's `warmup` may set
-RUNTIME_SCHEDULES = WARMUP_SCHEDULES       # what graph_rewrite runs today
+FORWARD_BACKWARD = (GPIPE,) + EARLY_BACKWARD   # one chunk per position, backwards unsplit
+WARMUP_SCHEDULES = FORWARD_BACKWARD + (ZERO_BUBBLE_H1,)   # those a plan's `warmup` may set
+RUNTIME_SCHEDULES = FORWARD_BACKWARD      # what graph_rewrite runs today
 
 
 def warmup_depths(policy: str, num_stages: int, micro_batches: int,
                   memory_limit: Optional[int] = None) -> List[int]:
-    """K_i for every stage under `policy` ("1f1b" is policy A), capped by `memory_limit` (D)
-    when given."""
+    """K_i for every stage under `policy` ("1f1b" and "zb-h1" default to policy A), capped by
+    `memory_limit` (D) when given."""
     S, M = num_stages, micro_batches
-    if policy in ("A", ONE_F_ONE_B):
+    if policy in ("A", ONE_F_ONE_B, ZERO_BUBBLE_H1):
         ks = [min(S - i, M) for i in range(S)]
     elif policy == "B":
         ks = [min(2 * (S - i) - 1, M) for i in range(S)]
@@ -97,8 +99,8 @@ def stage_actions(stage: int, micro_batches: int, warmup: int) -> List[Action]:
 def pipeline_schedule(num_stages: int, micro_batches: int, policy: str = "A",
                       warmup: Optional[Sequence[int]] = None) -> Schedule:
     """GPipe or early backward for `num_stages` stages (stage s runs on position s)."""
-    if policy not in WARMUP_SCHEDULES:
-        raise ScheduleError(f"unknown schedule {policy!r}; use one of {WARMUP_SCHEDULES}")
+    if policy not in FORWARD_BACKWARD:
+        raise ScheduleError(f"unknown schedule {policy!r}; use one of {FORWARD_BACKWARD}")
     ks = list(warmup) if warmup is not None else warmup_depths(policy, num_stages, micro_batches)
     if len(ks) != num_stages:
         raise ScheduleError(f"{len(ks)} warmup depths for {num_stages} stages")
@@ -126,7 +128,9 @@ def build_schedule(name: str, num_positions: int, micro_batches: int,
                                 f"position), e.g. 2")
         return interleaved_schedule(num_positions, micro_batches, virtual_stages)
     if name == ZERO_BUBBLE_H1:
-        return zb_h1_schedule(num_positions, micro_batches)
+        if warmup is not None:
+            check_warmup(warmup, micro_batches)
+        return zb_h1_schedule(num_positions, micro_batches, warmup)
     return pipeline_schedule(num_positions, micro_batches, name, warmup)
 
 

@@ -129,8 +129,8 @@ def test_interleaved_plan_errors_name_the_problem(edit, message):
         Plan.from_dict(data).validate(num_layers=8)
 
 
-def test_a_zb_h1_plan_takes_no_warmup():
-    data = straight_plan([3], 6, 4, 64, schedule="zb-h1").to_dict()
-    data["schedule"]["warmup"] = [2, 1]
-    with pytest.raises(PlanError, match="'zb-h1' fixes its own warm-up"):
-        Plan.from_dict(data).validate(num_layers=6)
+def test_a_zb_h1_plan_takes_the_warmup_of_early_backward():
+    plan = straight_plan([3], 6, 4, 64, schedule="zb-h1")
+    plan.warmup = [3, 1]
+    assert json.loads(plan.to_json())["schedule"] == {"name": "zb-h1", "warmup": [3, 1]}
+    assert Plan.from_json(plan.to_json()).warmup_depths() == [3, 1]

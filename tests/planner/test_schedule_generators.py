@@ -93,6 +93,10 @@ def test_zb_h1_holds_what_1f1b_holds_on_every_stage(S, M):
     zero = replay(build_schedule("zb-h1", S, M))
     assert zero.peak_held == ones.peak_held == [min(S - s, M) for s in range(S)]
     assert first_backward_depths(zero.schedule) == warmup_depths("1f1b", S, M)
+    # With the deeper warm-up of policy B too (what the planner gives 1F1B on slow links).
+    deep = warmup_depths("B", S, M)
+    assert replay(build_schedule("zb-h1", S, M, warmup=deep)).peak_held == \
+        replay(build_schedule("1f1b", S, M, warmup=deep)).peak_held == deep
     # Forward to W, counted from the lists here (not by the code under test): min(S, M).
     for s, lst in enumerate(zero.schedule.lists):
         in_flight = peak = 0
@@ -139,7 +143,9 @@ def test_names_old_and_new():
 @pytest.mark.parametrize("call,message", [
     (lambda: build_schedule("zigzag", 2, 4), "unknown schedule 'zigzag'"),
     (lambda: build_schedule("interleaved", 2, 4), "needs virtual_stages"),
-    (lambda: build_schedule("zb-h1", 2, 4, warmup=[2, 1]), "fixes its own warm-up"),
+    (lambda: build_schedule("interleaved", 2, 4, warmup=[2, 1], virtual_stages=2),
+     "fixes its own warm-up"),
+    (lambda: build_schedule("zb-h1", 2, 4, warmup=[1, 2]), "K_0 = 1 < K_1 = 2"),
     (lambda: build_schedule("1f1b", 2, 4, virtual_stages=2), "one chunk per position"),
     (lambda: interleaved_schedule(2, 4, 0), "virtual_stages must be a positive integer"),
     (lambda: zb_h1_schedule(0, 4), "stages must be a positive integer"),
