@@ -19,6 +19,8 @@ from planner.pipedream import plan_pipedream
 from planner.plan import Plan, PlanError, Stage
 from planner.baselines import best_data_parallel_plan, best_straight_plan
 from planner.plan_space import plan_dapple
+from planner.schedule import EARLY_BACKWARD, GPIPE, ONE_F_ONE_B
+from planner.schedule_choice import ScheduleOption, choose_schedule
 from planner.simulator import SimulationResult, simulate_plan
 
 
@@ -94,13 +96,20 @@ def single_device_ms(profile, topology, global_batch_size: int) -> float:
 
 def held_comparison(plan: Plan, costs, link_duplex: str = "full") -> Dict[str, SimulationResult]:
     """{label: simulation} for GPipe and early backward on the same stages and micro-batches
-    (the paper's Fig. 3c)."""
-    early_policy = plan.schedule if plan.schedule != "gpipe" else "A"
-    early = dataclasses.replace(plan, schedule=early_policy,
-                                warmup=plan.warmup if plan.schedule != "gpipe" else None)
-    gpipe = dataclasses.replace(plan, schedule="gpipe", warmup=None)
-    return {"GPipe": simulate_plan(gpipe, costs, link_duplex),
-            f"early backward ({early_policy})": simulate_plan(early, costs, link_duplex)}
+    (the paper's Fig. 3c), and the plan's own schedule when it is neither (an interleaved plan's
+    chunks are not stages of the other two: it is shown alone)."""
+    out = {}
+    if plan.num_positions == plan.num_stages:
+        own = plan.schedule in EARLY_BACKWARD
+        early_policy = plan.schedule if own else ONE_F_ONE_B
+        early = dataclasses.replace(plan, schedule=early_policy,
+                                    warmup=plan.warmup if own else None)
+        gpipe = dataclasses.replace(plan, schedule=GPIPE, warmup=None)
+        out["GPipe"] = simulate_plan(gpipe, costs, link_duplex)
+        out[f"early backward ({early_policy})"] = simulate_plan(early, costs, link_duplex)
+    if plan.schedule != GPIPE and plan.schedule not in EARLY_BACKWARD:
+        out[plan.schedule] = simulate_plan(plan, costs, link_duplex)
+    return out
 
 
 @dataclass
@@ -133,6 +142,7 @@ class ReportRow:
     candidates: List[Candidate]                   # the best plan first: its timeline is drawn
     single_device_ms: Optional[float] = None      # whole global batch on one device
     held: Optional[Dict[str, SimulationResult]] = None   # GPipe vs early backward, best plan
+    schedules: Optional[List[ScheduleOption]] = None     # the schedules on the best plan
 
 
 def speedups(row: ReportRow, baseline: Optional[str] = None) -> Dict[str, Optional[float]]:
@@ -158,15 +168,21 @@ def speedups(row: ReportRow, baseline: Optional[str] = None) -> Dict[str, Option
 def strategy_row(profile, topology, global_batch_size: int, best_plan: Optional[Plan] = None,
                  planners: Optional[Sequence[Tuple[str, Callable]]] = None, memory_limit=None,
                  with_held: bool = True, even_slices: bool = False,
-                 plan_space: str = "paper") -> ReportRow:
-    """One report row: the DAPPLE plan (`best_plan`, or planned here), then each of `planners`
+                 plan_space: str = "paper", schedule: Optional[str] = None,
+                 virtual_stages: Optional[int] = None) -> ReportRow:
+    """One report row: the DAPPLE plan (`best_plan`, or planned here and, when `schedule` is
+    given, put under it: `planner.schedule_choice`), then each of `planners`
     ((name, function(profile, topology, global_batch_size) -> Plan) pairs; default: the
     `BASELINES`), each simulated with the cost model's durations. A planner that finds no plan
     gives an infeasible candidate whose note says why."""
+    options = None
     if best_plan is None:
         best_plan = plan_dapple(profile, topology, global_batch_size,
                                 memory_limit=memory_limit, even_slices=even_slices,
                                 plan_space=plan_space)
+        if schedule is not None:
+            best_plan, options = choose_schedule(best_plan, profile, topology, schedule,
+                                                 virtual_stages)
     if planners is None:
         planners = [(a.value, functools.partial(plan_alternative, a, memory_limit=memory_limit,
                                                 even_slices=even_slices)) for a in BASELINES]
@@ -182,4 +198,4 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan: Optional[
         held = held_comparison(best_plan, pipeline_costs(best_plan, profile, topology))
     return ReportRow(global_batch_size, candidates,
                      single_device_ms=single_device_ms(profile, topology, global_batch_size),
-                     held=held)
+                     held=held, schedules=options)

@@ -18,6 +18,7 @@ import textwrap
 from typing import List, Optional, Sequence
 
 from reports.comparison import ReportRow, speedups
+from reports.text_report import markdown_table, schedule_table
 from reports.timeline import (figure_png, held_activations_figure, held_stages, require_matplotlib,
                               timeline_figure)
 
@@ -157,8 +158,10 @@ def write_report(path: str, rows: Sequence[ReportRow], title: str = "dapple stra
     ext = os.path.splitext(path)[1].lower()
     pictures = [(caption, figure_png(fig)) for caption, fig in _pictures(rows, baseline, title)]
     table = table_rows(rows, baseline)
+    schedules = [(f"Schedules on the DAPPLE plan at global batch {row.global_batch_size} "
+                  f"(simulated)", schedule_table(row.schedules)) for row in rows if row.schedules]
     if ext == ".md":
-        return _write_markdown(path, title, notes, table, pictures)
+        return _write_markdown(path, title, notes, table, pictures, schedules)
     parts = [f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}"
              f"</title><style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
     parts += [f"<p>{html.escape(n)}</p>" for n in notes]
@@ -167,6 +170,12 @@ def write_report(path: str, rows: Sequence[ReportRow], title: str = "dapple stra
     for cells in table[1:]:
         parts.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     parts.append("</table>")
+    for caption, cells in schedules:
+        parts.append(f"<h2>{html.escape(caption)}</h2><table><tr>" +
+                     "".join(f"<th>{html.escape(h)}</th>" for h in cells[0]) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                  for row in cells[1:]]
+        parts.append("</table>")
     for caption, png in pictures:
         data = base64.b64encode(png).decode("ascii")
         parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,"
@@ -177,7 +186,7 @@ def write_report(path: str, rows: Sequence[ReportRow], title: str = "dapple stra
     return [path]
 
 
-def _write_markdown(path, title, notes, table, pictures) -> List[str]:
+def _write_markdown(path, title, notes, table, pictures, schedules=()) -> List[str]:
     stem = os.path.splitext(path)[0]
     written = []
     lines = [f"# {title}", ""] + [f"{n}\n" for n in notes]
@@ -186,6 +195,8 @@ def _write_markdown(path, title, notes, table, pictures) -> List[str]:
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
               for cells in table[1:]]
     lines.append("")
+    for caption, cells in schedules:
+        lines += [f"## {caption}", ""] + markdown_table(cells) + [""]
     for i, (caption, png) in enumerate(pictures):
         picture = f"{stem}_{i}.png"
         with open(picture, "wb") as f:

@@ -3,9 +3,10 @@ the alternatives `reports.comparison` planned, their estimates side by side unde
 cost model."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 from planner.plan import Plan
+from planner.schedule_choice import ScheduleOption
 from reports.comparison import Alternative
 from topology.units import format_bytes
 
@@ -19,10 +20,40 @@ def _devices_by_host(plan_stage, topology) -> str:
     return " ".join(parts)
 
 
+def schedule_name(plan: Plan) -> str:
+    return f"{plan.schedule} (v = {plan.virtual_stages})" if plan.virtual_stages else plan.schedule
+
+
+def schedule_table(options: Sequence[ScheduleOption]) -> List[List[str]]:
+    """The schedules side by side, as text cells (header first): simulated iteration, bubble
+    (idle) fraction and peak memory of each device group, whether it fits and runs."""
+    out = [["schedule", "simulated ms", "bubble per device group", "peak memory per device group",
+            "fits", "dapple runtime"]]
+    for o in options:
+        name = schedule_name(o.plan) if o.plan is not None else o.name
+        if o.simulation is None:
+            out.append([name, "-", "-", "-", f"no: {o.note}", "-"])
+            continue
+        bubbles = ", ".join(f"{100 * s.bubble_fraction:.0f}%" for s in o.simulation.stages)
+        memory = ", ".join(format_bytes(m) for m in o.memory_bytes)
+        out.append([name, f"{o.iteration_ms:.1f}",
+                    f"{100 * o.simulation.bubble_fraction:.1f}% ({bubbles})", memory,
+                    "yes" if o.fits else f"no: {o.note}",
+                    "runs" if o.runtime_supported else "planned and simulated only"])
+    return out
+
+
+def markdown_table(cells: Sequence[Sequence[str]]) -> List[str]:
+    return (["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(cells[0])] +
+            ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells[1:]])
+
+
 def strategy_report(plan: Plan, profile, topology,
-                    alternatives: Optional[Dict[Alternative, Optional[Plan]]] = None) -> str:
-    """Markdown report of `plan` (estimate filled) and, if given, the alternative plans (None
-    values are shown as 'not feasible')."""
+                    alternatives: Optional[Dict[Alternative, Optional[Plan]]] = None,
+                    schedules: Optional[Sequence[ScheduleOption]] = None) -> str:
+    """Markdown report of `plan` (estimate filled), the schedules compared on its device groups
+    if given, and the alternative plans if given (None values are shown as 'not
+    feasible')."""
     est = plan.estimate
     dtype = getattr(profile, "compute_dtype", "float32")
     activations = f" (activations in {dtype})" if dtype != "float32" else ""
@@ -30,7 +61,7 @@ def strategy_report(plan: Plan, profile, topology,
              f"Topology: {topology.links_source()}.", "",
              f"Plan **{plan.shape()}**, {plan.num_stages} stage(s), global batch "
              f"{plan.global_batch_size}, {plan.micro_batches} micro-batches of "
-             f"{plan.micro_batch_size()}, warm-up policy {plan.schedule} "
+             f"{plan.micro_batch_size()}, schedule {schedule_name(plan)} "
              f"(K = {plan.warmup_depths()}).", "",
              "| stage | layers | devices (by host) | replicas | F ms | B ms | allreduce ms | "
              "memory/device |",
@@ -42,9 +73,16 @@ def strategy_report(plan: Plan, profile, topology,
                      f"{_devices_by_host(st, topology)} | {st.replicas} | {se.forward_ms:.2f} | "
                      f"{se.backward_ms:.2f} | {se.allreduce_ms:.2f} | "
                      f"{format_bytes(se.memory_bytes)} |")
-    lines += ["", f"Pivot stage Q = {est.pivot_stage}. Latency {est.latency_ms:.1f} ms = "
-              f"warm-up {est.warmup_ms:.1f} + steady {est.steady_ms:.1f} + ending "
-              f"{est.ending_ms:.1f} ms.", ""]
+    if est.method == "simulated":
+        lines += ["", f"Latency {est.latency_ms:.1f} ms, simulated (the formula, eq. 1-3, "
+                  f"describes GPipe and early backward only).", ""]
+    else:
+        lines += ["", f"Pivot stage Q = {est.pivot_stage}. Latency {est.latency_ms:.1f} ms = "
+                  f"warm-up {est.warmup_ms:.1f} + steady {est.steady_ms:.1f} + ending "
+                  f"{est.ending_ms:.1f} ms.", ""]
+    if schedules:
+        lines += ["Schedules on this plan's device groups and micro-batches (simulated):", ""]
+        lines += markdown_table(schedule_table(schedules)) + [""]
     if alternatives:
         lines += ["| plan | shape | micro-batches | latency ms | vs this plan |", "|---|---|---|---|---|"]
         lines.append(f"| this plan (DAPPLE) | {plan.shape()} | {plan.micro_batches} | "

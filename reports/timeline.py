@@ -14,13 +14,17 @@ from __future__ import annotations
 import io
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from planner.simulator import (ALLREDUCE_KIND, BACKWARD_KIND, FORWARD_KIND, SEND_BACKWARD_KIND,
+from planner.simulator import (ALLREDUCE_KIND, BACKWARD_INPUT_KIND, BACKWARD_KIND,
+                               BACKWARD_WEIGHT_KIND, FORWARD_KIND, SEND_BACKWARD_KIND,
                                SEND_FORWARD_KIND, SimulationResult)
 
-# Colours after the paper's figures: forward blue, backward green, bubbles grey.
+# Colours after the papers' figures: forward blue, backward green (a split backward's I light,
+# W dark), bubbles grey.
 COLOURS = {
     FORWARD_KIND: "#5b9bd5",
     BACKWARD_KIND: "#70ad47",
+    BACKWARD_INPUT_KIND: "#a9d18e",
+    BACKWARD_WEIGHT_KIND: "#385723",
     SEND_FORWARD_KIND: "#f4b183",
     SEND_BACKWARD_KIND: "#c55a11",
     ALLREDUCE_KIND: "#9e6ebd",
@@ -29,6 +33,8 @@ COLOURS = {
 LEGEND_LABELS = {
     FORWARD_KIND: "forward",
     BACKWARD_KIND: "backward",
+    BACKWARD_INPUT_KIND: "backward: input gradient (I)",
+    BACKWARD_WEIGHT_KIND: "backward: weight gradient (W)",
     SEND_FORWARD_KIND: "transfer: activations",
     SEND_BACKWARD_KIND: "transfer: gradients",
     ALLREDUCE_KIND: "allreduce",
@@ -48,20 +54,22 @@ def require_matplotlib():
 
 
 def device_rows(result: SimulationResult, plan=None) -> List[Tuple[str, int]]:
-    """(label, stage) for every row of compute: one per device, or one per stage."""
+    """(label, stage) for every row of compute: one per device, or one per stage (device
+    group; an interleaved plan's group runs several chunks)."""
     if plan is None:
         return [(f"stage {s}", s) for s in range(result.num_stages)]
-    if plan.num_stages != result.num_stages:
-        raise ValueError(f"the plan has {plan.num_stages} stages, the simulation "
+    groups = plan.stages[:plan.num_positions]
+    if len(groups) != result.num_stages:
+        raise ValueError(f"the plan has {len(groups)} stages, the simulation "
                          f"{result.num_stages}")
     if plan.num_devices > MAX_DEVICE_ROWS:
         rows = []
-        for s, st in enumerate(plan.stages):
+        for s, st in enumerate(groups):
             d = st.devices
             label = f"dev {d[0]}" if len(d) == 1 else f"dev {d[0]}-{d[-1]} (x{len(d)})"
             rows.append((f"{label} | stage {s}", s))
         return rows
-    return [(f"dev {d} | stage {s}", s) for s, st in enumerate(plan.stages) for d in st.devices]
+    return [(f"dev {d} | stage {s}", s) for s, st in enumerate(groups) for d in st.devices]
 
 
 def timeline_figure(result: SimulationResult, plan=None, title: Optional[str] = None,
@@ -71,7 +79,7 @@ def timeline_figure(result: SimulationResult, plan=None, title: Optional[str] = 
     from matplotlib.patches import Patch
 
     rows = device_rows(result, plan)
-    links = [b for b in range(result.num_stages - 1)
+    links = [b for b in range(result.num_boundaries)
              if show_links and any(e.duration_ms > 0 for e in result.link_events(b))]
     total_rows = len(rows) + len(links)
     tasks_per_row = max((len(result.stage_events(s)) for s in range(result.num_stages)),
@@ -179,7 +187,7 @@ def held_activations_figure(results: Dict[str, SimulationResult],
 def held_stages(plan) -> List[int]:
     """The stages a held-activations picture shows: the first, where GPipe and early backward
     differ most, and the last."""
-    return [0] if plan is None or plan.num_stages == 1 else [0, plan.num_stages - 1]
+    return [0] if plan is None or plan.num_positions == 1 else [0, plan.num_positions - 1]
 
 
 def save_figure(fig, path: str) -> None:

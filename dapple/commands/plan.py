@@ -6,6 +6,13 @@
     dapple plan --profile=FILE --topology=SPEC --global_batch_size=64,128,256   # one row each
     dapple plan --evaluate=plan.json --profile=FILE --topology=SPEC [--format=json]
     dapple plan ... --compute_dtype=float16     # activations in 16 bits (mixed precision)
+    dapple plan ... --schedule=auto|gpipe|1f1b|interleaved|zb-h1 [--virtual_stages=V]
+
+--schedule: the search plans under early backward (1f1b, the default); another schedule is then
+put on the same device groups and micro-batches (interleaved re-cuts the layers into V chunks
+per group), and `auto` takes the one the simulator finds fastest among those that fit in
+memory (`planner.schedule_choice`). The text report shows all of them side by side. The dapple
+runtime runs gpipe and 1f1b; interleaved and zb-h1 are planned and simulated only.
 
 With --format=json stdout is the Plan JSON and nothing else. --compute_dtype rescales the
 profile's activation bytes (every layer's output, so boundary transfers and activation memory)
@@ -42,6 +49,12 @@ flags.DEFINE_string("compute_dtype", None,
                     "precision); scales the profile's activation bytes by its size over that of "
                     "the profile's own compute dtype (graph.txt profiles: float32). Default: the "
                     "profile's")
+flags.DEFINE_enum("schedule", None, ["auto", "gpipe", "1f1b", "interleaved", "zb-h1"],
+                  "schedule of the plan (default 1f1b, DAPPLE's early backward; with "
+                  "--evaluate, the plan's own): auto picks the fastest that fits in memory by "
+                  "the simulator; the text report compares them all")
+flags.DEFINE_integer("virtual_stages", None,
+                     "chunks per device group of the interleaved schedule (default 2)")
 flags.DEFINE_bool("even_slices", False,
                   "consider only plans whose every stage splits a micro-batch into equal slices "
                   "(what the dapple runtime needs: the global batch divisible by M x replicas)")
@@ -55,6 +68,7 @@ def _fail(message: str) -> None:
 def main(argv) -> None:
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}")
+    from planner.actions import ScheduleError
     from planner.plan import PlanError
     from planner.profile import ProfileError
     from planner.profile_readers import load_profile
@@ -64,6 +78,13 @@ def main(argv) -> None:
             _fail(f"--{name} is required")
     if FLAGS.compute_dtype is not None and FLAGS.compute_dtype not in COMPUTE_DTYPES:
         _fail(f"--compute_dtype={FLAGS.compute_dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
+    if FLAGS.virtual_stages is not None and FLAGS.virtual_stages < 1:
+        _fail(f"--virtual_stages must be a positive integer, got {FLAGS.virtual_stages}")
+    if FLAGS.virtual_stages is not None and FLAGS.schedule not in ("auto", "interleaved"):
+        _fail("--virtual_stages applies to --schedule=interleaved (or auto)")
+    if FLAGS.evaluate and FLAGS.schedule:
+        _fail("--evaluate keeps the plan's schedule (its \"schedule\" object); --schedule "
+              "applies when planning")
     try:
         profile = load_profile(FLAGS.profile, batch_size=FLAGS.profile_batch_size)
         if FLAGS.compute_dtype:
@@ -80,7 +101,7 @@ def main(argv) -> None:
             _evaluate(profile, topo)
         else:
             _plan(profile, topo)
-    except (PlanError, ProfileError, TopologyError, ValueError) as e:
+    except (PlanError, ProfileError, TopologyError, ScheduleError, ValueError) as e:
         _fail(str(e))
 
 
@@ -109,7 +130,10 @@ def _evaluate(profile, topo) -> None:
     if FLAGS.format == "json":
         print(plan.to_json())
     else:
-        print(strategy_report(plan, profile, topo))
+        from planner.schedule_choice import schedule_options
+        options = schedule_options(plan, profile, topo, plan.virtual_stages) \
+            if plan.num_positions == plan.num_stages else None
+        print(strategy_report(plan, profile, topo, schedules=options))
 
 
 def _plan(profile, topo) -> None:
@@ -133,8 +157,8 @@ def _plan(profile, topo) -> None:
         _table(profile, topo, sizes)
         return
     gbs = sizes[0]
-    plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
-                       plan_space=FLAGS.plan_space)
+    plan, options = _scheduled(plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
+                                           plan_space=FLAGS.plan_space), profile, topo)
     if FLAGS.output:
         plan.save(FLAGS.output)
     if FLAGS.format == "json":
@@ -143,7 +167,7 @@ def _plan(profile, topo) -> None:
     compared = (*BASELINES, Alternative.other_space(FLAGS.plan_space))
     print(strategy_report(plan, profile, topo,
                           alternatives(profile, topo, gbs, compared,
-                                       even_slices=FLAGS.even_slices)))
+                                       even_slices=FLAGS.even_slices), schedules=options))
     uneven = [i for i in range(plan.num_stages) if len(set(plan.slice_sizes(i))) > 1]
     if uneven:
         print(f"Note: stage(s) {uneven} split each micro-batch of {plan.micro_batch_size()} "
@@ -152,6 +176,12 @@ def _plan(profile, topo) -> None:
               f"--even_slices, or pick a global batch that divides evenly.")
     if FLAGS.output:
         print(f"plan written to {FLAGS.output}")
+
+
+def _scheduled(plan, profile, topo):
+    """(the plan under --schedule, every schedule compared on it)."""
+    from planner.schedule_choice import choose_schedule
+    return choose_schedule(plan, profile, topo, FLAGS.schedule or "1f1b", FLAGS.virtual_stages)
 
 
 def _report(profile, topo, sizes) -> None:
@@ -164,7 +194,8 @@ def _report(profile, topo, sizes) -> None:
     except ImportError as e:
         _fail(f"--report={FLAGS.report}: {e}")
     rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
-                         plan_space=FLAGS.plan_space) for gbs in sizes]
+                         plan_space=FLAGS.plan_space, schedule=FLAGS.schedule or "1f1b",
+                         virtual_stages=FLAGS.virtual_stages) for gbs in sizes]
     written = write_report(FLAGS.report, rows, title=f"{profile.name} on {topo.describe()}",
                            notes=[f"Topology: {topo.links_source()}."])
     print(f"strategy report written to {', '.join(written)}", file=sys.stderr)
@@ -175,10 +206,10 @@ def _table(profile, topo, sizes) -> None:
     from reports.comparison import Alternative, alternatives, single_device_ms
     print(f"{profile.name} on {topo.describe()}")
     print(f"{'global batch':>12}  {'plan':>14}  {'M':>5}  {'latency ms':>11}  "
-          f"{'vs 1 device':>11}  {'vs best DP':>10}  {'vs PipeDream':>12}")
+          f"{'vs 1 device':>11}  {'vs best DP':>10}  {'vs PipeDream':>12}  schedule")
     for gbs in sizes:
-        plan = plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
-                           plan_space=FLAGS.plan_space)
+        plan = _scheduled(plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
+                                      plan_space=FLAGS.plan_space), profile, topo)[0]
         lat = plan.estimate.latency_ms
         one = single_device_ms(profile, topo, gbs)
         alts = alternatives(profile, topo, gbs,
@@ -190,4 +221,4 @@ def _table(profile, topo, sizes) -> None:
         print(f"{gbs:>12}  {plan.shape():>14}  {plan.micro_batches:>5}  {lat:>11.1f}  "
               f"{(one / lat if one else float('nan')):>10.2f}x  "
               f"{ratio(alts[Alternative.DATA_PARALLEL]):>10}  "
-              f"{ratio(alts[Alternative.PIPEDREAM]):>12}")
+              f"{ratio(alts[Alternative.PIPEDREAM]):>12}  {plan.schedule}")

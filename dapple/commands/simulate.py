@@ -3,6 +3,13 @@
     dapple simulate --plan=plan.json --profile=bert-48-pbs-2.txt --topology=A --format=json
     dapple simulate --plan=plan.json --profile=... --topology=... --output=timeline.png
     dapple simulate --plan=plan.json --costs=costs.json --held_output=held.png
+    dapple simulate --plan=plan.json --costs=costs.json --schedule=zb-h1
+    dapple simulate --plan=plan.json --profile=... --topology=... --schedule=auto
+
+--schedule puts the plan's stages under another schedule before simulating (gpipe, 1f1b and
+zb-h1 keep the stages, so --costs works; interleaved re-cuts the layers into --virtual_stages
+chunks per device group and auto compares all of them, which both need --profile and
+--topology: `planner.schedule_choice`).
 
 Durations come from `planner.cost_model.pipeline_costs(plan, profile, topology)`, or from a
 `--costs` JSON file holding `PipelineCosts` fields (hand-made costs, or measured ones). Planner
@@ -32,6 +39,11 @@ flags.DEFINE_string("output", None, "write the timeline picture here (.png, .svg
 flags.DEFINE_string("held_output", None,
                     "write a picture of activations held over time, GPipe against early "
                     "backward (the paper's Fig. 3c), here")
+flags.DEFINE_enum("schedule", None, ["auto", "gpipe", "1f1b", "interleaved", "zb-h1"],
+                  "simulate the plan's stages under this schedule instead of the plan's own "
+                  "(auto: the fastest that fits in memory, the others compared)")
+flags.DEFINE_integer("virtual_stages", None,
+                     "chunks per device group for --schedule=interleaved (default 2)")
 flags.DEFINE_enum("link_duplex", "full", ["full", "half"],
                   "full: activations and gradients cross a boundary on separate channels; "
                   "half: they share one (eq. 1's reading of a boundary as a stage)")
@@ -64,41 +76,65 @@ def load_costs(path: str, num_stages: int):
     return costs
 
 
+def profile_and_topology(why: str):
+    if not FLAGS.profile or not FLAGS.topology:
+        raise UsageError(f"{why}: pass --profile and --topology")
+    from planner.profile_readers import load_profile
+    from topology.parse import parse_topology
+    return (load_profile(FLAGS.profile, batch_size=FLAGS.profile_batch_size),
+            parse_topology(FLAGS.topology))
+
+
 def costs_for(plan):
     """PipelineCosts for `plan` from --costs, or from --profile and --topology."""
     if FLAGS.costs:
         if FLAGS.profile or FLAGS.topology:
             raise UsageError("give either --costs or --profile with --topology, not both")
         return load_costs(FLAGS.costs, plan.num_stages)
-    if not FLAGS.profile or not FLAGS.topology:
-        raise UsageError("durations are needed: pass --profile and --topology (the cost model "
-                         "computes them) or --costs=costs.json")
+    profile, topology = profile_and_topology(
+        "durations are needed (or give --costs=costs.json)")
     from planner.cost_model import pipeline_costs
-    from planner.profile_readers import load_profile
-    from topology.parse import parse_topology
-    profile = load_profile(FLAGS.profile, batch_size=FLAGS.profile_batch_size)
-    topology = parse_topology(FLAGS.topology)
     plan.validate(num_layers=profile.num_layers, num_devices=topology.num_devices)
     return pipeline_costs(plan, profile, topology)
 
 
+def rescheduled(plan):
+    """(the plan under --schedule, the schedules compared when auto chose: else None)."""
+    name, v = FLAGS.schedule, FLAGS.virtual_stages
+    if v is not None and name not in ("auto", "interleaved"):
+        raise UsageError("--virtual_stages applies to --schedule=interleaved (or auto)")
+    if name is None or (name == plan.schedule and v in (None, plan.virtual_stages)):
+        return plan, None
+    from planner.schedule_choice import choose_schedule, with_schedule
+    if name in ("gpipe", "1f1b", "zb-h1"):
+        return with_schedule(plan, name), None
+    if FLAGS.costs:
+        raise UsageError(f"--schedule={name} needs the cost model (interleaved re-cuts the "
+                         f"layers): pass --profile and --topology instead of --costs")
+    profile, topology = profile_and_topology(f"--schedule={name}")
+    chosen, options = choose_schedule(plan, profile, topology, name, v)
+    return chosen, options if name == "auto" else None
+
+
 def format_text(plan, result) -> str:
+    v = f" (v = {plan.virtual_stages})" if plan.virtual_stages else ""
     lines = [f"plan {plan.shape()}: {plan.num_stages} stage(s), {plan.micro_batches} "
-             f"micro-batches, schedule {plan.schedule}, warm-up K = {plan.warmup_depths()}",
+             f"micro-batches, schedule {plan.schedule}{v}, warm-up K = {plan.warmup_depths()}",
              f"iteration {result.iteration_ms:.3f} ms, bubble fraction "
              f"{result.bubble_fraction:.3f} (links {result.link_duplex} duplex)"]
-    if plan.estimate is not None:
+    if plan.estimate is not None and plan.estimate.method == "formula":
         formula = plan.estimate.latency_ms
         lines.append(f"formula (eq. 1-3) in the plan: {formula:.3f} ms; simulated / formula = "
                      f"{result.iteration_ms / formula:.3f}" if formula else "")
     lines.append(f"{'stage':>5} {'devices':>10} {'busy ms':>10} {'idle ms':>10} "
-                 f"{'allreduce':>10} {'bubble':>7} {'peak held':>9}")
+                 f"{'allreduce':>10} {'bubble':>7} {'peak held':>9} {'awaiting W':>10}")
     for st, stats in zip(plan.stages, result.stages):
         d = st.devices
         devices = str(d[0]) if len(d) == 1 else f"{d[0]}-{d[-1]}"
         lines.append(f"{stats.stage:>5} {devices:>10} {stats.busy_ms:>10.3f} "
                      f"{stats.idle_ms:>10.3f} {stats.allreduce_ms:>10.3f} "
-                     f"{stats.bubble_fraction:>7.3f} {stats.peak_held_micro_batches:>9}")
+                     f"{stats.bubble_fraction:>7.3f} {stats.peak_held_micro_batches:>9} "
+                     f"{stats.peak_awaiting_weight_micro_batches:>10}")
     return "\n".join(line for line in lines if line)
 
 
@@ -107,7 +143,7 @@ def run() -> int:
     from planner.simulator import simulate_plan
     if not FLAGS.plan:
         raise UsageError("--plan=plan.json is required (write one with `dapple plan`)")
-    plan = Plan.load(FLAGS.plan).validate()
+    plan, options = rescheduled(Plan.load(FLAGS.plan).validate())
     costs = costs_for(plan)
     result = simulate_plan(plan, costs, link_duplex=FLAGS.link_duplex)
     # Pictures first: the printed results may go to a pipe that closes early (| head).
@@ -128,10 +164,19 @@ def run() -> int:
         print(f"held-activations picture written to {FLAGS.held_output}", file=sys.stderr)
     if FLAGS.format == "json":
         d = result.to_dict(with_timeline=FLAGS.timeline)
-        if plan.estimate is not None:
+        d["schedule"] = plan.to_dict()["schedule"]
+        if plan.estimate is not None and plan.estimate.method == "formula":
             d["formula_latency_ms"] = plan.estimate.latency_ms
+        if options:
+            d["schedules_compared"] = [
+                {"name": o.name, "iteration_ms": o.iteration_ms, "fits": o.fits,
+                 "bubble_fraction": o.simulation and o.simulation.bubble_fraction,
+                 "memory_bytes": o.memory_bytes, "note": o.note} for o in options]
         print(json.dumps(d, indent=2))
     else:
+        if options:
+            from reports.text_report import markdown_table, schedule_table
+            print("\n".join(markdown_table(schedule_table(options))) + "\n")
         print(format_text(plan, result))
     return 0
 
