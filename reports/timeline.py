@@ -94,11 +94,12 @@ def timeline_figure(result: SimulationResult, plan=None, title: Optional[str] = 
     # Width of the drawing area in points, to decide where a micro-batch number fits.
     axes_points = width * 72 * 0.82
 
-    def box(y, start, end, kind, label=None, half=None):
+    def box(y, start, end, kind, label=None, half=None, later_chunk=False):
         top, h = (y - 0.4, 0.8) if half is None else ((y - 0.4, 0.4) if half == "upper"
                                                        else (y, 0.4))
         ax.broken_barh([(start, end - start)], (top, h), facecolors=COLOURS[kind],
-                       edgecolors="white" if kind == "idle" else "black", linewidth=0.4)
+                       edgecolors="white" if kind == "idle" else "black", linewidth=0.4,
+                       hatch="///" if later_chunk else None)
         if label is not None:
             box_points = (end - start) / T * axes_points
             fontsize = 8 if half is None else 6.5
@@ -115,8 +116,10 @@ def timeline_figure(result: SimulationResult, plan=None, title: Optional[str] = 
             if e.start_ms > cursor:
                 box(y, cursor, e.start_ms, "idle")
             if e.duration_ms > 0:
+                # An interleaved device's later chunks (chunk >= S) are hatched.
                 box(y, e.start_ms, e.end_ms, e.kind,
-                    None if e.micro_batch is None else str(e.micro_batch))
+                    None if e.micro_batch is None else str(e.micro_batch),
+                    later_chunk=e.stage >= result.num_stages)
             cursor = max(cursor, e.end_ms)
         if cursor < T:
             box(y, cursor, T, "idle")
@@ -141,8 +144,11 @@ def timeline_figure(result: SimulationResult, plan=None, title: Optional[str] = 
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.5 / axes_inches),
               ncol=min(len(handles), 6), fontsize=8.5, frameon=False)
     heading = title or "simulated iteration"
+    chunked = result.num_boundaries >= result.num_stages       # more chunks than groups
+    note = "; hatched: later chunks of a device group" if chunked else ""
     ax.set_title(f"{heading}\niteration {result.iteration_ms:.4g} ms, bubbles "
-                 f"{100 * result.bubble_fraction:.1f}% (numbers: micro-batch)", fontsize=10)
+                 f"{100 * result.bubble_fraction:.1f}% (numbers: micro-batch{note})",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
