@@ -19,7 +19,8 @@ from planner.actions import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule, 
 from planner.interleaved import interleaved_schedule, micro_batch_groups
 from planner.replay import replay
 from planner.schedule import (SCHEDULES, build_schedule, first_backward_depths,
-                              pipeline_schedule, runtime_supported, warmup_depths)
+                              pipeline_schedule, require_runtime_support, runtime_supported,
+                              warmup_depths)
 from planner.zero_bubble import zb_h1_schedule
 
 INTERLEAVED_GOLDEN = {
@@ -138,6 +139,17 @@ def test_names_old_and_new():
     assert build_schedule("A", 2, 4).lists == build_schedule("1f1b", 2, 4).lists
     assert [runtime_supported(n) for n in ("gpipe", "1f1b", "A", "B", "interleaved", "zb-h1")] \
         == [True, True, True, True, False, False]
+
+
+def test_the_runtime_check_names_the_schedule_and_what_runs_today():
+    from planner.plan import straight_plan
+    for name in ("gpipe", "1f1b", "A", "B"):
+        require_runtime_support(straight_plan([1], 2, 4, schedule=name))
+    with pytest.raises(ScheduleError) as info:
+        require_runtime_support(straight_plan([1], 2, 4, schedule="zb-h1"))
+    assert str(info.value).startswith(
+        "the plan's schedule 'zb-h1' is planned and simulated, but the dapple runtime runs "
+        "only gpipe, 1f1b, A, B today; re-plan with `dapple plan --schedule=1f1b`")
 
 
 @pytest.mark.parametrize("call,message", [
