@@ -193,7 +193,10 @@ class Plan:
             expected_first = st.last + 1
             if not st.devices:
                 raise PlanError(f"stage {i} has no devices")
-            if i >= S:          # an interleaved chunk: on its position's devices
+            if st.layer_names and len(st.layer_names) != st.num_layers:
+                raise PlanError(f"stage {i}: {len(st.layer_names)} layer_names for "
+                                f"{st.num_layers} layers {st.layers}")
+            if i >= S:          # an interleaved chunk: on its device group's devices
                 self._check_chunk_devices(i, S)
                 continue
             for d in st.devices:
@@ -203,9 +206,6 @@ class Plan:
                     raise PlanError(f"device {d} is used by stage {seen[d]} and stage {i}; "
                                     f"each device may run one stage replica only")
                 seen[d] = i
-            if st.layer_names and len(st.layer_names) != st.num_layers:
-                raise PlanError(f"stage {i}: {len(st.layer_names)} layer_names for "
-                                f"{st.num_layers} layers {st.layers}")
         if num_layers is not None and expected_first != num_layers:
             raise PlanError(f"the plan covers layers 0..{expected_first - 1} but the model/profile "
                             f"has {num_layers} layers (0..{num_layers - 1})")
