@@ -125,8 +125,9 @@ class Candidate:
     def formula_ms(self) -> Optional[float]:
         if self.latency_ms is not None:
             return self.latency_ms
-        if self.plan is not None and getattr(self.plan, "estimate", None) is not None:
-            return self.plan.estimate.latency_ms
+        estimate = getattr(self.plan, "estimate", None) if self.plan is not None else None
+        if estimate is not None and estimate.method == "formula":    # not a simulated one
+            return estimate.latency_ms
         return None
 
     def time_ms(self) -> Optional[float]:
