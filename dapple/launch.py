@@ -28,7 +28,9 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from planner.actions import ScheduleError
 from planner.plan import Plan, PlanError
+from planner.schedule import require_runtime_support
 
 Hosts = List[Tuple[str, int]]
 CONTROLLERS = ("gloo", "mpi")
@@ -77,6 +79,10 @@ def plan_devices_per_host(plan: Plan) -> Optional[List[int]]:
 
 def hosts_for_plan(plan: Plan, hosts: Optional[Hosts] = None) -> Hosts:
     """The `-H` hosts for `plan`: `hosts` checked against it, or localhost for a one-host plan."""
+    try:
+        require_runtime_support(plan)
+    except ScheduleError as e:
+        raise LaunchError(str(e)) from None
     n = plan.num_devices
     used = sorted(d for s in plan.stages for d in s.devices)
     if used != list(range(n)):

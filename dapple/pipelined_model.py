@@ -43,6 +43,7 @@ from dapple.runtime import Runtime, loss_scale
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan
+from planner.schedule import require_runtime_support
 from planner.slicing import check_even
 
 
@@ -80,6 +81,7 @@ class PipelinedModel:
         check_plan_matches_model(self.plan, model)
         check_supported_model(model)
         check_recompute(self.plan, model)
+        require_runtime_support(self.plan)
         self.runtime = _make_runtime(runtime, model, self.plan, devices)
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None

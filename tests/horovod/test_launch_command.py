@@ -25,6 +25,12 @@ def test_one_host_plan_runs_on_localhost():
                    "--epochs=2"]
 
 
+def test_plan_with_a_schedule_the_runtime_does_not_run_is_refused():
+    plan = straight_plan([1], 2, 4, replicas=[1, 1], schedule="zb-h1")
+    with pytest.raises(launch.LaunchError, match="schedule 'zb-h1'.*--schedule=1f1b"):
+        launch.horovodrun_command(plan, ["python", "train.py"], horovodrun=HVD)
+
+
 def test_two_servers_of_eight_gpus():
     plan = plan_for([8, 8], per_host=[8, 8])
     cmd = launch.horovodrun_command(plan, ["python", "t.py"], horovodrun=HVD,
