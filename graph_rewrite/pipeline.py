@@ -251,7 +251,7 @@ class PipelineStep:
             state.predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
         if term is not None:
             state.loss_terms.append(term)
-        state.previous[unit] = _producers(list(outputs.values()) + [term])
+        state.previous[unit] = list(outputs.values()) + ([term] if term is not None else [])
 
     def _backward(self, state: StepState, unit: Unit, action: Action) -> None:
         stage, m = unit[0], action.micro_batch
@@ -272,7 +272,8 @@ class PipelineStep:
                                               state.zeros_like, untargeted)
         state.input_gradients[(unit, m)] = grads_in
         state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
-        state.previous[unit] = _producers(list(grads_in.values()) + var_grads)
+        state.previous[unit] = [g for g in list(grads_in.values()) + var_grads
+                                if g is not None]
 
     def _untargeted(self, stage: int, outputs: Tensors, statistics) -> List[tf.Tensor]:
         """A forward's outputs its backward does not differentiate."""
@@ -357,18 +358,6 @@ class PipelineStep:
             for v, g in zip(graph.trainable_variables, reduced[stage]):
                 by_var[id(v)] = g if id(v) not in by_var else by_var[id(v)] + g
         return [by_var.get(id(v)) for v in self.model.trainable_variables]
-
-
-def _producers(tensors) -> List[tf.Operation]:
-    """The distinct ops that produce `tensors` (None skipped): the next action's control
-    dependencies. Waiting on an op is waiting on its outputs, and one edge per op instead of per
-    tensor keeps the graph small (161 gradients of one call op were 161 edges on every op of
-    the next action)."""
-    ops = {}
-    for t in tensors:
-        if t is not None:
-            ops.setdefault(id(t.op), t.op)
-    return list(ops.values())
 
 
 def _watch(tape: tf.GradientTape, inputs: Tensors, stage: int) -> None:

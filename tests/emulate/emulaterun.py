@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Dict, Optional, Sequence
 
-from tests.horovod.hvdrun import LIGHT_RANK_ENV, REPO, SCRIPTS, RunResult
+from tests.horovod.hvdrun import REPO, SCRIPTS, RunResult, light_rank_env
 
 DAPPLE = os.path.join(os.path.dirname(sys.executable), "dapple")
 
@@ -59,10 +59,7 @@ def emulate(topology: str, program: Sequence[str], timeout: float = 180,
     if not os.path.isabs(program[0]) and os.path.exists(os.path.join(SCRIPTS, program[0])):
         program = [sys.executable, os.path.join(SCRIPTS, program[0])] + program[1:]
     command = [DAPPLE, "emulate", f"--topology={topology}", "--"] + program
-    run_env = dict(os.environ)
-    run_env.update(LIGHT_RANK_ENV)
-    run_env["PYTHONPATH"] = REPO + os.pathsep + run_env.get("PYTHONPATH", "")
-    run_env.update(env or {})
+    run_env = light_rank_env(env)
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO, env=run_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -52,6 +52,16 @@ class RunResult:
         return found
 
 
+def light_rank_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """This process's environment with LIGHT_RANK_ENV, the repository on PYTHONPATH, and `env`
+    on top."""
+    run_env = dict(os.environ)
+    run_env.update(LIGHT_RANK_ENV)
+    run_env["PYTHONPATH"] = REPO + os.pathsep + run_env.get("PYTHONPATH", "")
+    run_env.update(env or {})
+    return run_env
+
+
 def horovodrun(np: int, argv: Sequence[str], timeout: float = 180,
                env: Optional[Dict[str, str]] = None) -> RunResult:
     """`horovodrun -np np -H localhost:np --gloo <python> <argv...>`; argv[0] may be a script
@@ -61,10 +71,7 @@ def horovodrun(np: int, argv: Sequence[str], timeout: float = 180,
         argv[0] = os.path.join(SCRIPTS, argv[0])
     command = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", "--gloo",
                sys.executable] + argv
-    run_env = dict(os.environ)
-    run_env.update(LIGHT_RANK_ENV)
-    run_env["PYTHONPATH"] = REPO + os.pathsep + run_env.get("PYTHONPATH", "")
-    run_env.update(env or {})
+    run_env = light_rank_env(env)
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO, env=run_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
