@@ -11,6 +11,14 @@ data. Its text form is `<chunk><KIND><micro-batch>`, after PyTorch pipelining's:
     0RECV_B3 receive the gradients of chunk 0's outputs   1SEND_B3  send chunk 1's input grads
     0ALLREDUCE  sum chunk 0's accumulated gradients over its replicas
 
+Schedules over several global batches (`planner.multi_batch`) add weight updates and versions:
+
+    0UPDATE2     chunk 0 applies its update 2 (0-based): weight version 3 from version 2 and
+                 the gradients of its weight-gradient actions since its previous update
+    0ALLREDUCE2  the allreduce of update 2 (before it; AvgPipe's, of the updates, after it)
+    0F9v1 0B9v1  the forward and backward of micro-batch 9 read weight version 1 (0: the
+                 weights the run starts with); a version is not part of an action's identity
+
 A `Schedule` holds one list per position and which position runs each chunk (`placement`); a
 position is one device, or a stage's replicas, which all run the same list on their own rows.
 Lists of compute actions come from `planner.schedule`; `planner.lowering` adds the data
@@ -18,8 +26,9 @@ movement; `planner.replay` checks a lowered schedule. Text round-trips: `Schedul
 """
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -32,12 +41,15 @@ RECV_FORWARD = "RECV_F"
 SEND_BACKWARD = "SEND_B"
 RECV_BACKWARD = "RECV_B"
 ALLREDUCE = "ALLREDUCE"
+UPDATE = "UPDATE"           # apply a chunk's accumulated gradients (multi-batch schedules)
 
-COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+WEIGHT_READERS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)   # may carry a version
+COMPUTE_KINDS = WEIGHT_READERS + (UPDATE,)    # what schedule generators write
 COMMUNICATION_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD, ALLREDUCE)
 KINDS = COMPUTE_KINDS + COMMUNICATION_KINDS
 
-_ACTION = re.compile(r"^(\d+)(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")(\d*)$")
+_ACTION = re.compile(r"^(\d+)(" + "|".join(sorted(KINDS, key=len, reverse=True)) +
+                     r")(\d*)(?:v(\d+))?$")
 
 
 class ScheduleError(ValueError):
@@ -48,17 +60,24 @@ class ScheduleError(ValueError):
 class Action:
     chunk: int
     kind: str
-    micro_batch: Optional[int] = None     # None for ALLREDUCE
+    # The micro-batch; for UPDATE (and ALLREDUCE of a multi-batch schedule) the update's index;
+    # None for the one ALLREDUCE of a single-batch schedule.
+    micro_batch: Optional[int] = None
+    version: Optional[int] = field(default=None, compare=False)   # weights an F/B/I/W reads
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ScheduleError(f"unknown action kind {self.kind!r}; use one of {KINDS}")
-        if (self.micro_batch is None) != (self.kind == ALLREDUCE):
-            raise ScheduleError(f"{self.kind} actions {'take no' if self.kind == ALLREDUCE else 'need a'}"
-                                f" micro-batch")
+        if self.micro_batch is None and self.kind != ALLREDUCE:
+            what = "an update index" if self.kind == UPDATE else "a micro-batch"
+            raise ScheduleError(f"{self.kind} actions need {what}")
+        if self.version is not None and self.kind not in WEIGHT_READERS:
+            raise ScheduleError(f"{self.kind} actions read no weight version; only "
+                                f"{', '.join(WEIGHT_READERS)} do")
 
     def __str__(self) -> str:
-        return f"{self.chunk}{self.kind}{'' if self.micro_batch is None else self.micro_batch}"
+        index = '' if self.micro_batch is None else self.micro_batch
+        return f"{self.chunk}{self.kind}{index}{'' if self.version is None else f'v{self.version}'}"
 
     @property
     def is_compute(self) -> bool:
@@ -69,9 +88,11 @@ class Action:
         m = _ACTION.match(text.strip())
         if not m:
             raise ScheduleError(f"cannot read action {text!r}: write <chunk><kind><micro-batch>, "
-                                f"e.g. 1F3, 0I2, 0W2, 1RECV_F3, 0ALLREDUCE (kinds: {KINDS})")
-        chunk, kind, mb = m.groups()
-        return cls(int(chunk), kind, int(mb) if mb else None)
+                                f"e.g. 1F3, 0I2, 0W2, 1RECV_F3, 0ALLREDUCE, 0UPDATE1, 0F9v1 "
+                                f"(kinds: {KINDS})")
+        chunk, kind, mb, version = m.groups()
+        return cls(int(chunk), kind, int(mb) if mb else None,
+                   int(version) if version is not None else None)
 
 
 def actions(text: str) -> List[Action]:
@@ -84,6 +105,10 @@ class Schedule:
     name: str                                  # "gpipe", "A", "B", ... (the plan's schedule)
     placement: Tuple[int, ...]                 # chunk -> position
     lists: Tuple[Tuple[Action, ...], ...]      # per position, in order
+    batches: int = 1                           # consecutive global batches the lists run
+    # AvgPipe: each ALLREDUCE follows its UPDATE and sums the pipelines' updates (elastic
+    # averaging); otherwise it precedes its UPDATE and sums gradients.
+    averaging: bool = False
 
     @property
     def num_positions(self) -> int:
@@ -95,7 +120,22 @@ class Schedule:
 
     @property
     def micro_batches(self) -> int:
+        """Micro-batches over all the batches the lists run."""
         return len({a.micro_batch for lst in self.lists for a in lst if a.kind == FORWARD})
+
+    @cached_property
+    def update_inputs(self) -> Dict[Tuple[int, int], Tuple[Action, ...]]:
+        """(chunk, update) -> the weight-gradient actions (B, or W of a split backward) whose
+        gradients it applies: the chunk's since its previous UPDATE, in list order."""
+        out: Dict[Tuple[int, int], Tuple[Action, ...]] = {}
+        for lst in self.lists:
+            pending: Dict[int, List[Action]] = {}
+            for a in lst:
+                if a.kind in (BACKWARD, BACKWARD_WEIGHT):
+                    pending.setdefault(a.chunk, []).append(a)
+                elif a.kind == UPDATE:
+                    out[(a.chunk, a.micro_batch)] = tuple(pending.pop(a.chunk, ()))
+        return out
 
     @cached_property
     def split_chunks(self) -> FrozenSet[int]:
@@ -108,8 +148,8 @@ class Schedule:
 
     def compute(self) -> "Schedule":
         """The same schedule without data movement (what `planner.lowering.lower` adds)."""
-        return Schedule(self.name, self.placement,
-                        tuple(tuple(a for a in lst if a.is_compute) for lst in self.lists))
+        return dataclasses.replace(
+            self, lists=tuple(tuple(a for a in lst if a.is_compute) for lst in self.lists))
 
     def __str__(self) -> str:
         return "\n".join(f"{p}: " + " ".join(str(a) for a in lst)
@@ -117,7 +157,8 @@ class Schedule:
 
     @classmethod
     def parse(cls, text: str, name: str = "custom",
-              placement: Optional[Sequence[int]] = None) -> "Schedule":
+              placement: Optional[Sequence[int]] = None, batches: int = 1,
+              averaging: bool = False) -> "Schedule":
         """Read `str(schedule)`: one line per position, `"<position>: <actions>"`. Without
         `placement`, each chunk runs where its actions are."""
         lists: Dict[int, List[Action]] = {}
@@ -139,7 +180,7 @@ class Schedule:
             if sorted(where) != list(range(len(where))):
                 raise ScheduleError(f"chunks {sorted(where)} must be 0..{len(where) - 1}")
             placement = [where[c] for c in range(len(where))]
-        return cls(name, tuple(placement), ordered)
+        return cls(name, tuple(placement), ordered, batches, averaging)
 
 
 def one_chunk_per_position(lists: Sequence[Sequence[Action]], name: str) -> Schedule:

@@ -9,7 +9,10 @@ its output, neither derives transfers on its own):
 * chunk c's backward (B, or I of a split backward) reads the gradients of its outputs from chunk
   c+1's backward: `c+1 SEND_B m` follows that one, `c RECV_B m` precedes this one;
 * `c ALLREDUCE` follows chunk c's last weight-gradient action (B or W): the chunk's gradients,
-  accumulated over micro-batches, are summed over its replicas.
+  accumulated over micro-batches, are summed over its replicas. A schedule with weight updates
+  in its lists (`planner.multi_batch`) has one `c ALLREDUCE u` per `c UPDATE u` instead: just
+  before it (the gradients it applies), or just after it for AvgPipe (the pipelines' updates);
+* a forward reading weight version v > 0 waits for the update that makes it, `c UPDATE v-1`.
 
 Sends never wait for their receiver (a sender's next action starts when its own work is done);
 a receive waits for its send. `needs` states every action's inputs for the replay and the
@@ -17,19 +20,21 @@ simulator.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Dict, List, Tuple
 
 from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
-                             RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action,
-                             Schedule, ScheduleError)
+                             RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, UPDATE,
+                             Action, Schedule, ScheduleError)
 
 Located = Tuple[int, Action]            # (position, action)
 
 
 def check_compute(schedule: Schedule) -> None:
     """Every chunk runs, on its position, F of every micro-batch once and either B or I and W
-    of each once."""
+    of each once; with weight updates, UPDATE 0, 1, ... in order, every gradient applied by
+    one, and each backward reading the version its forward read."""
     C, placement = schedule.num_chunks, schedule.placement
     M = schedule.micro_batches
     for p, lst in enumerate(schedule.lists):
@@ -42,7 +47,7 @@ def check_compute(schedule: Schedule) -> None:
                                     f"position {placement[a.chunk] if 0 <= a.chunk < C else '?'}")
     for c in range(C):
         lst = schedule.lists[placement[c]]
-        mine = [a for a in lst if a.chunk == c]
+        mine = [a for a in lst if a.chunk == c and a.kind != UPDATE]
         split = any(a.kind in (BACKWARD_INPUT, BACKWARD_WEIGHT) for a in mine)
         kinds = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT) if split else (FORWARD, BACKWARD)
         expected = {Action(c, k, m) for k in kinds for m in range(M)}
@@ -54,6 +59,27 @@ def check_compute(schedule: Schedule) -> None:
                 f"position {placement[c]}: chunk {c} must run {'F, I and W' if split else 'F and B'}"
                 f" of micro-batches 0..{M - 1} once each; missing {[str(a) for a in missing]}, "
                 f"repeated {[str(a) for a in repeated]}, unexpected {[str(a) for a in stray]}")
+        _check_updates(schedule, c, lst, mine)
+
+
+def _check_updates(schedule: Schedule, c: int, lst, mine) -> None:
+    updates = [a.micro_batch for a in lst if a.chunk == c and a.kind == UPDATE]
+    any_updates = any(a.kind == UPDATE for l in schedule.lists for a in l)
+    if updates != list(range(len(updates))) or (any_updates and not updates):
+        raise ScheduleError(f"position {schedule.placement[c]}: chunk {c} must run UPDATE "
+                            f"0, 1, 2, ... in this order (every chunk updates, or none); it "
+                            f"runs {updates}")
+    if updates:
+        applied = {a for u in updates for a in schedule.update_inputs[(c, u)]}
+        left = [str(a) for a in mine if a.kind in (BACKWARD, BACKWARD_WEIGHT) and a not in applied]
+        if left:
+            raise ScheduleError(f"position {schedule.placement[c]}: chunk {c}'s gradients of "
+                                f"{left} are never applied: put an UPDATE after them")
+    read = {a.micro_batch: a.version for a in mine if a.kind == FORWARD}
+    wrong = [str(a) for a in mine if a.kind != FORWARD and a.version != read[a.micro_batch]]
+    if wrong:
+        raise ScheduleError(f"position {schedule.placement[c]}: {wrong} must read the weight "
+                            f"version their forwards read (weight stashing)")
 
 
 def _backward_kind(schedule: Schedule, chunk: int) -> str:
@@ -72,8 +98,9 @@ def lower(schedule: Schedule) -> Schedule:
     lists = []
     for lst in schedule.lists:
         last_gradient: Dict[int, int] = {}
+        updating = {a.chunk for a in lst if a.kind == UPDATE}
         for i, a in enumerate(lst):
-            if a.kind in (BACKWARD, BACKWARD_WEIGHT):
+            if a.kind in (BACKWARD, BACKWARD_WEIGHT) and a.chunk not in updating:
                 last_gradient[a.chunk] = i
         out: List[Action] = []
         for i, a in enumerate(lst):
@@ -83,7 +110,11 @@ def lower(schedule: Schedule) -> Schedule:
                 out.append(Action(c, RECV_FORWARD, m))
             if backward and c < C - 1 and crosses(c, c + 1):
                 out.append(Action(c, RECV_BACKWARD, m))
+            if a.kind == UPDATE and not schedule.averaging:
+                out.append(Action(c, ALLREDUCE, m))
             out.append(a)
+            if a.kind == UPDATE and schedule.averaging:
+                out.append(Action(c, ALLREDUCE, m))
             if a.kind == FORWARD and c < C - 1 and crosses(c, c + 1):
                 out.append(Action(c, SEND_FORWARD, m))
             if backward and c > 0 and crosses(c - 1, c):
@@ -91,7 +122,7 @@ def lower(schedule: Schedule) -> Schedule:
             if last_gradient.get(c) == i:
                 out.append(Action(c, ALLREDUCE))
         lists.append(tuple(out))
-    return Schedule(schedule.name, placement, tuple(lists))
+    return dataclasses.replace(schedule, lists=tuple(lists))
 
 
 def peer(action: Action) -> Action:
@@ -118,7 +149,10 @@ def needs(schedule: Schedule, position: int, action: Action) -> List[Located]:
         sender = peer(action)
         return [(placement[sender.chunk], sender)]
     if kind == FORWARD:
-        return [produced(c - 1, Action(c - 1, FORWARD, m), RECV_FORWARD)] if c > 0 else []
+        out = [produced(c - 1, Action(c - 1, FORWARD, m), RECV_FORWARD)] if c > 0 else []
+        if action.version:                  # the update that makes the version it reads
+            out.append((position, Action(c, UPDATE, action.version - 1)))
+        return out
     if kind in (BACKWARD, BACKWARD_INPUT):
         out = [(position, Action(c, FORWARD, m))]
         if c < C - 1:
@@ -131,6 +165,17 @@ def needs(schedule: Schedule, position: int, action: Action) -> List[Located]:
         return [(position, Action(c, FORWARD, m))]
     if kind == SEND_BACKWARD:
         return [(position, Action(c, _backward_kind(schedule, c), m))]
+    if kind == UPDATE:
+        out = [(position, g) for g in schedule.update_inputs[(c, m)]]
+        if not schedule.averaging:
+            out.append((position, Action(c, ALLREDUCE, m)))
+        elif m > 0:                         # z after the previous step's updates
+            out.append((position, Action(c, ALLREDUCE, m - 1)))
+        return out
+    if m is not None:                       # ALLREDUCE of update m
+        if schedule.averaging:
+            return [(position, Action(c, UPDATE, m))]
+        return [(position, g) for g in schedule.update_inputs[(c, m)]]
     # ALLREDUCE: every weight gradient of the chunk
     gradient = BACKWARD if _backward_kind(schedule, c) == BACKWARD else BACKWARD_WEIGHT
     return [(position, Action(c, gradient, mb)) for mb in range(schedule.micro_batches)]

@@ -21,7 +21,10 @@ Conventions (the same everywhere in dapple):
   from the name (`planner.schedule.warmup_depths`). In JSON the name and its parameters are one
   object: `"schedule": {"name": "1f1b", "warmup": [2, 1]}`,
   `{"name": "interleaved", "virtual_stages": 2}` (version 2; a version 1 file, with
-  `"schedule": "A"` and `warmup` beside it, still loads).
+  `"schedule": "A"` and `warmup` beside it, still loads). The relaxed schedules "pipedream",
+  "2bw" and "avgpipe" (`planner.multi_batch`) take `batches` (global batches one run covers),
+  "avgpipe" `advance` (forwards ahead of 1F1B's warm-up), "pipedream" `vertical_sync`:
+  `{"name": "2bw", "batches": 4, "warmup": [2, 1]}`.
 * Interleaved plans list their chunks as `stages`, in pipeline order: with S devices groups
   and v virtual stages there are S v of them, and chunk c runs on the devices of chunk c % S
   (its `devices` repeat that chunk's; a device group holds chunks c, c + S, c + 2S, ...).
@@ -39,9 +42,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from planner import slicing
 from planner.files import write_text_atomically
-from planner.schedule import (INTERLEAVED, NAMES as SCHEDULE_NAMES, SCHEDULES,
-                              WARMUP_SCHEDULES, check_warmup, first_backward_depths,
-                              plan_schedule, warmup_depths)
+from planner.multi_batch import RELAXED_SCHEDULES, relaxed_parameters_problem
+from planner.schedule import (INTERLEAVED, NAMES as SCHEDULE_NAMES, SCHEDULES, WARMUP_SCHEDULES,
+                              check_warmup, first_backward_depths, plan_schedule, warmup_depths)
 
 PLAN_VERSION = 2
 
@@ -113,6 +116,9 @@ class Plan:
     profile: Optional[Dict[str, Any]] = None    # {"name": ..., "hash": ...}
     version: int = PLAN_VERSION
     virtual_stages: Optional[int] = None        # "interleaved": chunks per device group
+    batches: Optional[int] = None               # relaxed schedules: global batches in one run
+    advance: Optional[int] = None               # "avgpipe": forwards ahead of 1F1B's warm-up
+    vertical_sync: Optional[bool] = None        # "pipedream": every stage reads stage 0's version
 
     # ---- derived views -------------------------------------------------------------
     @property
@@ -235,8 +241,11 @@ class Plan:
     def _validate_schedule(self) -> None:
         name, v = self.schedule, self.virtual_stages
         if name not in SCHEDULE_NAMES:
-            raise PlanError(f"schedule {name!r} is not one of {SCHEDULES} (or the early-"
-                            f"backward policies 'A', 'B' of older plans)")
+            raise PlanError(f"schedule {name!r} is not one of {SCHEDULES + RELAXED_SCHEDULES} "
+                            f"(or the early-backward policies 'A', 'B' of older plans)")
+        problem = relaxed_parameters_problem(self)
+        if problem:
+            raise PlanError(problem)
         if self.warmup is not None and name not in WARMUP_SCHEDULES:
             raise PlanError(f"schedule {name!r} fixes its own warm-up; remove 'warmup' (it "
                             f"applies to {', '.join(WARMUP_SCHEDULES)})")
@@ -271,10 +280,10 @@ class Plan:
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         schedule = {"name": d.pop("schedule")}
-        if d.pop("warmup") is not None:
-            schedule["warmup"] = list(self.warmup)
-        if d.pop("virtual_stages") is not None:
-            schedule["virtual_stages"] = self.virtual_stages
+        for key in SCHEDULE_PARAMETERS:
+            value = d.pop(key)
+            if value is not None:
+                schedule[key] = value
         d["schedule"] = schedule
         order = ["version", "stages", "micro_batches", "global_batch_size", "schedule",
                  "recompute", "estimate", "topology", "profile"]
@@ -350,7 +359,7 @@ def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int
                 schedule=schedule).validate(num_layers=num_layers)
 
 
-SCHEDULE_PARAMETERS = ("warmup", "virtual_stages")
+SCHEDULE_PARAMETERS = ("warmup", "virtual_stages", "batches", "advance", "vertical_sync")
 
 
 def _schedule_fields(d: Dict[str, Any]) -> Dict[str, Any]:

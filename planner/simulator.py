@@ -31,6 +31,11 @@ Model (decisions a newcomer needs):
 * Statistics are per position ("stage" in the results): busy time is forward + backward
   compute; idle time is the rest of the iteration minus the allreduces; bubble fraction is
   idle / iteration.
+* A schedule over k global batches (`planner.multi_batch`) is one run: the iteration is the
+  whole run, its bubble fraction the run's; `batch_ms` is the time per global batch consumed
+  (iteration / (k x pipelines); AvgPipe's N pipelines consume N batches a step). An UPDATE
+  takes no time (the optimizer's apply is not modelled, as in the single-batch schedules);
+  each ALLREDUCE of an update takes the stage's allreduce time.
 * Deterministic: events are committed in order of start time with fixed tie-breaks, and a
   duration never depends on anything random. The simulation is exact for this model (a
   max-plus system), not sampled.
@@ -45,12 +50,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
-                             RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action,
-                             Schedule)
+                             RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, UPDATE,
+                             Action, Schedule)
 from planner.costs import PipelineCosts
 from planner.lowering import Located, needs
+from planner.multi_batch import AVGPIPE
 from planner.replay import replay
 from planner.schedule import plan_schedule
+from planner.weight_versions import staleness, weight_copies
 
 # Timeline event kinds (also the legend of the pictures).
 FORWARD_KIND = "forward"
@@ -93,6 +100,8 @@ class StageStats:
     end_ms: float              # when the position's allreduce (or last task) ends
     peak_awaiting_weight_micro_batches: int = 0     # past I, before W
     chunks: List[int] = field(default_factory=list)
+    weight_copies: int = 1      # weight versions resident at once (and AvgPipe's reference)
+    staleness: int = 0          # most updates between a gradient's weights and those it updates
 
 
 @dataclass
@@ -102,6 +111,17 @@ class SimulationResult:
     events: List[TimelineEvent]
     schedule: Optional[Schedule] = None          # lowered: what ran
     link_duplex: str = "full"
+    batches: int = 1            # consecutive global batches in the run (per pipeline)
+    pipelines: int = 1          # AvgPipe: pipelines running the same lists, each its own batch
+
+    @property
+    def batch_ms(self) -> float:
+        """Time per global batch consumed: the iteration over batches x pipelines."""
+        return self.iteration_ms / (self.batches * self.pipelines)
+
+    @property
+    def batches_per_second(self) -> float:
+        return 1000.0 / self.batch_ms if self.batch_ms > 0 else float("inf")
 
     @property
     def num_stages(self) -> int:
@@ -136,6 +156,10 @@ class SimulationResult:
     def to_dict(self, with_timeline: bool = False) -> Dict:
         d = {
             "iteration_ms": self.iteration_ms,
+            "batches": self.batches,
+            "pipelines": self.pipelines,
+            "batch_ms": self.batch_ms,
+            "batches_per_second": self.batches_per_second,
             "bubble_fraction": self.bubble_fraction,
             "link_duplex": self.link_duplex,
             "stages": [asdict(s) for s in self.stages],
@@ -152,7 +176,10 @@ def simulate_plan(plan, costs: PipelineCosts, link_duplex: str = "full") -> Simu
         raise ValueError(f"costs describe {costs.num_stages} stages but the plan has "
                          f"{plan.num_stages} (chunks, with interleaving); compute them for this "
                          f"plan (planner.cost_model.pipeline_costs)")
-    return simulate(plan_schedule(plan), costs, link_duplex=link_duplex)
+    result = simulate(plan_schedule(plan), costs, link_duplex=link_duplex)
+    if plan.schedule == AVGPIPE:
+        result.pipelines = plan.stages[0].replicas
+    return result
 
 
 def simulate(schedule: Schedule, costs: PipelineCosts,
@@ -231,7 +258,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
                 sequence += 1
                 position_free[p] = start
                 continue
-            if action.kind not in (RECV_FORWARD, RECV_BACKWARD) and not (
+            if action.kind not in (RECV_FORWARD, RECV_BACKWARD, UPDATE) and not (
                     action.kind == ALLREDUCE and end == start):
                 events.append(TimelineEvent(_EVENT_KIND[action.kind], c, m, start, end, p))
             finished[(p, action)] = end
@@ -255,11 +282,13 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     held_bytes = list(costs.activation_bytes) or [0.0] * C
     awaiting_bytes = list(costs.weight_gradient_bytes) or held_bytes
     stats = []
+    copies, stale = weight_copies(lowered), staleness(lowered)
     for p in range(P):
         chunks = [c for c in range(C) if placement[c] == p]
         busy = sum(e.duration_ms for e in events if e.position == p and
                    e.kind in _COMPUTE_EVENTS)
-        allreduce = sum(costs.allreduce_ms[c] for c in chunks)
+        allreduce = sum(costs.allreduce_ms[a.chunk] for a in lowered.lists[p]
+                        if a.kind == ALLREDUCE)
         idle = max(iteration - busy - allreduce, 0.0)
         stats.append(StageStats(
             stage=p, busy_ms=busy, idle_ms=idle, allreduce_ms=allreduce,
@@ -269,9 +298,9 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
             end_ms=position_free[p],
             peak_awaiting_weight_micro_batches=int(round(_peak(events, p, [0.0] * C,
                                                                [1.0] * C))),
-            chunks=chunks))
+            chunks=chunks, weight_copies=copies[p], staleness=stale[p]))
     return SimulationResult(iteration_ms=iteration, stages=stats, events=events,
-                            schedule=lowered, link_duplex=link_duplex)
+                            schedule=lowered, link_duplex=link_duplex, batches=schedule.batches)
 
 
 def _duration(action: Action, costs: PipelineCosts) -> float:

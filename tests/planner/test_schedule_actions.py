@@ -84,7 +84,7 @@ def test_chunks_on_one_position_pass_data_without_transfers():
 
 
 @pytest.mark.parametrize("text", ["1F3", "0I2", "0W2", "12B7", "1RECV_F3", "0SEND_B0",
-                                  "3ALLREDUCE"])
+                                  "3ALLREDUCE", "3ALLREDUCE2", "0UPDATE2", "0F9v1", "1B3v0"])
 def test_actions_round_trip_through_text(text):
     assert str(Action.parse(text)) == text
 
@@ -95,7 +95,7 @@ def test_schedules_round_trip_through_text():
         assert Schedule.parse(str(s), name=s.name) == s
 
 
-@pytest.mark.parametrize("bad", ["F3", "1X3", "1F", "0ALLREDUCE2", "x"])
+@pytest.mark.parametrize("bad", ["F3", "1X3", "1F", "0F3v", "x"])
 def test_unreadable_actions_are_refused_with_the_form(bad):
     with pytest.raises(ScheduleError, match="chunk|micro-batch"):
         Action.parse(bad)
