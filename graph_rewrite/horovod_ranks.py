@@ -43,7 +43,8 @@ class RankLayout:
     def __init__(self, plan: Plan, size: int):
         self.plan = plan
         self.size = size
-        used = sorted(d for s in plan.stages for d in s.devices)
+        # An interleaved plan's chunks repeat its device groups' devices: count the groups.
+        used = sorted(d for s in plan.stages[:plan.num_positions] for d in s.devices)
         if len(used) != size:
             raise WorldSizeError(
                 f"the plan uses {len(used)} devices but Horovod runs {size} processes: start "
@@ -53,18 +54,24 @@ class RankLayout:
             raise WorldSizeError(
                 f"the plan's device ids are {used}; under Horovod rank r runs device r, so a "
                 f"plan for {size} processes must use devices 0..{size - 1}: renumber them")
-        self._unit = {}
+        self._units = {d: [] for d in used}
         for s, stage in enumerate(plan.stages):
             for k, d in enumerate(stage.devices):
-                self._unit[d] = (s, k)
+                self._units[d].append((s, k))
 
     @property
     def num_stages(self) -> int:
         return self.plan.num_stages
 
     def unit(self, rank: int) -> Tuple[int, int]:
-        """(stage, replica) that `rank` runs."""
-        return self._unit[rank]
+        """(device group, replica) of `rank`: its (stage, replica) unless the plan interleaves
+        chunks, when the group is the position along the pipeline."""
+        stage, replica = self._units[rank][0]
+        return stage % self.plan.num_positions, replica
+
+    def units(self, rank: int) -> List[Tuple[int, int]]:
+        """Every (stage, replica) `rank` runs: one, or an interleaved group's chunks."""
+        return list(self._units[rank])
 
     def stage_ranks(self, stage: int) -> List[int]:
         """Ranks of a stage, in replica order."""
@@ -78,8 +85,8 @@ class RankLayout:
         return sorted(self.stage_ranks(boundary) + self.stage_ranks(boundary + 1))
 
     def ranks_of_stages(self, stages) -> List[int]:
-        """Every rank of the given stages, ascending."""
-        return sorted(r for s in stages for r in self.stage_ranks(s))
+        """Every rank of the given stages, ascending, each once (chunks share ranks)."""
+        return sorted({r for s in stages for r in self.stage_ranks(s)})
 
     def process_sets(self, stage_groups=()) -> List[List[int]]:
         """Every process set the plan needs besides the global one, each once, in a fixed

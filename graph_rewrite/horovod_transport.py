@@ -121,12 +121,14 @@ def pin_gpu_to_local_rank() -> None:
 
 
 class HorovodTransport:
-    """Builds only this rank's (stage, replica) unit; moves boundaries with Horovod."""
+    """Builds only this rank's (stage, replica) units (one, or an interleaved group's chunks);
+    moves boundaries with Horovod."""
 
     def __init__(self, layout: RankLayout, process_sets):
         self.layout = layout
         self.sets = process_sets
-        self.stage, self.replica = self.layout.unit(hvd.rank())
+        self.units = self.layout.units(hvd.rank())     # one, or an interleaved group's chunks
+        self.replica = self.units[0][1]
         # Read once per step; makes every transfer's splits input distinct (see the module
         # docstring, Grappler merge hazard).
         self._salt_variable = tf.Variable(0.0, trainable=False, name="dapple_transfer_salt")
@@ -138,7 +140,7 @@ class HorovodTransport:
         self._transfers = 0
 
     def local_units(self) -> List[Unit]:
-        return [(self.stage, self.replica)]
+        return list(self.units)
 
     def _boundary_set(self, boundary: int):
         return self.sets[tuple(self.layout.boundary_ranks(boundary))]
@@ -272,8 +274,7 @@ class HorovodPipelineStep(PipelineStep):
         """Whether this rank counts `variable` in the global gradient norm: the first replica of
         the first stage that holds it (every holder has the same summed gradient)."""
         holders = self.holders.get(id(variable), [])
-        return bool(holders) and self.transport.stage == holders[0] \
-            and self.transport.replica == 0
+        return bool(holders) and (holders[0], 0) in self.transport.units
 
     def _sum_shared(self, gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
         out = list(gradients)

@@ -21,8 +21,10 @@ simulator replays):
 * Update. Each unit's variable gradients are accumulated over micro-batches; ALLREDUCE sums
   them across the stage's replicas (locally an add on the stage's first device), and they are
   handed back aligned with `model.trainable_variables` for one `apply_gradients`.
-* Order. Every op of an action depends on the unit's previous action (control dependencies on
-  its tensors); a send does not hold its unit back, a receive does. Each action is built under
+* Order. Every op of an action depends on the previous compute action of its device (its lane:
+  position and replica; an interleaved position runs several chunks, and `stage` below means
+  the chunk), through control dependencies on its tensors; a send does not hold its device back,
+  a receive does. Each action is built under
   the name scope `stage{s}/replica{r}/{action kind}{m}` so the traced graph can be read back and
   checked (`tests/test_schedule_lowering.py`); TF names the gradient ops a tape builds
   `gradient_tape/<forward op name>`, so those belong to B{m}.
@@ -121,6 +123,11 @@ class PipelineStep:
     def device(self, stage: int, replica: int) -> str:
         return self._devices[self.plan.stages[stage].devices[replica]]
 
+    def lane(self, chunk: int, replica: int) -> Tuple[int, int]:
+        """(position, replica): the device whose actions run in schedule order, whichever of
+        its chunks they compute (an interleaved position holds several)."""
+        return self.schedule.placement[chunk], replica
+
     def rows(self, stage: int, replica: int, micro_batch: int,
              global_batch: int) -> Tuple[int, int]:
         """[lo, hi) rows of the global batch that (stage, replica) holds of `micro_batch`."""
@@ -176,12 +183,13 @@ class PipelineStep:
         by_stage: Dict[int, List[int]] = {}
         for s, r in units:
             by_stage.setdefault(s, []).append(r)
-        state.previous = {u: [] for u in units}
+        state.previous = {self.lane(s, r): [] for s, r in units}
         moving_before = bstats.read_moving_statistics(self.stages, units) if training else {}
         if training:
             state.statistics = {u: bstats.StatisticsRecorder() for u in units}
 
-        for stage, action in self.order:
+        for _, action in self.order:
+            stage = action.chunk
             if not state.backward and action.kind not in FORWARD_ONLY:
                 continue
             if stage not in by_stage:
@@ -190,11 +198,13 @@ class PipelineStep:
                 self._allreduce(state, stage, by_stage[stage])
                 continue
             for replica in by_stage[stage]:
-                unit = (stage, replica)
+                lane = self.lane(stage, replica)
                 with tf.device(self.device(stage, replica)), \
                         tf.name_scope(task_scope(stage, replica, action.kind, action.micro_batch)), \
-                        tf.control_dependencies(state.previous[unit]):
-                    self._dispatch[action.kind](state, unit, action)
+                        tf.control_dependencies(state.previous[lane]):
+                    done = self._dispatch[action.kind](state, (stage, replica), action)
+                if done is not None:
+                    state.previous[lane] = done
 
         loss = tf.add_n(state.loss_terms) if state.loss_terms else tf.constant(0.0)
         if training:
@@ -228,7 +238,7 @@ class PipelineStep:
                 term = tf.add_n(penalties + ([term] if term is not None else []))
         return outputs, term, statistics
 
-    def _forward(self, state: StepState, unit: Unit, action: Action) -> None:
+    def _forward(self, state: StepState, unit: Unit, action: Action) -> List[tf.Tensor]:
         stage, replica = unit
         m = action.micro_batch
         if stage == 0:
@@ -251,9 +261,9 @@ class PipelineStep:
             state.predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
         if term is not None:
             state.loss_terms.append(term)
-        state.previous[unit] = list(outputs.values()) + ([term] if term is not None else [])
+        return list(outputs.values()) + ([term] if term is not None else [])
 
-    def _backward(self, state: StepState, unit: Unit, action: Action) -> None:
+    def _backward(self, state: StepState, unit: Unit, action: Action) -> List[tf.Tensor]:
         stage, m = unit[0], action.micro_batch
         stashed = state.stash.pop((unit, m))
         inputs, outputs, tape, term = stashed.inputs, stashed.outputs, stashed.tape, stashed.term
@@ -272,8 +282,7 @@ class PipelineStep:
                                               state.zeros_like, untargeted)
         state.input_gradients[(unit, m)] = grads_in
         state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
-        state.previous[unit] = [g for g in list(grads_in.values()) + var_grads
-                                if g is not None]
+        return [g for g in list(grads_in.values()) + var_grads if g is not None]
 
     def _untargeted(self, stage: int, outputs: Tensors, statistics) -> List[tf.Tensor]:
         """A forward's outputs its backward does not differentiate."""

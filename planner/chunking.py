@@ -10,7 +10,7 @@ the cut falls, and a chunk boundary's transfer overlaps the other chunks' comput
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from planner.cost_model import StageModel
 from planner.plan import Plan, PlanError, Stage
@@ -69,3 +69,29 @@ def interleave_plan(plan: Plan, profile: Profile, topology, virtual_stages: int)
     return Plan(stages=stages, micro_batches=plan.micro_batches,
                 global_batch_size=plan.global_batch_size, schedule=INTERLEAVED,
                 virtual_stages=v, recompute=plan.recompute)
+
+
+def interleaved_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int,
+                     virtual_stages: int, global_batch_size: Optional[int] = None,
+                     replicas: Optional[Sequence[int]] = None) -> Plan:
+    """An interleaved plan from cut positions, for tests and hand-made plans: `boundaries` are
+    the first layers of chunks 1..C-1 (C = S v chunks), chunk c runs on device group c % S,
+    and group s has `replicas[s]` devices (default 1), numbered consecutively."""
+    C, v = len(boundaries) + 1, virtual_stages
+    if v < 1 or C % v:
+        raise PlanError(f"{C} chunks cannot be spread over device groups holding "
+                        f"virtual_stages = {v} chunks each: give S x {v} chunks")
+    S = C // v
+    replicas = list(replicas) if replicas is not None else [1] * S
+    if len(replicas) != S:
+        raise PlanError(f"{len(replicas)} replica counts for {S} device groups")
+    groups, next_device = [], 0
+    for r in replicas:
+        groups.append(list(range(next_device, next_device + r)))
+        next_device += r
+    starts = [0] + list(boundaries)
+    ends = [b - 1 for b in boundaries] + [num_layers - 1]
+    stages = [Stage(layers=[first, last], devices=list(groups[c % S]))
+              for c, (first, last) in enumerate(zip(starts, ends))]
+    return Plan(stages=stages, micro_batches=micro_batches, global_batch_size=global_batch_size,
+                schedule=INTERLEAVED, virtual_stages=v).validate(num_layers=num_layers)

@@ -12,7 +12,6 @@ import dapple  # noqa: F401
 import pytest
 import tensorflow as tf
 
-from graph_rewrite.pipeline import task_scope
 from planner.plan import straight_plan
 from planner.schedule import plan_schedule, pipeline_schedule
 from tests.models import data_for, losses_for, mlp_with_skip
@@ -33,7 +32,9 @@ def ops_by_task(graph):
     tasks = collections.defaultdict(list)
     for op in graph.get_operations():
         m = SCOPE.search(op.name + "/")
-        if m:
+        # A Placeholder is a captured input (a variable handle the stage function captures,
+        # named after the scope of its first call): fed before anything runs, nothing to order.
+        if m and op.type != "Placeholder":
             s, r, kind, mb = m.groups()
             # TF names a tape's gradient ops "gradient_tape/<forward op name>": backward work.
             if op.name.startswith("gradient_tape/"):
@@ -59,13 +60,15 @@ def descendants(ops):
 
 
 def unenforced_edges(graph, schedule, replicas):
+    """Consecutive actions of a position's list (on each of its `replicas`) whose order the
+    graph does not enforce. Ops are named by chunk (`stage{chunk}`)."""
     tasks = ops_by_task(graph)
     missing = []
     for s, task_list in enumerate(schedule.lists):
         for r in range(replicas[s]):
             for before, after in zip(task_list, task_list[1:]):
-                a = tasks[(s, r, before.kind, before.micro_batch)]
-                b = tasks[(s, r, after.kind, after.micro_batch)]
+                a = tasks[(before.chunk, r, before.kind, before.micro_batch)]
+                b = tasks[(after.chunk, r, after.kind, after.micro_batch)]
                 assert a and b, f"no ops traced for stage {s} replica {r} {before} / {after}"
                 reach = descendants(a)
                 if not all(op in reach for op in b):

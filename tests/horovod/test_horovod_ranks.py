@@ -80,3 +80,17 @@ def test_world_size_must_match_the_plan():
     gap = Plan(stages=[Stage([0, 0], [0]), Stage([1, 1], [2])], micro_batches=1).validate()
     with pytest.raises(WorldSizeError, match=r"devices 0..1"):
         RankLayout(gap, 2)
+
+
+def test_an_interleaved_group_rank_runs_all_its_chunks():
+    """4 chunks on 2 groups of 2 and 1 devices: ranks 0 and 1 run chunks 0 and 2, rank 2
+    runs chunks 1 and 3 (hand-listed); the world is 3 ranks, not the 6 chunk-device pairs."""
+    from planner.chunking import interleaved_plan
+    layout = RankLayout(interleaved_plan([1, 2, 3], 5, 2, 2, 24, [2, 1]), 3)
+    assert [layout.units(r) for r in range(3)] == [[(0, 0), (2, 0)], [(0, 1), (2, 1)],
+                                                   [(1, 0), (3, 0)]]
+    assert [layout.unit(r) for r in range(3)] == [(0, 0), (0, 1), (1, 0)]
+    assert layout.ranks_of_stages([0, 2]) == [0, 1]
+    assert layout.boundary_ranks(1) == [0, 1, 2]     # chunk 1 (group 1) -> chunk 2 (group 0)
+    with pytest.raises(WorldSizeError, match="uses 3 devices but Horovod runs 6"):
+        RankLayout(interleaved_plan([1, 2, 3], 5, 2, 2, 24, [2, 1]), 6)

@@ -28,6 +28,11 @@ CASES = [
     # a hand-made plan listing devices out of replica order: rows reordered on both sides
     ("2:1-devices-2,0/1", 3, ["--cuts=2", "--replicas=2,1", "--micro_batches=2",
                               "--stage_devices=2,0/1"]),
+    # interleaved: 4 chunks on 2 device groups, each rank runs two chunks
+    ("interleaved-v2", 2, ["--cuts=1,2,3", "--replicas=1,1", "--micro_batches=4",
+                           "--virtual_stages=2"]),
+    ("interleaved-v2-2:1", 3, ["--cuts=1,2,3", "--replicas=2,1", "--micro_batches=2",
+                               "--virtual_stages=2"]),
 ]
 
 
@@ -51,7 +56,7 @@ def test_gradients_and_weights_equal_plain_model(case):
     name, ranks, args = case
     result = horovodrun(ranks, ["pipelined_rank.py"] + args, timeout=240)
     reports = check_ranks(result, ranks)
-    stages = sorted({rep["stage"] for rep in reports.values()})
+    stages = sorted({rep["stage"] for rep in reports.values()})     # device groups
     assert stages == list(range(len(args[1].split("=")[1].split(",")))), reports
 
 

@@ -138,7 +138,7 @@ def test_names_old_and_new():
     assert build_schedule("1f1b", 4, 8).lists == pipeline_schedule(4, 8, "A").lists
     assert build_schedule("A", 2, 4).lists == build_schedule("1f1b", 2, 4).lists
     assert [runtime_supported(n) for n in ("gpipe", "1f1b", "A", "B", "interleaved", "zb-h1")] \
-        == [True, True, True, True, False, False]
+        == [True, True, True, True, True, False]
 
 
 def test_the_runtime_check_names_the_schedule_and_what_runs_today():
@@ -149,7 +149,7 @@ def test_the_runtime_check_names_the_schedule_and_what_runs_today():
         require_runtime_support(straight_plan([1], 2, 4, schedule="zb-h1"))
     assert str(info.value).startswith(
         "the plan's schedule 'zb-h1' is planned and simulated, but the dapple runtime runs "
-        "only gpipe, 1f1b, A, B today; re-plan with `dapple plan --schedule=1f1b`")
+        "only gpipe, 1f1b, A, B, interleaved today; re-plan with `dapple plan --schedule=1f1b`")
 
 
 @pytest.mark.parametrize("call,message", [

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from graph_rewrite.model_graph import layer_order
+from planner.chunking import interleaved_plan
 from planner.plan import straight_plan
 from tests import models
 
@@ -36,14 +37,20 @@ parser.add_argument("--stage_devices", default="",
 parser.add_argument("--stall_step", type=int, default=-1)
 parser.add_argument("--stall_rank", type=int, default=-1)
 parser.add_argument("--checkpoint", default="")
+parser.add_argument("--virtual_stages", type=int, default=0,
+                    help="chunks per device group: an interleaved plan (--replicas per group)")
 args = parser.parse_args()
 
 builder = getattr(models, args.model)
 model, reference = builder(seed=3), builder(seed=3)
 cuts = [int(c) for c in args.cuts.split(",") if c]
 replicas = [int(r) for r in args.replicas.split(",")]
-plan = straight_plan(cuts, len(layer_order(model)), args.micro_batches, args.global_batch,
-                     replicas=replicas, schedule=args.schedule)
+if args.virtual_stages:
+    plan = interleaved_plan(cuts, len(layer_order(model)), args.micro_batches,
+                            args.virtual_stages, args.global_batch, replicas)
+else:
+    plan = straight_plan(cuts, len(layer_order(model)), args.micro_batches, args.global_batch,
+                         replicas=replicas, schedule=args.schedule)
 if args.stage_devices:
     for stage, devices in zip(plan.stages, args.stage_devices.split("/")):
         stage.devices = [int(d) for d in devices.split(",")]
@@ -87,7 +94,9 @@ if args.checkpoint:
     fresh.load_weights(args.checkpoint)
     checkpoint_diff = max(float(np.max(np.abs(a - b)))
                           for a, b in zip(fresh.get_weights(), reference.get_weights()))
-stage_vars = len(pm._step.stages[pm.stage].trainable_variables)
+# This rank's device group runs chunks stage, stage + S, ... (one stage unless interleaved).
+stage_vars = sum(len(graph.trainable_variables) for c, graph in enumerate(pm._step.stages)
+                 if c % plan.num_positions == pm.stage)
 print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.stage, "replica": pm.replica, "grad_diff": grad_diff,
     "loss_diff": loss_diff, "weight_diff": weight_diff, "own_gradients": own_gradients,

@@ -1,0 +1,99 @@
+"""Interleaved 1F1B in the runtime: a device group runs several chunks of the model.
+
+References: the plain Keras model's gradients and weights (tests.models), and the schedule's
+own lists for the order the traced graph must enforce (the checker of
+tests/test_schedule_lowering.py, keyed by chunk)."""
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from graph_rewrite.model_graph import layer_order
+from planner.actions import ScheduleError
+from planner.chunking import interleaved_plan
+from planner.schedule import plan_schedule
+from tests.models import (data_for, dense_batchnorm, losses_for, mlp_with_skip,
+                          plain_loss_and_grads, two_in_two_out)
+from tests.test_schedule_lowering import unenforced_edges
+
+GLOBAL_BATCH = 48
+
+CASES = [
+    # (builder, first layers of chunks 1.., replicas per device group, M, virtual stages)
+    (mlp_with_skip, [1, 2, 3], [1, 1], 4, 2),       # skip d1 -> add relayed through chunk 1
+    (mlp_with_skip, [1, 2, 3], [2, 1], 2, 2),       # 2:1 forward, then 1:2 back to group 0
+    (mlp_with_skip, [1, 2, 3, 4], [1] * 5, 6, 1),   # v = 1: policy B's order
+    (two_in_two_out, [1, 2, 3, 4, 5], [1, 1, 1], 3, 2),   # input b enters chunk 1, 3 groups
+]
+
+
+def case_id(case):
+    builder, cuts, reps, m, v = case
+    return f"{builder.__name__}-{':'.join(map(str, reps))}-cuts{cuts}-M{m}-v{v}"
+
+
+def max_abs_diff(a_list, b_list):
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(a_list, b_list))
+
+
+def plan_for(model, case):
+    _, cuts, reps, m, v = case
+    return interleaved_plan(cuts, len(layer_order(model)), m, v, GLOBAL_BATCH, reps)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_gradients_equal_plain_model(case):
+    builder = case[0]
+    model, reference = builder(), builder()
+    pm = dapple.PipelinedModel(model, plan_for(model, case))
+    loss = losses_for(model)
+    pm.compile(optimizer="sgd", loss=loss)
+    x, y = data_for(model, GLOBAL_BATCH, seed=7)
+    got = pm.gradients(x, y)
+    _, want = plain_loss_and_grads(reference, loss, x, y)
+    assert len(got) == len(want)
+    assert max_abs_diff(got, want) < 1e-5
+
+
+def test_weights_and_batch_statistics_after_three_steps_equal_plain_model():
+    """BatchNormalization in chunk 1, on device group 1 with chunk 3: the moving
+    statistics move once per step from the global batch, as in the plain model (one slice
+    per micro-batch: M = 1 keeps the plain model's whole-batch normalization). SGD, not Adam:
+    d1's bias feeds BatchNormalization, so its true gradient is 0 and Adam would turn
+    round-off into full steps."""
+    model, reference = dense_batchnorm(), dense_batchnorm()
+    n = len(layer_order(model))
+    plan = interleaved_plan([1, 2, 3], n, 1, 2, GLOBAL_BATCH, [1, 1])
+    loss = losses_for(model)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=loss)
+    ref_opt = tf.keras.optimizers.SGD(0.1)
+    for step in range(3):
+        x, y = data_for(model, GLOBAL_BATCH, seed=100 + step)
+        got_loss = pm.train_step(x, y)
+        want_loss, grads = plain_loss_and_grads(reference, loss, x, y)
+        ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
+        assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=[case_id(c) for c in CASES[:2]])
+def test_every_schedule_edge_is_enforced_per_device(case):
+    model = case[0]()
+    plan = plan_for(model, case)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    x, y = data_for(model, GLOBAL_BATCH, seed=0)
+    graph = tf.function(lambda x, y: pm._step.run(x, y).gradients) \
+        .get_concrete_function(x, y).graph
+    replicas = [s.replicas for s in plan.stages[:plan.num_positions]]
+    assert unenforced_edges(graph, plan_schedule(plan), replicas) == []
+
+
+def test_one_device_group_is_refused_with_what_to_do():
+    model = mlp_with_skip()
+    plan = interleaved_plan([2], 5, 2, 2, GLOBAL_BATCH)
+    with pytest.raises(ScheduleError, match="one device group.*1f1b"):
+        dapple.PipelinedModel(model, plan)
