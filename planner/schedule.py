@@ -11,6 +11,19 @@ The names a plan may carry (`SCHEDULES`; `build_schedule` makes any of them):
 * "zb-h1": zero-bubble ZB-H1, backwards split into I and W (`planner.zero_bubble`); warm-up as
   "1f1b"'s.
 
+Relaxed schedules (`RELAXED_SCHEDULES`, opt-in: stale or averaged weights) run `batches`
+consecutive global batches in one list with the weight updates in it (`planner.multi_batch`):
+
+* "pipedream": 1F1B over all their micro-batches, an update after every backward, weight
+  stashing (optionally vertical sync); warm-up as "1f1b"'s;
+* "2bw": PipeDream-2BW, 1F1B over all their micro-batches, an update per global batch, two
+  weight versions; warm-up as "1f1b"'s;
+* "avgpipe": AvgPipe's pipeline, 1F1B with `advance` forwards ahead (`planner.avgpipe`), an
+  update per global batch, a flush between batches.
+
+`build_schedule("1f1b", ..., batches=k)` is 1F1B with a flush per batch over k batches, what the
+relaxed schedules are compared with; plans of the synchronous schedules run one batch.
+
 The warm-up policies of early backward, also accepted as schedule names (plans written before
 the names above; they load and run as 1F1B with that policy's depths):
 
@@ -32,25 +45,29 @@ from typing import List, Optional, Sequence
 
 from planner.actions import (BACKWARD, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
                              ScheduleError, one_chunk_per_position)
+from planner.avgpipe import advance_depths
 from planner.interleaved import INTERLEAVED, interleaved_schedule
+from planner.multi_batch import (AVGPIPE, DEFAULT_BATCHES, PIPEDREAM, RELAXED_SCHEDULES, TWO_BW,
+                                 check_batches, flushed, pipedream, two_bw)
 from planner.zero_bubble import ZERO_BUBBLE_H1, zb_h1_schedule
 
 POLICIES = ("A", "B", "gpipe")           # warm-up policies of GPipe and early backward
 GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
 SCHEDULES = (GPIPE, ONE_F_ONE_B, INTERLEAVED, ZERO_BUBBLE_H1)
 EARLY_BACKWARD = (ONE_F_ONE_B, "A", "B")   # one schedule; "A" and "B" name its warm-up policies
-NAMES = SCHEDULES + ("A", "B")             # every name a plan may carry
+NAMES = SCHEDULES + ("A", "B") + RELAXED_SCHEDULES   # every name a plan may carry
 FORWARD_BACKWARD = (GPIPE,) + EARLY_BACKWARD   # one chunk per position, backwards unsplit
-WARMUP_SCHEDULES = FORWARD_BACKWARD + (ZERO_BUBBLE_H1,)   # those a plan's `warmup` may set
+# Those a plan's `warmup` may set; all but gpipe warm up as early backward does.
+WARMUP_SCHEDULES = FORWARD_BACKWARD + (ZERO_BUBBLE_H1, PIPEDREAM, TWO_BW)
 RUNTIME_SCHEDULES = FORWARD_BACKWARD + (INTERLEAVED,)   # what graph_rewrite runs today
 
 
 def warmup_depths(policy: str, num_stages: int, micro_batches: int,
                   memory_limit: Optional[int] = None) -> List[int]:
-    """K_i for every stage under `policy` ("1f1b" and "zb-h1" default to policy A), capped by
-    `memory_limit` (D) when given."""
+    """K_i for every stage under `policy` ("1f1b", "zb-h1", "pipedream" and "2bw" default to
+    policy A), capped by `memory_limit` (D) when given."""
     S, M = num_stages, micro_batches
-    if policy in ("A", ONE_F_ONE_B, ZERO_BUBBLE_H1):
+    if policy in ("A", ONE_F_ONE_B, ZERO_BUBBLE_H1, PIPEDREAM, TWO_BW):
         ks = [min(S - i, M) for i in range(S)]
     elif policy == "B":
         ks = [min(2 * (S - i) - 1, M) for i in range(S)]
@@ -111,11 +128,20 @@ def pipeline_schedule(num_stages: int, micro_batches: int, policy: str = "A",
 
 def build_schedule(name: str, num_positions: int, micro_batches: int,
                    warmup: Optional[Sequence[int]] = None,
-                   virtual_stages: Optional[int] = None) -> Schedule:
+                   virtual_stages: Optional[int] = None, batches: Optional[int] = None,
+                   advance: Optional[int] = None, vertical_sync: bool = False) -> Schedule:
     """The compute actions of schedule `name` on `num_positions` positions (stages, or for
-    "interleaved" devices holding `virtual_stages` chunks each)."""
+    "interleaved" devices holding `virtual_stages` chunks each); `batches` global batches of
+    `micro_batches` for the relaxed schedules (default DEFAULT_BATCHES) and "1f1b"."""
     if name not in NAMES:
-        raise ScheduleError(f"unknown schedule {name!r}; use one of {SCHEDULES}")
+        raise ScheduleError(f"unknown schedule {name!r}; use one of "
+                            f"{SCHEDULES + RELAXED_SCHEDULES}")
+    if name in RELAXED_SCHEDULES or (batches is not None and name == ONE_F_ONE_B):
+        return _over_batches(name, num_positions, micro_batches, warmup, batches, advance,
+                             vertical_sync)
+    if batches is not None:
+        raise ScheduleError(f"schedule {name!r} runs one global batch; batches applies to "
+                            f"{', '.join(RELAXED_SCHEDULES)} (and 1f1b, to compare them)")
     if warmup is not None and name not in WARMUP_SCHEDULES:
         raise ScheduleError(f"schedule {name!r} fixes its own warm-up; 'warmup' applies to "
                             f"{WARMUP_SCHEDULES} only")
@@ -134,6 +160,32 @@ def build_schedule(name: str, num_positions: int, micro_batches: int,
     return pipeline_schedule(num_positions, micro_batches, name, warmup)
 
 
+def _over_batches(name: str, S: int, M: int, warmup: Optional[Sequence[int]],
+                  batches: Optional[int], advance: Optional[int],
+                  vertical_sync: bool) -> Schedule:
+    """A relaxed schedule, or 1F1B with a flush per batch, over `batches` global batches."""
+    k = DEFAULT_BATCHES if batches is None else batches
+    check_batches(k)
+    if advance is not None and name != AVGPIPE:
+        raise ScheduleError(f"advance (forwards ahead) applies to {AVGPIPE!r}, not {name!r}")
+    if vertical_sync and name != PIPEDREAM:
+        raise ScheduleError(f"vertical_sync applies to {PIPEDREAM!r}, not {name!r}")
+    if name == AVGPIPE:
+        if warmup is not None:
+            raise ScheduleError(f"schedule {AVGPIPE!r} fixes its own warm-up by advance "
+                                f"(forwards ahead of 1F1B's); remove warmup")
+        depths = advance_depths(S, M, advance or 0)
+        return flushed(pipeline_schedule(S, M, ONE_F_ONE_B, depths), k, AVGPIPE, averaging=True)
+    ks = list(warmup) if warmup is not None else warmup_depths(name, S, M)
+    if len(ks) != S:
+        raise ScheduleError(f"{len(ks)} warmup depths for {S} stages")
+    check_warmup(ks, M)
+    if name == ONE_F_ONE_B:
+        return flushed(pipeline_schedule(S, M, name, ks), k)
+    order = pipeline_schedule(S, k * M, ONE_F_ONE_B, ks)
+    return two_bw(order, M, k) if name == TWO_BW else pipedream(order, k, vertical_sync)
+
+
 def plan_schedule(plan) -> Schedule:
     """The compute actions of a `planner.plan.Plan`'s schedule (its stages are the chunks)."""
     v = plan.virtual_stages if plan.schedule == INTERLEAVED else None
@@ -141,7 +193,9 @@ def plan_schedule(plan) -> Schedule:
     warmup = plan.warmup
     if warmup is None and plan.schedule in WARMUP_SCHEDULES:
         warmup = warmup_depths(plan.schedule, positions, plan.micro_batches)
-    return build_schedule(plan.schedule, positions, plan.micro_batches, warmup, v)
+    relaxed = {} if plan.schedule not in RELAXED_SCHEDULES else dict(
+        batches=plan.batches, advance=plan.advance, vertical_sync=bool(plan.vertical_sync))
+    return build_schedule(plan.schedule, positions, plan.micro_batches, warmup, v, **relaxed)
 
 
 def first_backward_depths(schedule: Schedule) -> List[int]:
