@@ -82,7 +82,7 @@ class RankLayout:
 
     def boundary_ranks(self, boundary: int) -> List[int]:
         """Ranks of the process set for boundary `boundary` -> `boundary + 1`, ascending."""
-        return sorted(self.stage_ranks(boundary) + self.stage_ranks(boundary + 1))
+        return sorted(set(self.stage_ranks(boundary) + self.stage_ranks(boundary + 1)))
 
     def ranks_of_stages(self, stages) -> List[int]:
         """Every rank of the given stages, ascending, each once (chunks share ranks)."""

@@ -245,7 +245,7 @@ class PipelineStep:
             lo, hi = self.rows(0, replica, m, state.global_batch)
             inputs = {tid: state.inputs[tid][lo:hi] for tid in self.stages[0].input_ids}
         else:
-            inputs = state.received.pop((unit, RECV_FORWARD, m))
+            inputs = self._from_previous_chunk(state, unit, m)
         tape = tf.GradientTape() if state.backward and not self.plan.recompute else None
         with tape if tape is not None else contextlib.nullcontext():
             if tape is not None:
@@ -276,13 +276,31 @@ class PipelineStep:
             untargeted = self._untargeted(stage, outputs, statistics)
         upstream = None
         if stage < len(self.stages) - 1:
-            upstream = state.received.pop((unit, RECV_BACKWARD, m))
+            upstream = self._from_next_chunk(state, unit, m)
         grads_in, var_grads = stage_gradients(self.stages[stage], tape, inputs, outputs, term,
                                               upstream, state.loss_scale, state.one,
                                               state.zeros_like, untargeted)
         state.input_gradients[(unit, m)] = grads_in
         state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
         return [g for g in list(grads_in.values()) + var_grads if g is not None]
+
+    def _shares_device(self, chunk: int, other: int) -> bool:
+        """Whether two chunks run on one device group (interleaved on a single group): the
+        lowering then moves nothing between them, and the data is read where it lies."""
+        return self.schedule.placement[chunk] == self.schedule.placement[other]
+
+    def _from_previous_chunk(self, state: StepState, unit: Unit, m: int) -> Tensors:
+        stage, replica = unit
+        if not self._shares_device(stage - 1, stage):
+            return state.received.pop((unit, RECV_FORWARD, m))
+        outputs = state.stash[((stage - 1, replica), m)].outputs
+        return {tid: outputs[tid] for tid in self.stages[stage].input_ids}
+
+    def _from_next_chunk(self, state: StepState, unit: Unit, m: int) -> Tensors:
+        stage, replica = unit
+        if not self._shares_device(stage, stage + 1):
+            return state.received.pop((unit, RECV_BACKWARD, m))
+        return state.input_gradients.pop(((stage + 1, replica), m))
 
     def _untargeted(self, stage: int, outputs: Tensors, statistics) -> List[tf.Tensor]:
         """A forward's outputs its backward does not differentiate."""

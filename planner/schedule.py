@@ -224,8 +224,3 @@ def require_runtime_support(plan) -> None:
             f"runtime runs only {', '.join(RUNTIME_SCHEDULES)} today; re-plan with "
             f"`dapple plan --schedule=1f1b` (or gpipe), or set \"schedule\": {{\"name\": "
             f"\"1f1b\"}} in the plan")
-    if plan.schedule == INTERLEAVED and plan.num_positions < 2:
-        raise ScheduleError(
-            f"the plan interleaves {plan.num_stages} chunks on one device group: with nothing "
-            f"to overlap, interleaving only adds work; use schedule \"1f1b\" with one stage "
-            f"(or give the plan at least two device groups)")

@@ -92,5 +92,7 @@ def test_an_interleaved_group_rank_runs_all_its_chunks():
     assert [layout.unit(r) for r in range(3)] == [(0, 0), (0, 1), (1, 0)]
     assert layout.ranks_of_stages([0, 2]) == [0, 1]
     assert layout.boundary_ranks(1) == [0, 1, 2]     # chunk 1 (group 1) -> chunk 2 (group 0)
+    single = RankLayout(interleaved_plan([2], 5, 2, 2, 24, [2]), 2)    # one group of 2
+    assert single.boundary_ranks(0) == [0, 1] and single.process_sets() == []
     with pytest.raises(WorldSizeError, match="uses 3 devices but Horovod runs 6"):
         RankLayout(interleaved_plan([1, 2, 3], 5, 2, 2, 24, [2, 1]), 6)

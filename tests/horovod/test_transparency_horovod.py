@@ -33,6 +33,8 @@ CASES = [
                            "--virtual_stages=2"]),
     ("interleaved-v2-2:1", 3, ["--cuts=1,2,3", "--replicas=2,1", "--micro_batches=2",
                                "--virtual_stages=2"]),
+    ("interleaved-v2-dp2", 2, ["--cuts=2", "--replicas=2", "--micro_batches=4",
+                               "--virtual_stages=2"]),
 ]
 
 
