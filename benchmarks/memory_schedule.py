@@ -12,7 +12,9 @@ both logical devices, i.e. both stages together).
 
 Expected: GPipe holds all M micro-batches' activations before the first backward, so its peak
 grows with M; early backward (policy A) holds at most K_0 = 2 on stage 0 and 1 on stage 1, so
-its peak stays flat. Prints the table and the ratios.
+its peak stays flat. Interleaved (v = 2: the same layers in 4 chunks, chunk c on device c % 2)
+warms up with 2(S - 1) + (v - 1) g chunk forwards (g: micro-batches per group, 2 or 3 here),
+each of half a stage: also flat, a little above early backward. Prints the table and ratios.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ flags.DEFINE_integer("micro_batch", 64, "rows per micro-batch (fixed while M gro
 flags.DEFINE_integer("width", 4096, "features of every activation")
 flags.DEFINE_integer("layers", 6, "LayerNormalization+tanh pairs per stage")
 flags.DEFINE_list("micro_batches", ["2", "4", "8", "16"], "values of M")
-flags.DEFINE_list("schedules", ["gpipe", "A"], "schedules to compare")
+flags.DEFINE_list("schedules", ["gpipe", "A", "interleaved"],
+                  "schedules to compare (interleaved: v = 2 chunks per device)")
 
 MB = 2 ** 20
 
@@ -53,12 +56,17 @@ def step_peak_bytes(schedule: str, M: int) -> float:
     import tensorflow as tf
 
     from dapple.pipelined_model import PipelinedModel
+    from planner.chunking import interleaved_plan
     from planner.plan import straight_plan
 
     model = build_model(FLAGS.width, FLAGS.layers)
     n = len(model.layers) - 1                       # layers without the InputLayer
     batch = FLAGS.micro_batch * M
-    plan = straight_plan([2 * FLAGS.layers], n, M, batch, schedule=schedule)
+    if schedule == "interleaved":     # 2 device groups x 2 chunks, cut at the quarters
+        q = FLAGS.layers
+        plan = interleaved_plan([q, 2 * q, 3 * q], n, M, 2, batch)
+    else:
+        plan = straight_plan([2 * FLAGS.layers], n, M, batch, schedule=schedule)
     pm = PipelinedModel(model, plan)
     pm.compile(tf.keras.optimizers.SGD(0.01),
                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -86,7 +94,8 @@ def main(argv):
     for M in Ms:
         for s in FLAGS.schedules:
             results[s][M] = step_peak_bytes(s, M)
-    names = {"gpipe": "GPipe", "A": "early backward (A)", "B": "early backward (B)"}
+    names = {"gpipe": "GPipe", "A": "early backward (A)", "B": "early backward (B)",
+             "interleaved": "interleaved (v=2)"}
     header = f"{'schedule':<20}" + "".join(f"{'M=' + str(M):>12}" for M in Ms)
     print("\npeak memory of one training step above the live baseline (MiB)")
     print(header)
