@@ -8,7 +8,7 @@ once per list of shapes and runs on the device of the call site.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -34,3 +34,15 @@ class Accumulator:
             for i, s in zip(both, sums):
                 out[i] = s
         return out
+
+
+def model_gradients(model, stages, reduced: Dict[int, List[tf.Tensor]]):
+    """Every stage's summed gradients (`reduced`, by stage), aligned with the model's trainable
+    variables: a variable used by several stages gets the sum, one no stage here holds None."""
+    by_var: Dict[int, tf.Tensor] = {}
+    for stage, graph in enumerate(stages):
+        if stage not in reduced:
+            continue
+        for v, g in zip(graph.trainable_variables, reduced[stage]):
+            by_var[id(v)] = g if id(v) not in by_var else by_var[id(v)] + g
+    return [by_var.get(id(v)) for v in model.trainable_variables]

@@ -93,3 +93,31 @@ def _broadcast_like_keras(weights: tf.Tensor, losses: tf.Tensor) -> tf.Tensor:
     elif rank == want - 1:
         weights = tf.expand_dims(weights, axis=-1)
     return weights
+
+
+def per_output(sample_weight, outputs: int) -> List[Optional[tf.Tensor]]:
+    """`sample_weight` (None, one tensor for every output, or one per output) as one per
+    output."""
+    if sample_weight is None:
+        return [None] * outputs
+    if isinstance(sample_weight, (list, tuple)):
+        if len(sample_weight) != outputs:
+            raise ValueError(f"{len(sample_weight)} sample weight arrays for {outputs} outputs")
+        return list(sample_weight)
+    return [sample_weight] * outputs
+
+
+def weight_penalties_by_stage(stages) -> List[list]:
+    """Each weight regularizer (Keras's callable losses) in the first stage that calls a layer
+    holding it, so a layer shared by two stages is penalized once, as in Keras."""
+    seen, out = set(), []
+    for graph in stages:
+        mine = []
+        for layer in graph.called_layers:
+            for sub in layer._flatten_layers():
+                for c in sub._callable_losses:
+                    if id(c) not in seen:
+                        seen.add(id(c))
+                        mine.append(c)
+        out.append(mine)
+    return out

@@ -14,6 +14,7 @@ simulator replays):
   asks that tape for the gradients of the stage's outputs (weighted by the gradients that came
   back from stage s+1) with respect to its inputs and the stage's variables. With `recompute`,
   the forward keeps only its inputs and the backward calls the function again under a tape.
+  A split backward (zb-h1's I and W) runs its stage inline: `graph_rewrite.split_backward`.
 * Boundaries. A `Transport` moves boundary tensors forward and their gradients backward. The
   local transport (`graph_rewrite.local_transport`: one process, many devices) slices and
   concatenates row ranges on the receiving device: split, concat, both, or nothing when replica
@@ -43,38 +44,28 @@ run slice by slice ("ghost batches"), not on the whole batch.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
-from graph_rewrite.accumulation import Accumulator
+from graph_rewrite.accumulation import Accumulator, model_gradients
 from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
-from graph_rewrite.losses import PipelineLoss
+from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from graph_rewrite.stage_function import StageFunction
-from graph_rewrite.stage_gradients import is_float, stage_gradients
+from graph_rewrite.split_backward import find_weight_uses, weight_pass
+from graph_rewrite.stage_gradients import is_float, stage_gradients, stage_input_gradients
 from graph_rewrite.step_state import Stashed, StepState
-from planner.actions import (ALLREDUCE, BACKWARD, FORWARD, RECV_BACKWARD, RECV_FORWARD,
-                             SEND_BACKWARD, SEND_FORWARD, Action)
+from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
+                             RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action)
 from planner.plan import Plan
 from planner.replay import replay
 from planner.schedule import plan_schedule
 from planner.slicing import check_even, unit_rows
 
 FORWARD_ONLY = (FORWARD, SEND_FORWARD, RECV_FORWARD)
-
-
-def _per_output(sample_weight, outputs: int) -> List[Optional[tf.Tensor]]:
-    if sample_weight is None:
-        return [None] * outputs
-    if isinstance(sample_weight, (list, tuple)):
-        if len(sample_weight) != outputs:
-            raise ValueError(f"{len(sample_weight)} sample weight arrays for {outputs} outputs")
-        return list(sample_weight)
-    return [sample_weight] * outputs
 
 
 def task_scope(stage: int, replica: int, kind: str, micro_batch: Optional[int]) -> str:
@@ -107,7 +98,7 @@ class PipelineStep:
         last = len(self.stages) - 1
         self.functions = [StageFunction(g, loss, self.output_ids, g.index == last)
                           for g in self.stages]
-        self._penalties = self._weight_penalties_by_stage()
+        self._penalties = weight_penalties_by_stage(self.stages)
         self._accumulate = Accumulator()
         self._combine_statistics = bstats.CallCombiner()
         with tf.init_scope():
@@ -115,6 +106,7 @@ class PipelineStep:
             self._constants = tf.Variable([1.0, 0.0], trainable=False, name="dapple_one_zero")
         self.transport = transport if transport is not None else LocalTransport(self.replicas)
         self._dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
+                          BACKWARD_INPUT: self._backward, BACKWARD_WEIGHT: self._backward_weight,
                           SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
                           SEND_BACKWARD: self._send_backward,
                           RECV_BACKWARD: self._receive_backward}
@@ -174,7 +166,7 @@ class PipelineStep:
         check_even(global_batch, self.plan.micro_batches, self.replicas)
         ys = tf.nest.flatten(y) if y is not None else None
         state = StepState(inputs=dict(zip(self.input_ids, xs)), labels=ys,
-                          sample_weights=_per_output(sample_weight, len(self.output_ids)),
+                          sample_weights=per_output(sample_weight, len(self.output_ids)),
                           global_batch=global_batch, training=training,
                           backward=ys is not None and training, loss_scale=loss_scale)
         if state.backward:
@@ -209,7 +201,8 @@ class PipelineStep:
         loss = tf.add_n(state.loss_terms) if state.loss_terms else tf.constant(0.0)
         if training:
             self._update_moving_statistics(state.statistics, moving_before)
-        gradients = self._gather_gradients(state.reduced) if state.backward else []
+        gradients = (model_gradients(self.model, self.stages, state.reduced)
+                     if state.backward else [])
         S, M = len(self.stages), self.plan.micro_batches
         preds = [[state.predictions[(m, r)][k] for m in range(M)
                   for r in range(self.replicas[S - 1]) if (m, r) in state.predictions]
@@ -218,7 +211,8 @@ class PipelineStep:
                           global_batch=global_batch)
 
     # ---- actions ----------------------------------------------------------------------------
-    def _call_stage(self, state: StepState, unit: Unit, m: int, inputs: Tensors):
+    def _call_stage(self, state: StepState, unit: Unit, m: int, inputs: Tensors,
+                    inline: bool = False):
         """The stage function on the unit's rows of micro-batch m: (outputs, term, statistics),
         with the weight penalties added to the term by the step's first unit."""
         stage, replica = unit
@@ -228,8 +222,9 @@ class PipelineStep:
         if last and state.labels is not None:
             labels = [y[lo:hi] for y in state.labels]
             weights = [None if w is None else w[lo:hi] for w in state.sample_weights]
-        outputs, term, statistics = self.functions[stage](
-            inputs, state.training, labels, weights, hi - lo, state.global_batch)
+        call = self.functions[stage].inline if inline else self.functions[stage]
+        outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
+                                         state.global_batch)
         if state.labels is not None and replica == 0 and m == 0:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).
@@ -246,43 +241,75 @@ class PipelineStep:
             inputs = {tid: state.inputs[tid][lo:hi] for tid in self.stages[0].input_ids}
         else:
             inputs = self._from_previous_chunk(state, unit, m)
-        tape = tf.GradientTape() if state.backward and not self.plan.recompute else None
-        with tape if tape is not None else contextlib.nullcontext():
-            if tape is not None:
-                _watch(tape, inputs, stage)
+        if state.backward and not self.plan.recompute:
+            stashed = self._taped_forward(state, unit, m, inputs)
+        else:
             outputs, term, statistics = self._call_stage(state, unit, m, inputs)
-        if state.training:
-            recorder = state.statistics[unit]
-            for node_id, stats in self.functions[stage].slice_statistics(statistics).items():
-                recorder.by_node.setdefault(node_id, []).append(stats)
-        state.stash[(unit, m)] = Stashed(inputs, outputs, tape, term,
-                                         self._untargeted(stage, outputs, statistics))
+            self._record_statistics(state, unit, statistics)
+            stashed = Stashed(inputs, outputs, None, term, [])
+        outputs, term = stashed.outputs, stashed.term
         if stage == len(self.stages) - 1:
             state.predictions[(m, replica)] = [outputs[t] for t in self.output_ids]
         if term is not None:
             state.loss_terms.append(term)
+        state.stash[(unit, m)] = stashed
         return list(outputs.values()) + ([term] if term is not None else [])
 
+    def _taped_forward(self, state: StepState, unit: Unit, m: int, inputs: Tensors,
+                       record: bool = True) -> Stashed:
+        """The stage on `inputs` under a tape (persistent, and inlined to find its weight uses,
+        when its backward is split); records its BatchNormalization statistics unless it is
+        a recomputation (`record` False)."""
+        stage = unit[0]
+        split = stage in self.schedule.split_chunks
+        graph = tf.compat.v1.get_default_graph()
+        first = len(graph.get_operations())
+        with tf.GradientTape(persistent=split) as tape:
+            _watch(tape, inputs, stage)
+            outputs, term, statistics = self._call_stage(state, unit, m, inputs, inline=split)
+        uses = []
+        if split:
+            uses = find_weight_uses(graph.get_operations()[first:],
+                                    self.stages[stage].trainable_variables, graph)
+        if record:
+            self._record_statistics(state, unit, statistics)
+        return Stashed(inputs, outputs, tape, term, self._untargeted(stage, outputs, statistics),
+                       uses)
+
+    def _record_statistics(self, state: StepState, unit: Unit, statistics) -> None:
+        if state.training:
+            for node_id, stats in self.functions[unit[0]].slice_statistics(statistics).items():
+                state.statistics[unit].by_node.setdefault(node_id, []).append(stats)
+
     def _backward(self, state: StepState, unit: Unit, action: Action) -> List[tf.Tensor]:
+        """B, or I of a split backward (which leaves W what it needs)."""
         stage, m = unit[0], action.micro_batch
         stashed = state.stash.pop((unit, m))
-        inputs, outputs, tape, term = stashed.inputs, stashed.outputs, stashed.tape, stashed.term
-        untargeted = stashed.untargeted
-        if tape is None:   # recomputation: run the forward again under a tape
-            tape = tf.GradientTape()
-            with tape:
-                _watch(tape, inputs, stage)
-                outputs, term, statistics = self._call_stage(state, unit, m, inputs)
-            untargeted = self._untargeted(stage, outputs, statistics)
+        if stashed.tape is None:   # recomputation: run the forward again under a tape
+            stashed = self._taped_forward(state, unit, m, stashed.inputs, record=False)
         upstream = None
         if stage < len(self.stages) - 1:
             upstream = self._from_next_chunk(state, unit, m)
-        grads_in, var_grads = stage_gradients(self.stages[stage], tape, inputs, outputs, term,
-                                              upstream, state.loss_scale, state.one,
-                                              state.zeros_like, untargeted)
+        args = (self.stages[stage], stashed.tape, stashed.inputs, stashed.outputs, stashed.term,
+                upstream)
+        extra = dict(loss_scale=state.loss_scale, one=state.one, zero=state.zeros_like,
+                     untargeted=stashed.untargeted)
+        if action.kind == BACKWARD_INPUT:
+            grads_in, pending = stage_input_gradients(*args, stashed.uses, **extra)
+            state.awaiting_weight[(unit, m)] = (stashed.tape, stashed.uses, pending)
+            state.input_gradients[(unit, m)] = grads_in
+            return list(grads_in.values()) + pending
+        grads_in, var_grads = stage_gradients(*args, **extra)
         state.input_gradients[(unit, m)] = grads_in
         state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
         return [g for g in list(grads_in.values()) + var_grads if g is not None]
+
+    def _backward_weight(self, state: StepState, unit: Unit, action: Action) -> List[tf.Tensor]:
+        """W of a split backward: the weight gradients from what its I left."""
+        tape, uses, pending = state.awaiting_weight.pop((unit, action.micro_batch))
+        var_grads = weight_pass(tape, uses, pending, self.stages[unit[0]].trainable_variables)
+        state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
+        return var_grads
 
     def _shares_device(self, chunk: int, other: int) -> bool:
         """Whether two chunks run on one device group (interleaved on a single group): the
@@ -345,21 +372,6 @@ class PipelineStep:
         state.reduced[stage] = self.transport.sum_replicas(stage, per_replica,
                                                            self.device(stage, 0))
 
-    def _weight_penalties_by_stage(self) -> List[list]:
-        """Each weight regularizer (Keras's callable losses) in the first stage that calls a
-        layer holding it, so a layer shared by two stages is penalized once, as in Keras."""
-        seen, out = set(), []
-        for graph in self.stages:
-            mine = []
-            for layer in graph.called_layers:
-                for sub in layer._flatten_layers():
-                    for c in sub._callable_losses:
-                        if id(c) not in seen:
-                            seen.add(id(c))
-                            mine.append(c)
-            out.append(mine)
-        return out
-
     # ---- BatchNormalization state ------------------------------------------------------------
     def _update_moving_statistics(self, recorders, moving_before) -> None:
         """One Keras update per BatchNormalization call from the global batch's statistics."""
@@ -374,17 +386,6 @@ class PipelineStep:
         graph optimizer specialize (copy and re-optimize) the backward function per call."""
         both = self._constants.read_value()
         return both[0], both[1]
-
-    def _gather_gradients(self, reduced: Dict[int, List[tf.Tensor]]):
-        """Every stage's summed gradients, aligned with the model's trainable variables (a
-        variable used by several stages gets the sum)."""
-        by_var: Dict[int, tf.Tensor] = {}
-        for stage, graph in enumerate(self.stages):
-            if stage not in reduced:
-                continue
-            for v, g in zip(graph.trainable_variables, reduced[stage]):
-                by_var[id(v)] = g if id(v) not in by_var else by_var[id(v)] + g
-        return [by_var.get(id(v)) for v in self.model.trainable_variables]
 
 
 def _watch(tape: tf.GradientTape, inputs: Tensors, stage: int) -> None:

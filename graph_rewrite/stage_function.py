@@ -49,6 +49,12 @@ class StageFunction:
         """(outputs by id, loss term or None, BatchNormalization statistics by node key)."""
         return self._function(inputs, training, labels, weights, rows, global_rows)
 
+    def inline(self, inputs: Tensors, training: bool, labels=None, weights=None, rows: int = 0,
+               global_rows: int = 0) -> Tuple[Tensors, Optional[tf.Tensor], Statistics]:
+        """The same, with the stage's ops built into the calling graph (a split backward needs
+        to see them: `graph_rewrite.split_backward`)."""
+        return self._forward(inputs, training, labels, weights, rows, global_rows)
+
     def _forward(self, inputs, training, labels, weights, rows, global_rows):
         recorder = bstats.StatisticsRecorder() if training else None
         outs = self.graph.call(inputs, training=training, observe=recorder)

@@ -1,4 +1,5 @@
-"""A unit's backward: the gradients a stage's tape gives for its inputs and variables."""
+"""A unit's backward: the gradients a stage's tape gives for its inputs and variables, whole
+or split into I and W (`graph_rewrite.split_backward`)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -7,6 +8,7 @@ import tensorflow as tf
 
 from graph_rewrite.local_transport import Tensors
 from graph_rewrite.model_graph import StageGraph
+from graph_rewrite.split_backward import input_pass
 
 
 def is_float(t) -> bool:
@@ -26,6 +28,35 @@ def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, 
     (a tensor -> zeros like it, read alike), the forward's other outputs (`untargeted`: the last stage's predictions,
     BatchNormalization statistics) get that zero as their gradient instead of a constant the
     optimizer would fold into a copy of the backward function for every call."""
+    targets, output_gradients, float_in = backward_targets(
+        graph, inputs, outputs, term, upstream, loss_scale, one, zero, untargeted)
+    variables = graph.trainable_variables
+    sources = [inputs[tid] for tid in float_in] + variables
+    grads = tape.gradient(targets, sources, output_gradients=output_gradients,
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    # Embedding gradients come as tf.IndexedSlices, which do not add up across
+    # micro-batches and replicas; dense tensors do (at the cost of a dense table gradient).
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    grads_in = dict(zip(float_in, grads[:len(float_in)]))
+    return grads_in, list(grads[len(float_in):])
+
+
+def stage_input_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
+                          upstream: Optional[Tensors], uses, loss_scale=None, one=None,
+                          zero=None, untargeted: Sequence[tf.Tensor] = ()):
+    """I of a split backward (`graph_rewrite.split_backward`): (gradients of the float inputs
+    by id, gradients of the weight uses' targets, which W reads). Arguments as
+    `stage_gradients`'s; `uses` from `split_backward.find_weight_uses`."""
+    targets, output_gradients, float_in = backward_targets(
+        graph, inputs, outputs, term, upstream, loss_scale, one, zero, untargeted)
+    grads_in, pending = input_pass(tape, targets, output_gradients,
+                                   [inputs[tid] for tid in float_in], uses)
+    return dict(zip(float_in, grads_in)), pending
+
+
+def backward_targets(graph: StageGraph, inputs: Tensors, outputs: Tensors, term, upstream,
+                     loss_scale, one, zero, untargeted):
+    """(targets, their output gradients, ids of the float inputs that get gradients)."""
     if upstream is None:
         targets, output_gradients = [term], [scaled_one(term, one, loss_scale)]
     else:
@@ -43,15 +74,7 @@ def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, 
                 output_gradients.append(zero(t))
     float_in = [] if graph.index == 0 else [tid for tid in graph.input_ids
                                             if is_float(inputs[tid])]
-    variables = graph.trainable_variables
-    sources = [inputs[tid] for tid in float_in] + variables
-    grads = tape.gradient(targets, sources, output_gradients=output_gradients,
-                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    # Embedding gradients come as tf.IndexedSlices, which do not add up across
-    # micro-batches and replicas; dense tensors do (at the cost of a dense table gradient).
-    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    grads_in = dict(zip(float_in, grads[:len(float_in)]))
-    return grads_in, list(grads[len(float_in):])
+    return targets, output_gradients, float_in
 
 
 def scaled_one(term: tf.Tensor, one: Optional[tf.Tensor],

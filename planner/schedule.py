@@ -59,7 +59,7 @@ NAMES = SCHEDULES + ("A", "B") + RELAXED_SCHEDULES   # every name a plan may car
 FORWARD_BACKWARD = (GPIPE,) + EARLY_BACKWARD   # one chunk per position, backwards unsplit
 # Those a plan's `warmup` may set; all but gpipe warm up as early backward does.
 WARMUP_SCHEDULES = FORWARD_BACKWARD + (ZERO_BUBBLE_H1, PIPEDREAM, TWO_BW)
-RUNTIME_SCHEDULES = FORWARD_BACKWARD + (INTERLEAVED,)   # what graph_rewrite runs today
+RUNTIME_SCHEDULES = FORWARD_BACKWARD + (INTERLEAVED, ZERO_BUBBLE_H1)   # what graph_rewrite runs
 
 
 def warmup_depths(policy: str, num_stages: int, micro_batches: int,

@@ -38,11 +38,14 @@ def batches(seed=0):
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
-@pytest.mark.parametrize("replicas", [[1, 1], [2, 1]])
-def test_loss_scale_and_weights_follow_plain_keras_over_20_steps(policy, replicas):
+@pytest.mark.parametrize("replicas,schedule", [([1, 1], "1f1b"), ([2, 1], "1f1b"),
+                                               ([2, 1], "zb-h1")])
+def test_loss_scale_and_weights_follow_plain_keras_over_20_steps(policy, replicas, schedule):
+    """zb-h1: W reaches the float32 weights through their reads' float16 casts."""
     plain, model = mlp(), mlp()
     plain.compile(optimizer(), LOSS)
-    pm = PipelinedModel(model, straight_plan([2], 4, 4, BATCH, replicas=replicas))
+    pm = PipelinedModel(model, straight_plan([2], 4, 4, BATCH, replicas=replicas,
+                                             schedule=schedule))
     pm.compile(optimizer(), LOSS)
     assert isinstance(pm.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
     scales = []

@@ -35,6 +35,9 @@ CASES = [
                                "--virtual_stages=2"]),
     ("interleaved-v2-dp2", 2, ["--cuts=2", "--replicas=2", "--micro_batches=4",
                                "--virtual_stages=2"]),
+    # zero bubble: each backward split into I and W
+    ("zb-h1", 2, ["--cuts=2", "--replicas=1,1", "--micro_batches=4", "--schedule=zb-h1"]),
+    ("zb-h1-2:1", 3, ["--cuts=1", "--replicas=2,1", "--micro_batches=4", "--schedule=zb-h1"]),
 ]
 
 

@@ -138,18 +138,20 @@ def test_names_old_and_new():
     assert build_schedule("1f1b", 4, 8).lists == pipeline_schedule(4, 8, "A").lists
     assert build_schedule("A", 2, 4).lists == build_schedule("1f1b", 2, 4).lists
     assert [runtime_supported(n) for n in ("gpipe", "1f1b", "A", "B", "interleaved", "zb-h1")] \
-        == [True, True, True, True, True, False]
+        == [True, True, True, True, True, True]
+    assert [runtime_supported(n) for n in ("pipedream", "2bw", "avgpipe")] == [False] * 3
 
 
 def test_the_runtime_check_names_the_schedule_and_what_runs_today():
     from planner.plan import straight_plan
-    for name in ("gpipe", "1f1b", "A", "B"):
+    for name in ("gpipe", "1f1b", "A", "B", "zb-h1"):
         require_runtime_support(straight_plan([1], 2, 4, schedule=name))
     with pytest.raises(ScheduleError) as info:
-        require_runtime_support(straight_plan([1], 2, 4, schedule="zb-h1"))
+        require_runtime_support(straight_plan([1], 2, 4, schedule="2bw"))
     assert str(info.value).startswith(
-        "the plan's schedule 'zb-h1' is planned and simulated, but the dapple runtime runs "
-        "only gpipe, 1f1b, A, B, interleaved today; re-plan with `dapple plan --schedule=1f1b`")
+        "the plan's schedule '2bw' is planned and simulated, but the dapple runtime runs "
+        "only gpipe, 1f1b, A, B, interleaved, zb-h1 today; re-plan with `dapple plan "
+        "--schedule=1f1b`")
 
 
 @pytest.mark.parametrize("call,message", [

@@ -1,0 +1,177 @@
+"""ZB-H1 in the runtime: each backward split into I and W (graph_rewrite.split_backward).
+
+References: the plain Keras model's gradients and weights; for "no work done twice", the
+compute ops a full tape backward builds, counted in the traced graph."""
+import collections
+
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from graph_rewrite.model_graph import layer_order
+from graph_rewrite.split_backward import find_weight_uses, input_pass, weight_pass
+from planner.plan import straight_plan
+from tests.models import (data_for, dense_batchnorm, integer_boundary, losses_for,
+                          mlp_with_skip, plain_loss_and_grads, small_conv, two_in_two_out)
+
+GLOBAL_BATCH = 48
+
+CASES = [
+    # (builder, cut positions, replicas, M, recompute)
+    (mlp_with_skip, [2], [1, 1], 1, False),
+    (mlp_with_skip, [1], [1, 1], 4, False),          # skip crosses the cut
+    (mlp_with_skip, [1, 3], [1, 1, 1], 8, False),
+    (mlp_with_skip, [2], [2, 1], 4, False),          # 2:1
+    (mlp_with_skip, [3], [1, 2], 4, False),          # 1:2
+    (mlp_with_skip, [], [3], 4, False),              # data parallel
+    (mlp_with_skip, [2], [1, 1], 4, True),           # recomputed forward, then split
+    (two_in_two_out, [1, 4], [1, 2, 1], 4, False),
+    (small_conv, [2], [1, 1], 4, False),
+    (integer_boundary, [1], [2, 1], 2, False),       # embedding: a ResourceGather weight use
+]
+
+
+def case_id(case):
+    builder, cuts, reps, m, rc = case
+    return f"{builder.__name__}-{':'.join(map(str, reps))}-cuts{cuts}-M{m}" + ("-rc" if rc else "")
+
+
+def max_abs_diff(a_list, b_list):
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(tf.convert_to_tensor(b)))))
+               for a, b in zip(a_list, b_list))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_gradients_equal_plain_model(case):
+    builder, cuts, reps, m, recompute = case
+    model, reference = builder(), builder()
+    plan = straight_plan(cuts, len(layer_order(model)), m, GLOBAL_BATCH, replicas=reps,
+                         schedule="zb-h1")
+    plan.recompute = recompute
+    loss = losses_for(model)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer="sgd", loss=loss)
+    x, y = data_for(model, GLOBAL_BATCH, seed=7)
+    got = pm.gradients(x, y)
+    _, want = plain_loss_and_grads(reference, loss, x, y)
+    assert max_abs_diff(got, want) < 1e-5
+
+
+def test_weights_and_batch_statistics_after_three_steps_equal_plain_model():
+    model, reference = dense_batchnorm(), dense_batchnorm()
+    plan = straight_plan([2], len(layer_order(model)), 1, GLOBAL_BATCH, schedule="zb-h1")
+    loss = losses_for(model)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=loss)
+    ref_opt = tf.keras.optimizers.SGD(0.1)
+    for step in range(3):
+        x, y = data_for(model, GLOBAL_BATCH, seed=100 + step)
+        got_loss = pm.train_step(x, y)
+        want_loss, grads = plain_loss_and_grads(reference, loss, x, y)
+        ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
+        assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+COMPUTE = ("MatMul", "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "BiasAddGrad",
+           "TanhGrad", "ReluGrad", "FusedBatchNormGradV3", "UnsortedSegmentSum")
+
+
+def compute_ops(graph):
+    """Compute ops the graph's outputs depend on (what runs), by type."""
+    seen, stack = set(), [t.op for t in graph.outputs]
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack += [i.op for i in op.inputs] + list(op.control_inputs)
+    return collections.Counter(op.type for op in seen if op.type in COMPUTE)
+
+
+@pytest.mark.parametrize("builder", [mlp_with_skip, small_conv, dense_batchnorm])
+def test_split_backward_equals_full_and_does_no_work_twice(builder):
+    """I then W give the tape's gradients, and the ops they need are the full backward's:
+    every activation and weight gradient product once."""
+    model = builder()
+    x, _ = data_for(model, 8, seed=1)
+    variables = model.trainable_variables
+
+    def traced(split):
+        @tf.function
+        def grads(x):
+            graph = tf.compat.v1.get_default_graph()
+            with tf.GradientTape(persistent=True) as tape:
+                tape.watch(x)
+                first = len(graph.get_operations())
+                out = model(x, training=True)
+                loss = tf.reduce_sum(out * out)
+            if not split:
+                return tape.gradient(loss, [x] + variables)
+            uses = find_weight_uses(graph.get_operations()[first:], variables, graph)
+            dx, pending = input_pass(tape, [loss], None, [x], uses)
+            return dx + weight_pass(tape, uses, pending, variables)
+        return grads.get_concrete_function(x)
+
+    full, split = traced(False), traced(True)
+    assert max_abs_diff(split(x), full(x)) < 1e-6
+    assert compute_ops(split.graph) == compute_ops(full.graph)
+
+
+def ops_by_action(pm, x, y):
+    """The ops each action built, from the executor's own dispatch (tape gradient ops are
+    named after their forward, so names cannot tell I from W): (chunk, replica, kind, m)."""
+    step, built = pm._step, {}
+    graph_of = {}
+
+    def recording(kind, method):
+        def run(state, unit, action):
+            graph = tf.compat.v1.get_default_graph()
+            first = len(graph.get_operations())
+            out = method(state, unit, action)
+            graph_of["graph"] = graph
+            built[(unit[0], unit[1], kind, action.micro_batch)] = graph.get_operations()[first:]
+            return out
+        return run
+
+    step._dispatch = {k: recording(k, m) for k, m in step._dispatch.items()}
+    tf.function(lambda x, y: step.run(x, y).gradients).get_concrete_function(x, y)
+    # Captured inputs are fed before anything runs; zeros are built once for the whole step.
+    return {k: [op for op in ops if op.type != "Placeholder"
+                and not op.name.startswith("dapple_zeros/")] for k, ops in built.items()}
+
+
+def reachable(ops):
+    seen, frontier = set(), list(ops)
+    while frontier:
+        op = frontier.pop()
+        for nxt in [c for out in op.outputs for c in out.consumers()] + op._control_outputs:
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize("reps,m", [([1, 1], 4), ([2, 1], 3)])
+def test_the_graph_enforces_every_position_order(reps, m):
+    from planner.schedule import plan_schedule
+    model = mlp_with_skip()
+    plan = straight_plan([2], 5, m, GLOBAL_BATCH, replicas=reps, schedule="zb-h1")
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    x, y = data_for(model, GLOBAL_BATCH, seed=0)
+    tasks = ops_by_action(pm, x, y)
+    missing, checked = [], 0
+    for s, lst in enumerate(plan_schedule(plan).lists):
+        for r in range(reps[s]):
+            for before, after in zip(lst, lst[1:]):
+                a = tasks[(before.chunk, r, before.kind, before.micro_batch)]
+                b = tasks[(after.chunk, r, after.kind, after.micro_batch)]
+                if not a or not b:      # W of micro-batch 0 only hands its gradients on
+                    continue
+                checked += 1
+                reach = reachable(a)
+                if not all(op in reach for op in b):
+                    missing.append(f"position {s} replica {r}: {before} -> {after}")
+    assert missing == [] and checked > 0
