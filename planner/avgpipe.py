@@ -17,20 +17,29 @@ N pipelines trained by elastic averaging, each running advance forward propagati
   between batches (`planner.multi_batch.flushed`).
 * Advance forward propagation (§4.2, Algorithm 1): the first GPU runs `advance` forwards more
   than 1F1B before its first backward (Algorithm 1 starts at advance_num = K - 1, "equivalent to
-  1F1B", and raises it while training gets faster and memory allows). Every stage but the last
-  runs ahead by as many: K_s = min(S - s + advance, M); the last stage, with nothing downstream
-  to feed, keeps K = 1, as GPU 2 in the paper's Fig. 7(c), which alternates F and B while GPU 1
-  runs ahead. advance = 0 is 1F1B; advance = M runs every forward of stages 0..S-2 first
-  (AFAB, the other end the paper names). The planner raises it one at a time, as Algorithm 1
-  does, while the simulated step gets faster and fits in memory (`planner.schedule_choice`).
+  1F1B", and raises it while training gets faster and memory allows). The paper gives the
+  first GPU's count only; here the stages after it run ahead by a share of it falling linearly
+  to none on the last stage, which has nothing downstream to feed (as GPU 2 in Fig. 7(c)
+  alternates F and B while GPU 1 runs ahead, and "upstream GPUs" give the memory):
+      K_s = min(S - s + floor(advance (S - 1 - s) / (S - 1)), M),    K_{S-1} = 1.
+  Each boundary then gets its share of the extra forwards in flight, to hide its transfers.
+  advance = 0 is 1F1B, advance = S - 1 is DAPPLE's policy B (K_s = 2(S - s) - 1), and a large
+  one runs every forward of stages 0..S-2 first (AFAB, the other end the paper names). The
+  planner starts at the warm-up it chose for early backward (advance = K_0 - S) and raises it
+  one at a time, as Algorithm 1 does, while the simulated step gets faster and fits in memory,
+  at most ADVANCE_STEPS times (each step is a simulation; the runtime, which measures, may go
+  on): `planner.schedule_choice`.
 * Memory: each device keeps w_i and its stage's share of z, two weight copies
   (`planner.weight_versions`).
 """
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from planner.actions import ScheduleError
+
+AVGPIPE = "avgpipe"
+ADVANCE_STEPS = 8          # the planner's bound on Algorithm 1's steps
 
 
 def advance_depths(num_stages: int, micro_batches: int, advance: int) -> List[int]:
@@ -39,7 +48,7 @@ def advance_depths(num_stages: int, micro_batches: int, advance: int) -> List[in
         raise ScheduleError(f"avgpipe: advance (forwards ahead of 1F1B's warm-up) must be a "
                             f"non-negative integer, got {advance!r}")
     S, M = num_stages, micro_batches
-    return [min(S - s + advance, M) for s in range(S - 1)] + [1]
+    return [min(S - s + advance * (S - 1 - s) // (S - 1), M) for s in range(S - 1)] + [1]
 
 
 def pipelines(replicas: Sequence[int]) -> int:
@@ -51,13 +60,23 @@ def pipelines(replicas: Sequence[int]) -> int:
     return replicas[0]
 
 
-def tune_advance(step: Callable[[int], Tuple[float, bool]], micro_batches: int) -> int:
-    """Algorithm 1's lines 9-10: from 0 (1F1B), raise advance by one while `step(advance)`,
-    (time of a step, fits in memory), is faster than at the current advance and fits."""
-    advance, best = 0, step(0)[0]
-    while advance < micro_batches:
+def tune_advance(step: Callable[[int], Tuple[float, bool]], micro_batches: int,
+                 max_steps: Optional[int] = None, start: int = 0) -> int:
+    """Algorithm 1's lines 9-10: from `start` (0: 1F1B), raise advance by one while
+    `step(advance)`, (time of a step, fits in memory), is faster than at the current advance
+    and fits; at most `max_steps` times (each step is a simulation to the planner)."""
+    advance, best = start, step(start)[0]
+    limit = micro_batches if max_steps is None else min(micro_batches, start + max_steps)
+    while advance < limit:
         time, fits = step(advance + 1)
         if not fits or time >= best * (1 - 1e-9):
             break
         advance, best = advance + 1, time
     return advance
+
+
+def micro_batch_devices(plan) -> List[List[int]]:
+    """Per stage of a `planner.plan.Plan`, the devices sharing one micro-batch: its replicas,
+    or under AvgPipe one device (pipeline 0's: every pipeline runs the same lists)."""
+    return [list(st.devices[:1] if plan.schedule == AVGPIPE else st.devices)
+            for st in plan.stages]

@@ -14,10 +14,12 @@ from planner.costs import PipelineCosts
 from planner.latency import interleave, round_trip_phases
 from planner.plan import Estimate, Plan, PlanError, StageEstimate
 from planner.profile import Profile
-from planner.schedule import (FORWARD_BACKWARD, GPIPE, pipeline_schedule, plan_schedule,
-                              warmup_depths)
+from planner.avgpipe import micro_batch_devices
+from planner.schedule import (AVGPIPE, FORWARD_BACKWARD, GPIPE, pipeline_schedule,
+                              plan_schedule, warmup_depths)
 from planner.schedule_memory import peak_bytes
-from planner.simulator import SimulationResult, simulate
+from planner.simulator import SimulationResult, simulate_plan
+from planner.weight_versions import extra_weight_copies
 
 # ---- the constants (docs/cost_model.md, "The constants", says why each value) ----------------
 # Fixed cost of every scheduled forward or backward task (launch, dependencies, dispatch).
@@ -144,6 +146,11 @@ class StageModel:
             per_byte += 2 * (hosts - 1) / hosts / self.inter_bw
             fixed += 2 * (hosts - 1) * self.inter_lat
         return per_byte, fixed
+
+    def allreduce_ms(self, first: int, last: int, counts: Sequence[int]) -> float:
+        """A whole allreduce of the stage's parameters (AvgPipe's updates), nothing hidden."""
+        per_byte, fixed = self.allreduce_rate(counts)
+        return (per_byte * self.profile.parameter_bytes(first, last) + fixed) * (sum(counts) > 1)
 
     def exposed_allreduce_ms(self, first: int, last: int, counts: Sequence[int]) -> float:
         """Allreduce time left after the stage's last backward (docs/cost_model.md)."""
@@ -278,19 +285,22 @@ class PlanCosts:
         self.model = model = StageModel(profile, topology, plan.global_batch_size,
                                         plan.micro_batches)
         counts = [host_counts(topology, st.devices) for st in plan.stages]
-        self.stages = [model.stage_cost(st.first, st.last, c, counts[i - 1] if i else None)
-                       for i, (st, c) in enumerate(zip(plan.stages, counts))]
+        lanes = [host_counts(topology, d) for d in micro_batch_devices(plan)]
+        self.stages = [model.stage_cost(st.first, st.last, c, lanes[i - 1] if i else None)
+                       for i, (st, c) in enumerate(zip(plan.stages, lanes))]
+        if plan.schedule == AVGPIPE:     # its allreduce, after the update, sums the pipelines'
+            self.stages = [s._replace(allreduce_ms=model.allreduce_ms(st.first, st.last, c))
+                           for s, st, c in zip(self.stages, plan.stages, counts)]
         self.pipeline = to_pipeline_costs(
-            self.stages, [model.activation_bytes(st.first, st.last, st.replicas)
-                          for st in plan.stages],
-            [model.weight_gradient_bytes(st.first, st.last, st.replicas) for st in plan.stages])
+            self.stages, *[[f(st.first, st.last, sum(c)) for st, c in zip(plan.stages, lanes)]
+                           for f in (model.activation_bytes, model.weight_gradient_bytes)])
         self._simulation: Optional[SimulationResult] = None
 
     def simulation(self) -> SimulationResult:
         """The plan's schedule simulated with these costs; computed once, for the plan as it
         is at the first call (set the warm-up first)."""
         if self._simulation is None:
-            self._simulation = simulate(plan_schedule(self.plan), self.pipeline)
+            self._simulation = simulate_plan(self.plan, self.pipeline)
         return self._simulation
 
     def warmup(self) -> Tuple[str, List[int]]:
@@ -308,18 +318,20 @@ class PlanCosts:
 
     def memory(self, warmup: Optional[Sequence[int]] = None) -> List[float]:
         """Bytes per device running each stage (chunk): the weights of every chunk on the
-        device, the reserve once, and the peak of the activations its schedule keeps
-        (`planner.schedule_memory`; 1F1B and GPipe: K_i micro-batches, and `warmup` replaces
-        the plan's K_i)."""
+        device and their extra copies (`planner.weight_versions`), the reserve once, and the
+        peak of the activations its schedule keeps (`planner.schedule_memory`; 1F1B and GPipe:
+        K_i micro-batches, and `warmup` replaces the plan's K_i)."""
         plan = self.plan
         schedule = plan_schedule(plan) if warmup is None else \
             pipeline_schedule(plan.num_stages, plan.micro_batches, "1f1b", warmup)
         activations = peak_bytes(schedule, self.pipeline.activation_bytes,
                                  self.pipeline.weight_gradient_bytes)
         weights = [0.0] * schedule.num_positions
+        extra = extra_weight_copies(schedule)
         for c, st in enumerate(plan.stages):
-            weights[schedule.placement[c]] += \
-                self.model.static_bytes(st.first, st.last) - DEVICE_RESERVED_BYTES
+            p = schedule.placement[c]
+            weights[p] += self.model.static_bytes(st.first, st.last) - DEVICE_RESERVED_BYTES + \
+                extra[p] * self.model.profile.parameter_bytes(st.first, st.last)
         return [DEVICE_RESERVED_BYTES + weights[p] + activations[p]
                 for p in schedule.placement]
 
@@ -353,15 +365,15 @@ class PlanCosts:
                 for i in range(costs.num_stages)]
 
     def _simulated_estimate(self, check_memory: bool) -> Estimate:
-        """The simulated iteration as the latency; phases from the first device group: until
-        its first backward, until its last forward ends, the rest."""
+        """The simulated time per global batch consumed as the latency; phases from the first
+        device group, scaled alike: until its first backward, until its last forward, the rest."""
         result = self.simulation()
-        first = result.stage_events(0)
+        first, per = result.stage_events(0), result.batch_ms / (result.iteration_ms or 1.0)
         backward = min((e.start_ms for e in first if e.kind != "forward"), default=0.0)
         last_forward = max((e.end_ms for e in first if e.kind == "forward"), default=0.0)
-        return Estimate(latency_ms=result.iteration_ms, warmup_ms=backward,
-                        steady_ms=max(last_forward - backward, 0.0),
-                        ending_ms=result.iteration_ms - max(last_forward, backward),
+        return Estimate(latency_ms=result.batch_ms, warmup_ms=backward * per,
+                        steady_ms=max(last_forward - backward, 0.0) * per,
+                        ending_ms=(result.iteration_ms - max(last_forward, backward)) * per,
                         pivot_stage=0, stages=self._stage_estimates(check_memory),
                         method="simulated")
 

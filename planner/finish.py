@@ -9,7 +9,7 @@ from typing import List, Optional
 from planner.cost_model import PlanCosts, StageModel
 from planner.plan import Plan, PlanError
 from planner.profile import Profile
-from planner.schedule import EARLY_BACKWARD, ONE_F_ONE_B, ZERO_BUBBLE_H1
+from planner.schedule import EARLY_BACKWARD, ONE_F_ONE_B, PIPEDREAM, TWO_BW, ZERO_BUBBLE_H1
 
 
 class NoPlanFits(PlanError):
@@ -27,12 +27,13 @@ def micro_batch_choices(global_batch_size: int) -> List[int]:
 
 def finish_plan(plan: Plan, profile: Profile, topology, keep_warmup: bool = False,
                 costs: Optional[PlanCosts] = None) -> Plan:
-    """Fill the derived fields: an early-backward or zb-h1 plan's K_i (policy A or B by the ACR,
-    capped by memory; kept when `keep_warmup` and the plan has them; "A" and "B" become "1f1b"),
-    estimate, topology, profile, layer names. Other schedules keep their own warm-up. The plan
-    is validated and costed once (`costs`: this plan's, when the caller has them)."""
+    """Fill the derived fields: an early-backward, zb-h1, pipedream or 2bw plan's K_i (policy A
+    or B by the ACR, capped by memory; kept when `keep_warmup` and the plan has them; "A" and
+    "B" become "1f1b"), estimate, topology, profile, layer names. Other schedules keep their
+    own warm-up. The plan is validated and costed once (`costs`: this plan's, when the caller
+    has them)."""
     costs = costs or PlanCosts(plan, profile, topology)
-    if plan.schedule in EARLY_BACKWARD + (ZERO_BUBBLE_H1,) and (
+    if plan.schedule in EARLY_BACKWARD + (ZERO_BUBBLE_H1, PIPEDREAM, TWO_BW) and (
             not keep_warmup or plan.warmup is None):
         plan.warmup = costs.warmup()[1]
         if plan.schedule in EARLY_BACKWARD:

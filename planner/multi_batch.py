@@ -29,9 +29,9 @@ from typing import Dict, List, Optional
 
 from planner.actions import (BACKWARD, BACKWARD_WEIGHT, FORWARD, UPDATE, WEIGHT_READERS, Action,
                              Schedule, ScheduleError)
-from planner.avgpipe import advance_depths, pipelines
+from planner.avgpipe import AVGPIPE, advance_depths, pipelines
 
-PIPEDREAM, TWO_BW, AVGPIPE = "pipedream", "2bw", "avgpipe"
+PIPEDREAM, TWO_BW = "pipedream", "2bw"
 RELAXED_SCHEDULES = (PIPEDREAM, TWO_BW, AVGPIPE)   # opt-in: stale or averaged weights
 DEFAULT_BATCHES = 4            # global batches one run covers (Keras's steps_per_execution)
 

@@ -9,6 +9,12 @@ then simulated (`planner.simulator`), so all are compared by simulated iteration
 (eq. 1-3) describing early backward only. Memory per device is the cost model's
 (`PlanCosts.memory`): weights, then the peak of what the schedule's lists hold
 (`planner.schedule_memory`).
+
+The relaxed schedules (pipedream, 2bw, avgpipe: `planner.multi_batch`) are put on the same plan
+and compared by simulated time per global batch over `batches` consecutive batches, but `auto`
+never takes one: their weights are stale or averaged, which a user opts in to. AvgPipe's
+advance is Algorithm 1's: raised one at a time while the simulated run gets faster and fits,
+at most ADVANCE_STEPS times (`planner.avgpipe.tune_advance`).
 """
 from __future__ import annotations
 
@@ -16,17 +22,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
+from planner.avgpipe import ADVANCE_STEPS, tune_advance
 from planner.chunking import interleave_plan
 from planner.cost_model import PlanCosts
 from planner.finish import finish_plan
 from planner.plan import Plan, PlanError
 from planner.profile import Profile
-from planner.schedule import (EARLY_BACKWARD, GPIPE, INTERLEAVED, ONE_F_ONE_B, SCHEDULES,
-                              ZERO_BUBBLE_H1, runtime_supported)
+from planner.multi_batch import (AVGPIPE, DEFAULT_BATCHES, RELAXED_SCHEDULES, UPDATE_RULES,
+                                 check_batches)
+from planner.schedule import (EARLY_BACKWARD, GPIPE, INTERLEAVED, ONE_F_ONE_B, SCHEDULES, WARMUP_SCHEDULES,
+                              ZERO_BUBBLE_H1, ScheduleError, runtime_supported)
 from planner.simulator import SimulationResult
 
 AUTO = "auto"
-CHOICES = (AUTO,) + SCHEDULES
+CHOICES = (AUTO,) + SCHEDULES + RELAXED_SCHEDULES
 DEFAULT_VIRTUAL_STAGES = 2
 # Equal iterations: the schedule the runtime runs, then the one holding less.
 TIE_ORDER = (ONE_F_ONE_B, GPIPE, ZERO_BUBBLE_H1, INTERLEAVED)
@@ -49,52 +58,92 @@ class ScheduleOption:
 
     @property
     def iteration_ms(self) -> Optional[float]:
-        return self.simulation.iteration_ms if self.simulation is not None else None
+        """Simulated time per global batch (a relaxed schedule's run over its batches)."""
+        return self.simulation.batch_ms if self.simulation is not None else None
 
     @property
     def runtime_supported(self) -> bool:
         return runtime_supported(self.name)
 
+    @property
+    def relaxed(self) -> bool:
+        return self.name in RELAXED_SCHEDULES
 
-def with_schedule(plan: Plan, name: str) -> Plan:
-    """`plan` (one stage per device group) under gpipe, 1f1b or zb-h1: the same stages, the
-    warm-up depths of early backward kept between 1f1b and zb-h1 (the same held micro-batches),
-    no estimate. Needs no cost model: per-stage costs stay valid."""
+    @property
+    def update_rule(self) -> str:
+        return UPDATE_RULES.get(self.name, "every global batch: W(t+1) = W(t) - lr grad f(W(t))")
+
+
+def with_schedule(plan: Plan, name: str, batches: Optional[int] = None) -> Plan:
+    """`plan` (one stage per device group) under gpipe, 1f1b, zb-h1 or a relaxed schedule: the
+    same stages, the warm-up depths of early backward kept among the schedules that take them
+    (the same held micro-batches), no estimate; a relaxed schedule over `batches` global
+    batches (default DEFAULT_BATCHES), AvgPipe at advance 0 (1F1B's warm-up). Needs no cost
+    model: per-stage costs stay valid (but AvgPipe's, a pipeline per replica, differ)."""
     if plan.num_positions != plan.num_stages:
         raise PlanError(f"the plan is interleaved ({plan.num_stages} chunks on "
                         f"{plan.num_positions} device groups); plan again for another schedule")
-    if name not in (GPIPE, ONE_F_ONE_B, ZERO_BUBBLE_H1):
-        raise PlanError(f"with_schedule takes gpipe, 1f1b or zb-h1, not {name!r}")
-    keep = plan.schedule in EARLY_BACKWARD + (ZERO_BUBBLE_H1,) and name != GPIPE
-    return dataclasses.replace(plan, schedule=name, warmup=plan.warmup_depths() if keep else None,
-                               virtual_stages=None, estimate=None)
+    if name not in (GPIPE, ONE_F_ONE_B, ZERO_BUBBLE_H1) + RELAXED_SCHEDULES:
+        raise PlanError(f"with_schedule takes gpipe, 1f1b, zb-h1 or "
+                        f"{', '.join(RELAXED_SCHEDULES)}, not {name!r}")
+    if batches is not None and name not in RELAXED_SCHEDULES:
+        raise PlanError(f"batches applies to {', '.join(RELAXED_SCHEDULES)}, not {name!r}")
+    relaxed = name in RELAXED_SCHEDULES
+    try:
+        check_batches(DEFAULT_BATCHES if batches is None else batches)
+    except ScheduleError as e:
+        raise PlanError(str(e)) from None
+    keep = plan.schedule in WARMUP_SCHEDULES and plan.schedule != GPIPE and \
+        name in WARMUP_SCHEDULES and name != GPIPE
+    variant = dataclasses.replace(
+        plan, schedule=name, warmup=plan.warmup_depths() if keep else None, virtual_stages=None,
+        estimate=None, batches=(batches or DEFAULT_BATCHES) if relaxed else None,
+        advance=0 if name == AVGPIPE else None, vertical_sync=None)
+    return variant.validate()
 
 
 def schedule_plan(plan: Plan, name: str, profile: Profile, topology,
-                  virtual_stages: Optional[int] = None) -> Tuple[Plan, PlanCosts]:
+                  virtual_stages: Optional[int] = None,
+                  batches: Optional[int] = None) -> Tuple[Plan, PlanCosts]:
     """(`plan`, one stage per device group, under schedule `name`, finished; its costs)."""
     if name == INTERLEAVED:
         if plan.num_positions != plan.num_stages:
             raise PlanError("the plan is interleaved already; plan again to re-cut it")
         variant = interleave_plan(plan, profile, topology,
                                   virtual_stages or DEFAULT_VIRTUAL_STAGES)
-    elif name in SCHEDULES:
-        variant = with_schedule(plan, name)
+    elif name in SCHEDULES + RELAXED_SCHEDULES:
+        variant = with_schedule(plan, name, batches)
     else:
         raise PlanError(f"unknown schedule {name!r}; use one of {CHOICES}")
+    if name == AVGPIPE:         # from early backward's warm-up, as Algorithm 1 from 1F1B's
+        start = max(plan.warmup_depths()[0] - plan.num_stages, 0) \
+            if plan.schedule in EARLY_BACKWARD else 0
+        variant.advance = tune_advance(lambda a: _avgpipe_step(variant, a, profile, topology),
+                                       variant.micro_batches, ADVANCE_STEPS, start)
     costs = PlanCosts(variant, profile, topology)
     return finish_plan(variant, profile, topology, keep_warmup=True, costs=costs), costs
 
 
+def _avgpipe_step(plan: Plan, advance: int, profile: Profile, topology) -> Tuple[float, bool]:
+    """(simulated time per global batch, fits in memory) of `plan` at `advance`, from one
+    batch: with a flush per batch, k batches take k times as long."""
+    costs = PlanCosts(dataclasses.replace(plan, advance=advance, batches=1), profile, topology)
+    fits = all(m <= topology.device_memory_bytes for m in costs.memory())
+    return costs.simulation().batch_ms, fits
+
+
 def schedule_options(plan: Plan, profile: Profile, topology,
                      virtual_stages: Optional[int] = None,
-                     names: Sequence[str] = SCHEDULES) -> List[ScheduleOption]:
-    """Each schedule of `names` on `plan`'s device groups, simulated and sized."""
+                     names: Sequence[str] = SCHEDULES + RELAXED_SCHEDULES,
+                     batches: Optional[int] = None) -> List[ScheduleOption]:
+    """Each schedule of `names` on `plan`'s device groups, simulated and sized (the relaxed
+    ones over `batches` global batches)."""
     out = []
     for name in names:
         option = ScheduleOption(name, device_memory_bytes=topology.device_memory_bytes)
         try:
-            option.plan, costs = schedule_plan(plan, name, profile, topology, virtual_stages)
+            option.plan, costs = schedule_plan(plan, name, profile, topology, virtual_stages,
+                                               batches if name in RELAXED_SCHEDULES else None)
         except PlanError as e:
             option.note = str(e)
             out.append(option)
@@ -111,8 +160,9 @@ def schedule_options(plan: Plan, profile: Profile, topology,
 
 
 def fastest(options: Sequence[ScheduleOption]) -> ScheduleOption:
-    """The option with the least simulated iteration among those that fit (ties: TIE_ORDER)."""
-    fitting = [o for o in options if o.fits]
+    """The synchronous option with the least simulated iteration among those that fit (ties:
+    TIE_ORDER); never a relaxed one."""
+    fitting = [o for o in options if o.fits and not o.relaxed]
     if not fitting:
         raise PlanError("no schedule fits in device memory: " +
                         "; ".join(f"{o.name}: {o.note}" for o in options))
@@ -122,15 +172,17 @@ def fastest(options: Sequence[ScheduleOption]) -> ScheduleOption:
 
 
 def choose_schedule(plan: Plan, profile: Profile, topology, schedule: str = ONE_F_ONE_B,
-                    virtual_stages: Optional[int] = None
+                    virtual_stages: Optional[int] = None, batches: Optional[int] = None
                     ) -> Tuple[Plan, List[ScheduleOption]]:
-    """(`plan` under `schedule`, or under the fastest that fits for "auto"; every option
-    compared). An explicit schedule that does not fit in memory is a PlanError."""
+    """(`plan` under `schedule`, or under the fastest synchronous one that fits for "auto";
+    every option compared). An explicit schedule that does not fit in memory is a PlanError."""
     if schedule not in CHOICES:
         raise PlanError(f"unknown schedule {schedule!r}; use one of {CHOICES}")
     if virtual_stages is not None and schedule not in (AUTO, INTERLEAVED):
         raise PlanError(f"virtual_stages applies to the interleaved schedule, not {schedule!r}")
-    options = schedule_options(plan, profile, topology, virtual_stages)
+    if batches is not None and schedule not in (AUTO,) + RELAXED_SCHEDULES:
+        raise PlanError(f"batches applies to {', '.join(RELAXED_SCHEDULES)}, not {schedule!r}")
+    options = schedule_options(plan, profile, topology, virtual_stages, batches=batches)
     if schedule == AUTO:
         return fastest(options).plan, options
     chosen = next(o for o in options if o.name == schedule)

@@ -24,18 +24,25 @@ from planner.actions import BACKWARD, BACKWARD_WEIGHT, UPDATE, WEIGHT_READERS, S
 
 
 def _chunk_peak(lst, chunk: int) -> int:
-    """Peak resident versions of `chunk` over the list `lst` (see the module docstring)."""
+    """Peak resident versions of `chunk` over the list `lst` (see the module docstring): one
+    sweep, a version live from the update making it to the last action reading it."""
     mine = [a for a in lst if a.chunk == chunk and (a.kind in WEIGHT_READERS or a.kind == UPDATE)]
     last_read: Dict[int, int] = {}
     for i, a in enumerate(mine):
         if a.kind != UPDATE:
             last_read[a.version or 0] = i
-    latest, peak = 0, 1
+    expiring: Dict[int, List[int]] = {}
+    for v, i in last_read.items():
+        expiring.setdefault(i, []).append(v)
+    latest, live, peak = 0, ({0} if 0 in last_read else set()), 1
     for i, a in enumerate(mine):
         if a.kind == UPDATE:
             latest = a.micro_batch + 1
-        alive = {latest} | {v for v, j in last_read.items() if v <= latest and j > i}
-        peak = max(peak, len(alive))
+            if last_read.get(latest, -1) > i:
+                live.add(latest)
+        for v in expiring.get(i, ()):
+            live.discard(v)
+        peak = max(peak, len(live) + (latest not in live))
     return peak
 
 
@@ -52,6 +59,11 @@ def weight_copies(schedule: Schedule) -> List[int]:
     chunks = [list(schedule.placement).count(p) for p in range(schedule.num_positions)]
     extra = 1 if schedule.averaging else 0
     return [v + extra * n for v, n in zip(resident_versions(schedule), chunks)]
+
+
+def extra_weight_copies(schedule: Schedule) -> List[int]:
+    """Per position, the copies beyond one per chunk: what memory adds to the weights."""
+    return [n - list(schedule.placement).count(p) for p, n in enumerate(weight_copies(schedule))]
 
 
 def staleness(schedule: Schedule) -> List[int]:

@@ -133,7 +133,7 @@ class Candidate:
     def time_ms(self) -> Optional[float]:
         """The time speedups are computed from: the simulated iteration, else the formula's."""
         if self.simulation is not None:
-            return self.simulation.iteration_ms
+            return self.simulation.batch_ms
         return self.formula_ms()
 
 
@@ -170,7 +170,8 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan: Optional[
                  planners: Optional[Sequence[Tuple[str, Callable]]] = None, memory_limit=None,
                  with_held: bool = True, even_slices: bool = False,
                  plan_space: str = "paper", schedule: Optional[str] = None,
-                 virtual_stages: Optional[int] = None) -> ReportRow:
+                 virtual_stages: Optional[int] = None, batches: Optional[int] = None
+                 ) -> ReportRow:
     """One report row: the DAPPLE plan (`best_plan`, or planned here and, when `schedule` is
     given, put under it: `planner.schedule_choice`), then each of `planners`
     ((name, function(profile, topology, global_batch_size) -> Plan) pairs; default: the
@@ -183,7 +184,7 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan: Optional[
                                 plan_space=plan_space)
         if schedule is not None:
             best_plan, options = choose_schedule(best_plan, profile, topology, schedule,
-                                                 virtual_stages)
+                                                 virtual_stages, batches)
     if planners is None:
         planners = [(a.value, functools.partial(plan_alternative, a, memory_limit=memory_limit,
                                                 even_slices=even_slices)) for a in BASELINES]

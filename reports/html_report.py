@@ -18,7 +18,7 @@ import textwrap
 from typing import List, Optional, Sequence
 
 from reports.comparison import ReportRow, speedups
-from reports.text_report import markdown_table, schedule_table
+from reports.text_report import RELAXED_CAPTION, markdown_table, relaxed_table, schedule_table
 from reports.timeline import (figure_png, held_activations_figure, held_stages, require_matplotlib,
                               timeline_figure)
 
@@ -102,7 +102,7 @@ def table_rows(rows: Sequence[ReportRow], baseline: Optional[str] = None) -> Lis
         for c in row.candidates:
             p = c.plan
             formula = c.formula_ms()
-            simulated = c.simulation.iteration_ms if c.simulation is not None else None
+            simulated = c.simulation.batch_ms if c.simulation is not None else None
             ratio = simulated / formula if (simulated is not None and formula) else None
             out.append([str(row.global_batch_size), c.name,
                         p.shape() if p is not None else "-",
@@ -160,6 +160,9 @@ def write_report(path: str, rows: Sequence[ReportRow], title: str = "dapple stra
     table = table_rows(rows, baseline)
     schedules = [(f"Schedules on the DAPPLE plan at global batch {row.global_batch_size} "
                   f"(simulated)", schedule_table(row.schedules)) for row in rows if row.schedules]
+    schedules += [(f"{RELAXED_CAPTION} (global batch {row.global_batch_size})",
+                   relaxed_table(row.schedules)) for row in rows
+                  if row.schedules and any(o.relaxed for o in row.schedules)]
     if ext == ".md":
         return _write_markdown(path, title, notes, table, pictures, schedules)
     parts = [f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}"

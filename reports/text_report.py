@@ -10,6 +10,10 @@ from planner.schedule_choice import ScheduleOption
 from reports.comparison import Alternative
 from topology.units import format_bytes
 
+RELAXED_CAPTION = ("Relaxed schedules on the same plan, opt-in: their weights are stale or "
+                   "averaged, so `--schedule=auto` never takes one; planned and simulated only, "
+                   "the dapple runtime does not run them yet")
+
 
 def _devices_by_host(plan_stage, topology) -> str:
     parts = []
@@ -21,15 +25,27 @@ def _devices_by_host(plan_stage, topology) -> str:
 
 
 def schedule_name(plan: Plan) -> str:
-    return f"{plan.schedule} (v = {plan.virtual_stages})" if plan.virtual_stages else plan.schedule
+    if plan.virtual_stages:
+        return f"{plan.schedule} (v = {plan.virtual_stages})"
+    if plan.batches:
+        parts = [f"{plan.batches} batches"]
+        if plan.advance is not None:
+            parts = [f"{plan.stages[0].replicas} pipeline(s)", f"advance {plan.advance}"] + parts
+        if plan.vertical_sync:
+            parts.append("vertical sync")
+        return f"{plan.schedule} ({', '.join(parts)})"
+    return plan.schedule
 
 
 def schedule_table(options: Sequence[ScheduleOption]) -> List[List[str]]:
-    """The schedules side by side, as text cells (header first): simulated iteration, bubble
-    (idle) fraction and peak memory of each device group, whether it fits and runs."""
+    """The synchronous schedules side by side, as text cells (header first): simulated
+    iteration, bubble (idle) fraction and peak memory of each device group, whether it fits
+    and runs."""
     out = [["schedule", "simulated ms", "bubble per device group", "peak memory per device group",
             "fits", "dapple runtime"]]
     for o in options:
+        if o.relaxed:
+            continue
         name = schedule_name(o.plan) if o.plan is not None else o.name
         if o.simulation is None:
             out.append([name, "-", "-", "-", f"no: {o.note}", "-"])
@@ -40,6 +56,30 @@ def schedule_table(options: Sequence[ScheduleOption]) -> List[List[str]]:
                     f"{100 * o.simulation.bubble_fraction:.1f}% ({bubbles})", memory,
                     "yes" if o.fits else f"no: {o.note}",
                     "runs" if o.runtime_supported else "planned and simulated only"])
+    return out
+
+
+def relaxed_table(options: Sequence[ScheduleOption]) -> List[List[str]]:
+    """The relaxed schedules side by side (header first): simulated time per global batch over
+    their batches, bubble, weight copies and peak memory per device group, whether it fits,
+    the update rule and how stale each device group's gradients are."""
+    out = [["schedule (opt-in)", "ms per global batch", "bubble per device group",
+            "weight copies per device group", "peak memory per device group", "fits",
+            "update rule", "staleness per device group (updates)"]]
+    for o in options:
+        if not o.relaxed:
+            continue
+        if o.simulation is None:
+            out.append([o.name, "-", "-", "-", "-", f"no: {o.note}", o.update_rule, "-"])
+            continue
+        stages = o.simulation.stages
+        out.append([schedule_name(o.plan), f"{o.iteration_ms:.1f}",
+                    f"{100 * o.simulation.bubble_fraction:.1f}% (" +
+                    ", ".join(f"{100 * s.bubble_fraction:.0f}%" for s in stages) + ")",
+                    ", ".join(str(s.weight_copies) for s in stages),
+                    ", ".join(format_bytes(m) for m in o.memory_bytes),
+                    "yes" if o.fits else f"no: {o.note}", o.update_rule,
+                    ", ".join(str(s.staleness) for s in stages)])
     return out
 
 
@@ -83,6 +123,9 @@ def strategy_report(plan: Plan, profile, topology,
     if schedules:
         lines += ["Schedules on this plan's device groups and micro-batches (simulated):", ""]
         lines += markdown_table(schedule_table(schedules)) + [""]
+        if any(o.relaxed for o in schedules):
+            lines += [RELAXED_CAPTION + ":", ""]
+            lines += markdown_table(relaxed_table(schedules)) + [""]
     if alternatives:
         lines += ["| plan | shape | micro-batches | latency ms | vs this plan |", "|---|---|---|---|---|"]
         lines.append(f"| this plan (DAPPLE) | {plan.shape()} | {plan.micro_batches} | "

@@ -7,12 +7,16 @@
     dapple plan --evaluate=plan.json --profile=FILE --topology=SPEC [--format=json]
     dapple plan ... --compute_dtype=float16     # activations in 16 bits (mixed precision)
     dapple plan ... --schedule=auto|gpipe|1f1b|interleaved|zb-h1 [--virtual_stages=V]
+    dapple plan ... --schedule=pipedream|2bw|avgpipe [--batches=K]
 
 --schedule: the search plans under early backward (1f1b, the default); another schedule is then
 put on the same device groups and micro-batches (interleaved re-cuts the layers into V chunks
 per group), and `auto` takes the one the simulator finds fastest among those that fit in
 memory (`planner.schedule_choice`). The text report shows all of them side by side. The dapple
-runtime runs gpipe and 1f1b; interleaved and zb-h1 are planned and simulated only.
+runtime runs gpipe and 1f1b; interleaved and zb-h1 are planned and simulated only. The relaxed
+schedules pipedream, 2bw and avgpipe (stale or averaged weights, over K consecutive global
+batches, `planner.multi_batch`) are listed as alternatives and taken only when named: `auto`
+never picks one, and the runtime does not run them yet.
 
 With --format=json stdout is the Plan JSON and nothing else. --compute_dtype rescales the
 profile's activation bytes (every layer's output, so boundary transfers and activation memory)
@@ -49,10 +53,15 @@ flags.DEFINE_string("compute_dtype", None,
                     "precision); scales the profile's activation bytes by its size over that of "
                     "the profile's own compute dtype (graph.txt profiles: float32). Default: the "
                     "profile's")
-flags.DEFINE_enum("schedule", None, ["auto", "gpipe", "1f1b", "interleaved", "zb-h1"],
+flags.DEFINE_enum("schedule", None, ["auto", "gpipe", "1f1b", "interleaved", "zb-h1",
+                                      "pipedream", "2bw", "avgpipe"],
                   "schedule of the plan (default 1f1b, DAPPLE's early backward; with "
-                  "--evaluate, the plan's own): auto picks the fastest that fits in memory by "
-                  "the simulator; the text report compares them all")
+                  "--evaluate, the plan's own): auto picks the fastest synchronous one that "
+                  "fits in memory by the simulator; pipedream, 2bw and avgpipe (stale or "
+                  "averaged weights) only when named; the text report compares them all")
+flags.DEFINE_integer("batches", None,
+                     "consecutive global batches one run of a relaxed schedule (pipedream, 2bw, "
+                     "avgpipe) covers, without a flush between them (default 4)")
 flags.DEFINE_integer("virtual_stages", None,
                      "chunks per device group of the interleaved schedule (default 2)")
 flags.DEFINE_bool("even_slices", False,
@@ -82,6 +91,10 @@ def main(argv) -> None:
         _fail(f"--virtual_stages must be a positive integer, got {FLAGS.virtual_stages}")
     if FLAGS.virtual_stages is not None and FLAGS.schedule not in ("auto", "interleaved"):
         _fail("--virtual_stages applies to --schedule=interleaved (or auto)")
+    if FLAGS.batches is not None and FLAGS.schedule not in ("auto", "pipedream", "2bw",
+                                                              "avgpipe"):
+        _fail("--batches applies to --schedule=pipedream, 2bw or avgpipe (or auto, for the "
+              "report)")
     if FLAGS.evaluate and FLAGS.schedule:
         _fail("--evaluate keeps the plan's schedule (its \"schedule\" object); --schedule "
               "applies when planning")
@@ -181,7 +194,8 @@ def _plan(profile, topo) -> None:
 def _scheduled(plan, profile, topo):
     """(the plan under --schedule, every schedule compared on it)."""
     from planner.schedule_choice import choose_schedule
-    return choose_schedule(plan, profile, topo, FLAGS.schedule or "1f1b", FLAGS.virtual_stages)
+    return choose_schedule(plan, profile, topo, FLAGS.schedule or "1f1b", FLAGS.virtual_stages,
+                           FLAGS.batches)
 
 
 def _report(profile, topo, sizes) -> None:
@@ -195,7 +209,8 @@ def _report(profile, topo, sizes) -> None:
         _fail(f"--report={FLAGS.report}: {e}")
     rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
                          plan_space=FLAGS.plan_space, schedule=FLAGS.schedule or "1f1b",
-                         virtual_stages=FLAGS.virtual_stages) for gbs in sizes]
+                         virtual_stages=FLAGS.virtual_stages, batches=FLAGS.batches)
+            for gbs in sizes]
     written = write_report(FLAGS.report, rows, title=f"{profile.name} on {topo.describe()}",
                            notes=[f"Topology: {topo.links_source()}."])
     print(f"strategy report written to {', '.join(written)}", file=sys.stderr)

@@ -5,11 +5,16 @@
     dapple simulate --plan=plan.json --costs=costs.json --held_output=held.png
     dapple simulate --plan=plan.json --costs=costs.json --schedule=zb-h1
     dapple simulate --plan=plan.json --profile=... --topology=... --schedule=auto
+    dapple simulate --plan=plan.json --costs=costs.json --schedule=2bw --batches=4
 
---schedule puts the plan's stages under another schedule before simulating (gpipe, 1f1b and
-zb-h1 keep the stages, so --costs works; interleaved re-cuts the layers into --virtual_stages
-chunks per device group and auto compares all of them, which both need --profile and
---topology: `planner.schedule_choice`).
+--schedule puts the plan's stages under another schedule before simulating (gpipe, 1f1b, zb-h1,
+pipedream, 2bw and avgpipe keep the stages, so --costs works; interleaved re-cuts the layers
+into --virtual_stages chunks per device group and auto compares all of them, which both need
+--profile and --topology: `planner.schedule_choice`). The relaxed schedules (pipedream, 2bw,
+avgpipe) run --batches consecutive global batches (default 4) as one run; the results give the
+run and its time per global batch. With --costs, an avgpipe plan keeps its advance (0 when put
+under avgpipe here) and the costs are one pipeline's; with --profile and --topology the
+advance is tuned as AvgPipe's Algorithm 1 does.
 
 Durations come from `planner.cost_model.pipeline_costs(plan, profile, topology)`, or from a
 `--costs` JSON file holding `PipelineCosts` fields (hand-made costs, or measured ones). Planner
@@ -17,6 +22,7 @@ only: never imports TensorFlow.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -39,9 +45,13 @@ flags.DEFINE_string("output", None, "write the timeline picture here (.png, .svg
 flags.DEFINE_string("held_output", None,
                     "write a picture of activations held over time, GPipe against early "
                     "backward (the paper's Fig. 3c), here")
-flags.DEFINE_enum("schedule", None, ["auto", "gpipe", "1f1b", "interleaved", "zb-h1"],
+flags.DEFINE_enum("schedule", None, ["auto", "gpipe", "1f1b", "interleaved", "zb-h1",
+                                      "pipedream", "2bw", "avgpipe"],
                   "simulate the plan's stages under this schedule instead of the plan's own "
-                  "(auto: the fastest that fits in memory, the others compared)")
+                  "(auto: the fastest synchronous one that fits in memory, all compared)")
+flags.DEFINE_integer("batches", None,
+                     "consecutive global batches a relaxed schedule (pipedream, 2bw, avgpipe) "
+                     "runs without a flush (default: the plan's, else 4)")
 flags.DEFINE_integer("virtual_stages", None,
                      "chunks per device group for --schedule=interleaved (default 2)")
 flags.DEFINE_enum("link_duplex", "full", ["full", "half"],
@@ -98,21 +108,28 @@ def costs_for(plan):
     return pipeline_costs(plan, profile, topology)
 
 
+RELAXED = ("pipedream", "2bw", "avgpipe")
+
+
 def rescheduled(plan):
     """(the plan under --schedule, the schedules compared when auto chose: else None)."""
-    name, v = FLAGS.schedule, FLAGS.virtual_stages
+    name, v, k = FLAGS.schedule, FLAGS.virtual_stages, FLAGS.batches
     if v is not None and name not in ("auto", "interleaved"):
         raise UsageError("--virtual_stages applies to --schedule=interleaved (or auto)")
+    if k is not None and (name or plan.schedule) not in RELAXED + ("auto",):
+        raise UsageError("--batches applies to the relaxed schedules: pipedream, 2bw, avgpipe")
     if name is None or (name == plan.schedule and v in (None, plan.virtual_stages)):
+        if k is not None:
+            plan = dataclasses.replace(plan, batches=k).validate()
         return plan, None
     from planner.schedule_choice import choose_schedule, with_schedule
-    if name in ("gpipe", "1f1b", "zb-h1"):
-        return with_schedule(plan, name), None
+    if name in ("gpipe", "1f1b", "zb-h1") + RELAXED and (name != "avgpipe" or FLAGS.costs):
+        return with_schedule(plan, name, k), None
     if FLAGS.costs:
         raise UsageError(f"--schedule={name} needs the cost model (interleaved re-cuts the "
                          f"layers): pass --profile and --topology instead of --costs")
     profile, topology = profile_and_topology(f"--schedule={name}")
-    chosen, options = choose_schedule(plan, profile, topology, name, v)
+    chosen, options = choose_schedule(plan, profile, topology, name, v, k)
     return chosen, options if name == "auto" else None
 
 
@@ -122,6 +139,11 @@ def format_text(plan, result) -> str:
              f"micro-batches, schedule {plan.schedule}{v}, warm-up K = {plan.warmup_depths()}",
              f"iteration {result.iteration_ms:.3f} ms, bubble fraction "
              f"{result.bubble_fraction:.3f} (links {result.link_duplex} duplex)"]
+    if result.batches > 1 or result.pipelines > 1:
+        lines.append(f"{result.batches} global batches x {result.pipelines} pipeline(s) in the "
+                     f"run: {result.batch_ms:.3f} ms per global batch; weight copies "
+                     f"{[s.weight_copies for s in result.stages]}, staleness (updates) "
+                     f"{[s.staleness for s in result.stages]}")
     if plan.estimate is not None and plan.estimate.method == "formula":
         formula = plan.estimate.latency_ms
         lines.append(f"formula (eq. 1-3) in the plan: {formula:.3f} ms; simulated / formula = "

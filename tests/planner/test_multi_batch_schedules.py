@@ -169,14 +169,18 @@ def test_weight_copies_and_staleness_per_stage_by_hand(S, M):
 
 
 def test_avgpipe_runs_ahead_on_every_stage_but_the_last():
+    # K_s = min(S - s + floor(advance (S - 1 - s) / (S - 1)), M), the last stage 1. By hand,
+    # S = 4, M = 8: advance 2 adds 2, 4 // 3 = 1 and 2 // 3 = 0 forwards to stages 0, 1, 2.
     from planner.avgpipe import advance_depths
-    from planner.schedule import first_backward_depths
+    from planner.schedule import first_backward_depths, warmup_depths
     assert advance_depths(4, 8, 0) == [4, 3, 2, 1]             # 1F1B (Algorithm 1's start)
-    assert advance_depths(4, 8, 2) == [6, 5, 4, 1]
-    assert advance_depths(4, 8, 8) == [8, 8, 8, 1]             # all forwards first (AFAB)
+    assert advance_depths(4, 8, 2) == [6, 4, 2, 1]
+    assert advance_depths(4, 8, 3) == [7, 5, 3, 1] == warmup_depths("B", 4, 8)
+    assert advance_depths(4, 8, 24) == [8, 8, 8, 1]            # all forwards first (AFAB)
+    assert advance_depths(2, 8, 1) == [3, 1]                   # the paper's Fig. 7(c)
     schedule = build_schedule("avgpipe", 4, 8, batches=2, advance=2)
-    assert first_backward_depths(schedule) == [6, 5, 4, 1]
-    assert replay(schedule).peak_held == [6, 5, 4, 1]
+    assert first_backward_depths(schedule) == [6, 4, 2, 1]
+    assert replay(schedule).peak_held == [6, 4, 2, 1]
 
 
 @pytest.mark.parametrize("call,message", [
