@@ -14,7 +14,9 @@ Expected: GPipe holds all M micro-batches' activations before the first backward
 grows with M; early backward (policy A) holds at most K_0 = 2 on stage 0 and 1 on stage 1, so
 its peak stays flat. Interleaved (v = 2: the same layers in 4 chunks, chunk c on device c % 2)
 warms up with 2(S - 1) + (v - 1) g chunk forwards (g: micro-batches per group, 2 or 3 here),
-each of half a stage: also flat, a little above early backward. Prints the table and ratios.
+each of half a stage: also flat, a little above early backward. zb-h1 holds full activations
+as early backward does, plus what W still needs (the weight-using ops' inputs and output
+gradients) for up to s + 1 micro-batches on stage s. Prints the table and ratios.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ flags.DEFINE_integer("micro_batch", 64, "rows per micro-batch (fixed while M gro
 flags.DEFINE_integer("width", 4096, "features of every activation")
 flags.DEFINE_integer("layers", 6, "LayerNormalization+tanh pairs per stage")
 flags.DEFINE_list("micro_batches", ["2", "4", "8", "16"], "values of M")
-flags.DEFINE_list("schedules", ["gpipe", "A", "interleaved"],
+flags.DEFINE_list("schedules", ["gpipe", "A", "zb-h1", "interleaved"],
                   "schedules to compare (interleaved: v = 2 chunks per device)")
 
 MB = 2 ** 20
@@ -95,7 +97,7 @@ def main(argv):
         for s in FLAGS.schedules:
             results[s][M] = step_peak_bytes(s, M)
     names = {"gpipe": "GPipe", "A": "early backward (A)", "B": "early backward (B)",
-             "interleaved": "interleaved (v=2)"}
+             "interleaved": "interleaved (v=2)", "zb-h1": "zb-h1"}
     header = f"{'schedule':<20}" + "".join(f"{'M=' + str(M):>12}" for M in Ms)
     print("\npeak memory of one training step above the live baseline (MiB)")
     print(header)
@@ -108,6 +110,10 @@ def main(argv):
         if 4 in results[s] and 16 in results[s]:
             print(f"{names.get(s, s)}: peak at M=16 / M=4 = "
                   f"{results[s][16] / results[s][4]:.2f}")
+    if "zb-h1" in results and "A" in results:
+        worst = max(results["zb-h1"][M] / results["A"][M] for M in Ms if M >= 4)
+        print(f"zb-h1 / early backward, worst for M >= 4: {worst:.2f} (target <= 1.15: "
+              f"{'met' if worst <= 1.15 else 'NOT met'})")
     if "A" in results and 4 in results["A"] and 16 in results["A"]:
         growth = results["A"][16] / results["A"][4] - 1
         print(f"early backward flat within 10% from M=4 to 16: "
