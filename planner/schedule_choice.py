@@ -30,8 +30,9 @@ from planner.plan import Plan, PlanError
 from planner.profile import Profile
 from planner.multi_batch import (AVGPIPE, DEFAULT_BATCHES, RELAXED_SCHEDULES, UPDATE_RULES,
                                  check_batches)
-from planner.schedule import (EARLY_BACKWARD, GPIPE, INTERLEAVED, ONE_F_ONE_B, SCHEDULES, WARMUP_SCHEDULES,
-                              ZERO_BUBBLE_H1, ScheduleError, runtime_supported)
+from planner.schedule import (EARLY_BACKWARD, GPIPE, INTERLEAVED, ONE_F_ONE_B, SCHEDULES,
+                              WARMUP_SCHEDULES, ZERO_BUBBLE_H1, ScheduleError,
+                              runtime_supported)
 from planner.simulator import SimulationResult
 
 AUTO = "auto"
@@ -78,7 +79,8 @@ def with_schedule(plan: Plan, name: str, batches: Optional[int] = None) -> Plan:
     """`plan` (one stage per device group) under gpipe, 1f1b, zb-h1 or a relaxed schedule: the
     same stages, the warm-up depths of early backward kept among the schedules that take them
     (the same held micro-batches), no estimate; a relaxed schedule over `batches` global
-    batches (default DEFAULT_BATCHES), AvgPipe at advance 0 (1F1B's warm-up). Needs no cost
+    batches (default: the plan's, else DEFAULT_BATCHES), AvgPipe at advance 0 (1F1B's
+    warm-up), PipeDream's vertical sync kept from a pipedream plan. Needs no cost
     model: per-stage costs stay valid (but AvgPipe's, a pipeline per replica, differ)."""
     if plan.num_positions != plan.num_stages:
         raise PlanError(f"the plan is interleaved ({plan.num_stages} chunks on "
@@ -95,10 +97,12 @@ def with_schedule(plan: Plan, name: str, batches: Optional[int] = None) -> Plan:
         raise PlanError(str(e)) from None
     keep = plan.schedule in WARMUP_SCHEDULES and plan.schedule != GPIPE and \
         name in WARMUP_SCHEDULES and name != GPIPE
+    same = name == plan.schedule           # a relaxed plan keeps its batches and vertical sync
     variant = dataclasses.replace(
         plan, schedule=name, warmup=plan.warmup_depths() if keep else None, virtual_stages=None,
-        estimate=None, batches=(batches or DEFAULT_BATCHES) if relaxed else None,
-        advance=0 if name == AVGPIPE else None, vertical_sync=None)
+        estimate=None, batches=(batches or plan.batches or DEFAULT_BATCHES) if relaxed else None,
+        advance=0 if name == AVGPIPE else None,
+        vertical_sync=plan.vertical_sync if same else None)
     return variant.validate()
 
 

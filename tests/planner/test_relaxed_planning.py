@@ -146,3 +146,19 @@ def test_the_runtime_refuses_the_relaxed_schedules_clearly():
         assert str(info.value).startswith(f"the plan's schedule '{name}' is planned and "
                                           f"simulated, but the dapple runtime runs only gpipe, "
                                           f"1f1b, A, B")
+
+
+def test_a_relaxed_plan_put_under_a_schedule_keeps_its_run():
+    # `dapple plan --evaluate` compares the schedules on a plan; a relaxed plan's batches (and a
+    # pipedream plan's vertical sync) carry over, the defaults fill in elsewhere.
+    plan = with_schedule(two_stages(), "pipedream", batches=2)
+    plan.vertical_sync = True
+    again = with_schedule(plan, "pipedream")
+    assert (again.batches, again.vertical_sync) == (2, True)
+    two = with_schedule(plan, "2bw")
+    assert (two.batches, two.vertical_sync, two.warmup) == (2, None, [2, 1])
+    one = with_schedule(plan, "1f1b")
+    assert (one.batches, one.vertical_sync, one.advance) == (None, None, None)
+    assert with_schedule(two_stages(), "2bw").batches == 4
+    with pytest.raises(PlanError, match="batches applies to pipedream, 2bw, avgpipe"):
+        with_schedule(plan, "zb-h1", batches=2)
