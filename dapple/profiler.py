@@ -12,6 +12,9 @@ the positions a Plan's `layers: [first, last]` refer to. For each layer:
   `runs` times, the median kept. Backward is measured as (forward + gradients of the outputs
   with respect to the float inputs and trainable weights) minus forward, since TensorFlow 2 has
   no separate backward to time; it is floored at 1 microsecond when noise makes it smaller.
+* `input_gradient_ms`: the part of the backward that is the input gradient (I of a split
+  backward): (forward + gradients of the float inputs only) minus forward, kept between 0 and
+  `backward_ms`; the weight gradient (W) is the rest.
   A layer called several times (shared) counts all its calls, at its own (first call's)
   position.
 * `output_bytes`: the outputs of the calls made at this position (`model_graph.call_positions`:
@@ -65,26 +68,33 @@ def _time_node(node, args, kwargs, warmup: int, runs: int):
     def forward():
         return layer(*args, **kwargs)
 
-    @tf.function
-    def forward_backward():
-        with tf.GradientTape() as tape:
-            for t in float_inputs:
-                tape.watch(t)
-            outputs = layer(*args, **kwargs)
-        targets = [o for o in tf.nest.flatten(outputs) if o.dtype.is_floating]
-        sources = float_inputs + list(layer.trainable_variables)
-        if not targets or not sources:
-            return outputs
-        grads = tape.gradient(targets, sources, output_gradients=[tf.ones_like(o) for o in targets],
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return grads
+    def forward_and_gradients(weights: bool):
+        @tf.function
+        def run():
+            with tf.GradientTape() as tape:
+                for t in float_inputs:
+                    tape.watch(t)
+                outputs = layer(*args, **kwargs)
+            targets = [o for o in tf.nest.flatten(outputs) if o.dtype.is_floating]
+            sources = float_inputs + (list(layer.trainable_variables) if weights else [])
+            if not targets or not sources:
+                return outputs
+            return tape.gradient(targets, sources,
+                                 output_gradients=[tf.ones_like(o) for o in targets],
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return run
 
     has_backward = bool(float_inputs or layer.trainable_variables)
     forward_ms = median_ms(forward, warmup, runs)
     if not has_backward:
-        return forward_ms, 0.0
-    total_ms = median_ms(forward_backward, warmup, runs)
-    return forward_ms, max(total_ms - forward_ms, MIN_BACKWARD_MS)
+        return forward_ms, 0.0, 0.0
+    backward_ms = max(median_ms(forward_and_gradients(True), warmup, runs) - forward_ms,
+                      MIN_BACKWARD_MS)
+    # I: the input gradients alone (the weight products go unused and are pruned); W = B - I.
+    input_ms = 0.0
+    if float_inputs:
+        input_ms = median_ms(forward_and_gradients(False), warmup, runs) - forward_ms
+    return forward_ms, backward_ms, min(max(input_ms, 0.0), backward_ms)
 
 
 def measure_profile(model: tf.keras.Model, x, name: Optional[str] = None, warmup: int = 2,
@@ -120,6 +130,7 @@ def measure_profile(model: tf.keras.Model, x, name: Optional[str] = None, warmup
     threads = tf.config.threading.get_intra_op_parallelism_threads()
     layers = [Layer(name=layer.name, type=type(layer).__name__,
                     forward_ms=float(s["forward_ms"]), backward_ms=float(s["backward_ms"]),
+                    input_gradient_ms=float(s["input_gradient_ms"]),
                     output_bytes=float(s["output_bytes"]), parameter_bytes=float(own_bytes[p]),
                     inputs=tuple(s["inputs"]))
               for p, (layer, s) in enumerate(zip(order, stats))]
@@ -171,17 +182,19 @@ def _measure(model, order, values, producer, warmup, runs) -> List[dict]:
     """Run the model call by call on concrete tensors, timing each call on its own inputs.
     Times go to the layer's position; outputs and inputs to the call's position."""
     position = {id(layer): p for p, layer in enumerate(order)}
-    stats = [{"forward_ms": 0.0, "backward_ms": 0.0, "output_bytes": 0, "inputs": []}
+    stats = [{"forward_ms": 0.0, "backward_ms": 0.0, "input_gradient_ms": 0.0,
+              "output_bytes": 0, "inputs": []}
              for _ in order]
     for node, q in call_positions(model):
         args, kwargs = _node_call(node, values)
         outputs = node.layer(*args, **kwargs)
         for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
             values[tid] = y
-        forward_ms, backward_ms = _time_node(node, args, kwargs, warmup, runs)
+        forward_ms, backward_ms, input_ms = _time_node(node, args, kwargs, warmup, runs)
         s = stats[position[id(node.layer)]]
         s["forward_ms"] += forward_ms
         s["backward_ms"] += backward_ms
+        s["input_gradient_ms"] += input_ms
         s = stats[q]
         s["output_bytes"] += _nbytes(outputs)
         for tid in node.flat_input_ids:

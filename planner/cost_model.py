@@ -239,24 +239,13 @@ def to_pipeline_costs(stages: Sequence[StageCost], activation_bytes: Sequence[fl
                          weight_gradient_bytes=list(weight_gradient_bytes))
 
 
-def activation_communication_ratio(costs: PipelineCosts) -> float:
-    """ACR (DAPPLE §V-C, Table V): mean boundary send time (both directions) over mean stage
-    compute time (forward + backward)."""
-    if costs.num_stages < 2:
-        return 0.0
-    comm = sum(f + b for f, b in zip(costs.send_forward_ms, costs.send_backward_ms))
-    comm /= costs.num_stages - 1
-    compute = sum(f + b for f, b in zip(costs.forward_ms, costs.backward_ms)) / costs.num_stages
-    return comm / compute if compute > 0 else 0.0
-
-
 def warmup_for(costs: PipelineCosts, caps: Sequence[int], M: int) -> Tuple[str, List[int]]:
     """(policy, K_i) from a plan's costs and each stage's memory cap D_i (values below 1 count
     as 1): policy B when the ACR reaches POLICY_B_MIN_ACR, else A; K_i = min(the policy's
     depth, D_i), kept non-increasing. The search and `choose_warmup` both use it, so a plan's
     latency (which depends on K) is the same whoever computes it."""
     S = costs.num_stages
-    policy = "B" if S > 1 and activation_communication_ratio(costs) >= POLICY_B_MIN_ACR else "A"
+    policy = "B" if S > 1 and costs.activation_communication_ratio() >= POLICY_B_MIN_ACR else "A"
     capped, running = [], M
     for k, d in zip(warmup_depths(policy, S, M), caps):
         running = min(running, k, max(1, d))
@@ -294,6 +283,8 @@ class PlanCosts:
         self.pipeline = to_pipeline_costs(
             self.stages, *[[f(st.first, st.last, sum(c)) for st, c in zip(plan.stages, lanes)]
                            for f in (model.activation_bytes, model.weight_gradient_bytes)])
+        self.pipeline.input_gradient_ms = [s.backward_ms * profile.input_gradient_fraction(
+            st.first, st.last) for s, st in zip(self.stages, plan.stages)]
         self._simulation: Optional[SimulationResult] = None
 
     def simulation(self) -> SimulationResult:

@@ -23,6 +23,19 @@ class PipelineCosts:
     # Per stage, one micro-batch after I of a split backward, until its W: what W reads. Empty:
     # the same as activation_bytes (nothing freed before W).
     weight_gradient_bytes: List[float] = field(default_factory=list)
+    # Per stage, the part of backward_ms that is I of a split backward (W is the rest). Empty:
+    # half of it.
+    input_gradient_ms: List[float] = field(default_factory=list)
+
+    def activation_communication_ratio(self) -> float:
+        """ACR (DAPPLE §V-C, Table V): mean boundary send time (both directions) over mean
+        stage compute time (forward + backward)."""
+        if self.num_stages < 2:
+            return 0.0
+        comm = sum(f + b for f, b in zip(self.send_forward_ms, self.send_backward_ms))
+        comm /= self.num_stages - 1
+        compute = sum(f + b for f, b in zip(self.forward_ms, self.backward_ms)) / self.num_stages
+        return comm / compute if compute > 0 else 0.0
 
     @property
     def num_stages(self) -> int:
@@ -34,7 +47,7 @@ class PipelineCosts:
             if len(getattr(self, name)) != S:
                 raise ValueError(f"PipelineCosts.{name} has {len(getattr(self, name))} entries "
                                  f"for {S} stages")
-        for name in ("activation_bytes", "weight_gradient_bytes"):
+        for name in ("activation_bytes", "weight_gradient_bytes", "input_gradient_ms"):
             if getattr(self, name) and len(getattr(self, name)) != S:
                 raise ValueError(f"PipelineCosts.{name} has {len(getattr(self, name))} entries "
                                  f"for {S} stages (or leave it empty)")

@@ -59,6 +59,9 @@ class Layer:
     output_bytes: float
     parameter_bytes: float
     inputs: tuple = ()          # positions of producer layers; -1 = a model input
+    # The part of backward_ms that is the input gradient (I of a split backward); None when
+    # not measured (graph.txt profiles): half of it is assumed.
+    input_gradient_ms: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,15 @@ class Profile:
     def backward_ms(self, first: int, last: int) -> float:
         return self._backward_prefix[last + 1] - self._backward_prefix[first]
 
+    def input_gradient_fraction(self, first: int, last: int) -> float:
+        """The share of layers first..last's backward that is the input gradient (I): measured
+        where the profile has it, half of each other layer's backward."""
+        backward = self.backward_ms(first, last)
+        if backward <= 0:
+            return 0.5
+        return sum(l.backward_ms / 2 if l.input_gradient_ms is None else l.input_gradient_ms
+                   for l in self.layers[first:last + 1]) / backward
+
     def parameter_bytes(self, first: int, last: int) -> float:
         """Parameters a stage of layers first..last holds: its layers' own, plus each shared
         entry with a position in the range, once. O(shared entries)."""
@@ -152,7 +164,9 @@ class Profile:
             raise ProfileError(f"cannot scale a profile to batch {batch_size}")
         r = batch_size / self.batch_size
         layers = [Layer(l.name, l.type, l.forward_ms * r, l.backward_ms * r, l.output_bytes * r,
-                        l.parameter_bytes, l.inputs) for l in self.layers]
+                        l.parameter_bytes, l.inputs,
+                        None if l.input_gradient_ms is None else l.input_gradient_ms * r)
+                  for l in self.layers]
         return Profile(name=self.name, batch_size=batch_size, layers=layers,
                        input_bytes=self.input_bytes * r, model_signature=self.model_signature,
                        device=self.device, source=self.source,
@@ -170,7 +184,7 @@ class Profile:
             return self
         r = DTYPE_BYTES[dtype] / DTYPE_BYTES[self.compute_dtype]
         layers = [Layer(l.name, l.type, l.forward_ms, l.backward_ms, l.output_bytes * r,
-                        l.parameter_bytes, l.inputs) for l in self.layers]
+                        l.parameter_bytes, l.inputs, l.input_gradient_ms) for l in self.layers]
         return Profile(name=self.name, batch_size=self.batch_size, layers=layers,
                        input_bytes=self.input_bytes, model_signature=self.model_signature,
                        device=self.device, source=self.source,
@@ -192,6 +206,9 @@ class Profile:
                          "backward_ms": l.backward_ms, "output_bytes": l.output_bytes,
                          "parameter_bytes": l.parameter_bytes, "inputs": list(l.inputs)}
                         for l in self.layers]}
+        for entry, l in zip(d["layers"], self.layers):
+            if l.input_gradient_ms is not None:
+                entry["input_gradient_ms"] = l.input_gradient_ms
         if self.model_signature:
             d["model_signature"] = self.model_signature
         d["compute_dtype"] = self.compute_dtype
@@ -218,6 +235,9 @@ class Profile:
                           for e in self.shared_parameters])
         if self.compute_dtype != "float32":
             canon.append(self.compute_dtype)
+        if any(l.input_gradient_ms is not None for l in self.layers):
+            canon.append([None if l.input_gradient_ms is None else round(l.input_gradient_ms, 9)
+                          for l in self.layers])
         return hashlib.sha256(json.dumps(canon, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -312,6 +332,13 @@ def parse_native_json(text: str, path: str = "<string>", batch_size: Optional[fl
             if not -1 <= x < i:
                 raise ProfileError(f"{where} ({l.get('name', '?')}): input {x} is not an earlier "
                                    f"layer position or -1 (a model input)")
+        if "input_gradient_ms" in l:
+            vals["input_gradient_ms"] = number_field(str(l["input_gradient_ms"]), where,
+                                                     "input_gradient_ms")
+            if not 0 <= vals["input_gradient_ms"] <= vals["backward_ms"]:
+                raise ProfileError(f"{where} ({l.get('name', '?')}): input_gradient_ms "
+                                   f"{vals['input_gradient_ms']} must be between 0 and "
+                                   f"backward_ms ({vals['backward_ms']})")
         layers.append(Layer(name=str(l.get("name", f"layer{i}")), type=str(l.get("type", "")),
                             inputs=tuple(inputs), **vals))
     shared = d.get("shared_parameters", [])

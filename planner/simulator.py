@@ -13,7 +13,8 @@ Model (decisions a newcomer needs):
   durations, one entry per chunk). A position runs its list strictly in order.
 * An action starts when its position is free and everything it reads is done
   (`planner.lowering.needs`). Compute takes the cost model's time; a split backward's I and W
-  take half the backward each until profiles measure them (a graph.txt profile has only B).
+  split the backward as the profile measured it (`dapple.profile` does), half and half for a
+  graph.txt profile, which has only B.
 * A send costs its position nothing: the transfer starts on its link when the link is free;
   transfers on one link run one at a time, first ready first served (ties: first produced).
   A receive completes when its transfer arrives. A link joins two positions; it is full
@@ -310,7 +311,9 @@ def _duration(action: Action, costs: PipelineCosts) -> float:
     if action.kind == BACKWARD:
         return costs.backward_ms[c]
     if action.kind in (BACKWARD_INPUT, BACKWARD_WEIGHT):
-        return costs.backward_ms[c] / 2     # until profiles measure the split: I = W = B / 2
+        # I as the profile measured it (`input_gradient_ms`), else half of B; W the rest.
+        i = costs.input_gradient_ms[c] if costs.input_gradient_ms else costs.backward_ms[c] / 2
+        return i if action.kind == BACKWARD_INPUT else costs.backward_ms[c] - i
     if action.kind == ALLREDUCE:
         return costs.allreduce_ms[c]
     return 0.0                              # sends and receives: the link's time is the transfer

@@ -58,6 +58,8 @@ def test_profile_of_a_model_with_a_skip_connection(tmp_path):
     assert [list(l.inputs) for l in prof.layers] == [[-1], [0], [0, 1], [2]]
     assert prof.input_bytes == 8 * 6 * 4
     assert all(l.forward_ms > 0 and l.backward_ms > 0 for l in prof.layers)
+    # I, the input-gradient part of each backward, measured on its own (W is the rest).
+    assert all(0 <= l.input_gradient_ms <= l.backward_ms for l in prof.layers)
     assert prof.model_signature == model_signature(model)
     # The cut after "a" carries a's output (b and c read it); after "b" both a's and b's.
     assert prof.boundary_bytes(0) == 8 * 4 * 4
@@ -70,6 +72,8 @@ def test_profile_of_a_model_with_a_skip_connection(tmp_path):
     again = load_profile(out)
     assert [l.output_bytes for l in again.layers] == [l.output_bytes for l in prof.layers]
     assert [l.forward_ms for l in again.layers] == [l.forward_ms for l in prof.layers]
+    assert [l.input_gradient_ms for l in again.layers] == \
+        [l.input_gradient_ms for l in prof.layers]
 
 
 def test_profile_of_integer_inputs_and_an_embedding():
@@ -82,6 +86,7 @@ def test_profile_of_integer_inputs_and_an_embedding():
     assert prof.input_bytes == 4 * 5 * 4
     assert all(l.forward_ms > 0 for l in prof.layers)
     assert prof.layers[0].backward_ms > 0          # the embedding's weights get gradients
+    assert prof.layers[0].input_gradient_ms == 0.0  # integer ids: all of it is W
 
 
 def test_a_plan_from_the_profile_is_accepted_and_one_from_another_model_refused():
