@@ -1,0 +1,226 @@
+"""Step time of zb-h1 and interleaved against 1f1b, measured with one process per device and
+next to the simulator's prediction; and the split backward (I + W) against the fused one.
+
+    python benchmarks/schedule_step_time.py [--width=1024] [--depth=8] [--batch=256]
+        [--micro_batches=8] [--steps=10] [--repeats=3]
+
+Issue #13, item 5. The model is an MLP of `depth` Dense(width, relu) layers and a classifier
+(`benchmarks.predicted_vs_measured.build`): uniform layers, a few ms each per micro-batch, so
+dispatch does not dominate. In one run:
+
+1. profile it with one TF thread at the micro-batch size (`dapple profile`, which measures each
+   layer's input-gradient share too);
+2. measure the links between two ranks (`horovodrun -np 2 dapple topology --measure`);
+3. predict each plan's step with the simulator on those (`planner.cost_model.pipeline_costs`,
+   `planner.simulator.simulate_plan`): 1f1b and zb-h1 on the same 2 stages (cut in the
+   middle), interleaved with v = 2 (4 chunks, cut at the quarters);
+4. measure each plan under `horovodrun -np 2 -H localhost:2 --gloo`, one intra-op thread per
+   rank, `HOROVOD_CYCLE_TIME=0.1` (what `dapple launch` sets): median of `--steps` steps after
+   3 warm-up steps, plans alternating, `--repeats` rounds, median kept;
+5. time the whole model's backward fused (one tape gradient) and split (I, then W: the
+   runtime's `graph_rewrite.split_backward`), one process, one thread.
+
+Prints the figures and the ratios to 1f1b, predicted and measured side by side. The machine is
+shared: read the load average printed with them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("width", 1024, "units of every Dense layer")
+flags.DEFINE_integer("depth", 8, "Dense layers before the classifier")
+flags.DEFINE_integer("batch", 256, "global batch")
+flags.DEFINE_integer("micro_batches", 8, "M")
+flags.DEFINE_integer("steps", 10, "timed steps per measurement (median kept)")
+flags.DEFINE_integer("repeats", 3, "rounds of alternating measurements (median kept)")
+flags.DEFINE_string("worker_plan", "", "internal: time this plan as one rank")
+RESULT = "DAPPLE_STEP_MS "
+SCHEDULES = ("1f1b", "zb-h1", "interleaved")
+
+
+def model_args() -> dict:
+    return {"width": FLAGS.width, "depth": FLAGS.depth}
+
+
+def plans(num_layers: int) -> dict:
+    from planner.chunking import interleaved_plan
+    from planner.plan import straight_plan
+    half, quarter = num_layers // 2, num_layers // 4
+    M, B = FLAGS.micro_batches, FLAGS.batch
+    return {"1f1b": straight_plan([half], num_layers, M, B, schedule="1f1b"),
+            "zb-h1": straight_plan([half], num_layers, M, B, schedule="zb-h1"),
+            "interleaved": interleaved_plan([quarter, half, half + quarter], num_layers, M, 2,
+                                            B)}
+
+
+# ---- one rank of one measurement ---------------------------------------------------------------
+def worker() -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    import dapple
+    from benchmarks.predicted_vs_measured import build
+    from planner.plan import Plan
+    tf.get_logger().setLevel("ERROR")
+    plan = Plan.load(FLAGS.worker_plan)
+    pm = dapple.PipelinedModel(build(**model_args()), plan)
+    pm.compile(tf.keras.optimizers.SGD(0.01),
+               tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(FLAGS.batch, FLAGS.width).astype("float32"))
+    y = tf.constant(rng.randint(0, 10, FLAGS.batch).astype("int32"))
+    for _ in range(3):
+        pm.train_step(x, y).numpy()
+    times = []
+    for _ in range(FLAGS.steps):
+        start = time.perf_counter()
+        pm.train_step(x, y).numpy()
+        times.append(1e3 * (time.perf_counter() - start))
+    if pm.rank == 0:
+        print(RESULT + json.dumps(statistics.median(times)), flush=True)
+
+
+# ---- the parent --------------------------------------------------------------------------------
+def env() -> dict:
+    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
+                DAPPLE_NUM_CPU_DEVICES="1", HOROVOD_CYCLE_TIME="0.1", PYTHONPATH=REPO,
+                TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def run(cmd, timeout=1800) -> str:
+    out = subprocess.run(cmd, env=env(), cwd=REPO, text=True, capture_output=True,
+                         timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{(out.stdout + out.stderr)[-3000:]}")
+    return out.stdout
+
+
+def bin_path(name: str) -> str:
+    return os.path.join(os.path.dirname(sys.executable), name)
+
+
+def horovodrun(args) -> list:
+    return [bin_path("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + args
+
+
+def measure_step(plan_path: str) -> float:
+    out = run(horovodrun([sys.executable, os.path.abspath(__file__),
+                          f"--worker_plan={plan_path}", f"--width={FLAGS.width}",
+                          f"--depth={FLAGS.depth}", f"--batch={FLAGS.batch}",
+                          f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]))
+    for line in out.splitlines():
+        if RESULT in line:
+            return float(json.loads(line.split(RESULT, 1)[1]))
+    raise RuntimeError(f"no step time in:\n{out[-2000:]}")
+
+
+def split_against_fused() -> tuple:
+    """(fused ms, split ms) of the whole model's forward + backward, one thread."""
+    code = f"""
+import os, json, statistics, time
+os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
+import numpy as np, tensorflow as tf
+from benchmarks.predicted_vs_measured import build
+from graph_rewrite.split_backward import find_weight_uses, input_pass, weight_pass
+model = build(**{model_args()!r})
+x = tf.constant(np.random.RandomState(0).randn({FLAGS.batch // FLAGS.micro_batches},
+                                               {FLAGS.width}).astype("float32"))
+V = model.trainable_variables
+def make(split):
+    @tf.function
+    def step(x):
+        graph = tf.compat.v1.get_default_graph()
+        with tf.GradientTape(persistent=split) as tape:
+            tape.watch(x)
+            first = len(graph.get_operations())
+            loss = tf.reduce_sum(model(x, training=True) ** 2)
+        if not split:
+            return tape.gradient(loss, [x] + V)
+        uses = find_weight_uses(graph.get_operations()[first:], V, graph)
+        dx, pending = input_pass(tape, [loss], None, [x], uses)
+        return dx + weight_pass(tape, uses, pending, V)
+    return step
+out = []
+for split in (False, True):
+    f = make(split)
+    for _ in range(5): f(x)
+    ts = []
+    for _ in range(30):
+        t = time.perf_counter(); [g.numpy() for g in f(x)]; ts.append(1e3 * (time.perf_counter() - t))
+    out.append(statistics.median(ts))
+print("{RESULT}" + json.dumps(out))
+"""
+    out = run([sys.executable, "-c", code])
+    line = [l for l in out.splitlines() if RESULT in l][-1]
+    return tuple(json.loads(line.split(RESULT, 1)[1]))
+
+
+def main(argv):
+    del argv
+    if FLAGS.worker_plan:
+        return worker()
+    from planner.cost_model import pipeline_costs
+    from planner.profile_readers import load_profile
+    from planner.simulator import simulate_plan
+    from topology.parse import parse_topology
+
+    print(f"command: python benchmarks/schedule_step_time.py --width={FLAGS.width} "
+          f"--depth={FLAGS.depth} --batch={FLAGS.batch} --micro_batches={FLAGS.micro_batches} "
+          f"--steps={FLAGS.steps} --repeats={FLAGS.repeats}")
+    micro = FLAGS.batch // FLAGS.micro_batches
+    with tempfile.TemporaryDirectory() as tmp:
+        prof_path, topo_path = os.path.join(tmp, "mlp.json"), os.path.join(tmp, "topo.json")
+        run([bin_path("dapple"), "profile", "--model=benchmarks.predicted_vs_measured:build",
+             f"--model_args={json.dumps(model_args())}", f"--batch_size={micro}",
+             f"--output={prof_path}", "--runs=20", "--warmup=3"])
+        run(horovodrun([bin_path("dapple"), "topology", "--measure", f"--output={topo_path}"]))
+        profile, topology = load_profile(prof_path), parse_topology(topo_path)
+        predicted, paths = {}, {}
+        for name, plan in plans(profile.num_layers).items():
+            predicted[name] = simulate_plan(plan, pipeline_costs(plan, profile,
+                                                                 topology)).iteration_ms
+            paths[name] = os.path.join(tmp, f"{name}.json")
+            plan.save(paths[name])
+        measured = {name: [] for name in SCHEDULES}
+        loads = []
+        for _ in range(FLAGS.repeats):
+            for name in SCHEDULES:
+                loads.append(os.getloadavg()[0])
+                measured[name].append(measure_step(paths[name]))
+    fused, split = split_against_fused()
+    med = {name: statistics.median(v) for name, v in measured.items()}
+    print(f"\nMLP {FLAGS.depth} x Dense({FLAGS.width}), global batch {FLAGS.batch}, "
+          f"M = {FLAGS.micro_batches}, 2 ranks (horovodrun), 1 intra-op thread each; "
+          f"load average {min(loads):.1f}..{max(loads):.1f}")
+    print(f"{'schedule':<13}{'predicted ms':>14}{'measured ms':>13}{'pred / 1f1b':>13}"
+          f"{'meas / 1f1b':>13}{'meas / pred':>13}")
+    for name in SCHEDULES:
+        print(f"{name:<13}{predicted[name]:>14.1f}{med[name]:>13.1f}"
+              f"{predicted[name] / predicted['1f1b']:>13.3f}{med[name] / med['1f1b']:>13.3f}"
+              f"{med[name] / predicted[name]:>13.3f}")
+    for name in SCHEDULES[1:]:
+        p, m = predicted[name] / predicted["1f1b"], med[name] / med["1f1b"]
+        print(f"{name}: measured ratio to 1f1b {m:.3f}, predicted {p:.3f}, gap "
+              f"{m / p - 1:+.1%} (target within 15%)")
+    print("per round (ms): " + "; ".join(f"{n} " + ", ".join(f"{t:.0f}" for t in measured[n])
+                                          for n in SCHEDULES))
+    print(f"whole-model forward + backward, one micro-batch, one thread: fused {fused:.2f} ms, "
+          f"split I + W {split:.2f} ms, split / fused {split / fused:.3f}")
+
+
+if __name__ == "__main__":
+    app.run(main)
