@@ -38,6 +38,9 @@ CASES = [
     # zero bubble: each backward split into I and W
     ("zb-h1", 2, ["--cuts=2", "--replicas=1,1", "--micro_batches=4", "--schedule=zb-h1"]),
     ("zb-h1-2:1", 3, ["--cuts=1", "--replicas=2,1", "--micro_batches=4", "--schedule=zb-h1"]),
+    ("zb-h1-1:2", 3, ["--cuts=3", "--replicas=1,2", "--micro_batches=8", "--schedule=zb-h1",
+                      "--global_batch=32"]),
+    ("zb-h1-dp2", 2, ["--cuts=", "--replicas=2", "--micro_batches=1", "--schedule=zb-h1"]),
 ]
 
 
