@@ -1,6 +1,8 @@
-"""Keras's data conventions for `PipelinedModel`: batch sizes, validation data, class weights,
-padded prediction batches."""
+"""Keras's data conventions for `PipelinedModel`: global batches of arrays or datasets, batch
+sizes, validation data, class weights, padded prediction batches."""
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import tensorflow as tf
@@ -66,3 +68,41 @@ def padded_batches(x, batch_size: int):
                 part = np.concatenate([part, pad])
             parts.append(part)
         yield tf.nest.pack_sequence_as(x, parts), hi - lo
+
+
+def global_batches(x, y, batch_size, shuffle: bool, what: str, sample_weight=None,
+                   class_weight=None, seed=None):
+    """(x, y[, sample_weight]) batches of `batch_size` (the plan's global batch); a
+    tf.data.Dataset is used as given. `class_weight` becomes (or multiplies) the sample
+    weights, as in Keras. `seed`: the shuffle's (None: a fresh one)."""
+    if isinstance(x, tf.data.Dataset):
+        if y is not None or sample_weight is not None:
+            raise ValueError("pass labels and sample weights inside the tf.data.Dataset "
+                             "(x, y, sample_weight), not as arguments")
+        if batch_size is not None:
+            raise ValueError("do not pass batch_size with a tf.data.Dataset: batch the "
+                             "dataset itself (drop_remainder=True) with the plan's "
+                             "global_batch_size")
+        return x.map(class_weight_fn(class_weight)) if class_weight else x
+    # tf.data would stack a list into one tensor; Keras reads a list as one array per
+    # input/output, which is what a tuple means to tf.data.
+    x, y, sample_weight = (tuple(a) if isinstance(a, list) else a
+                           for a in (x, y, sample_weight))
+    n = rows(x)
+    if n % batch_size:
+        if what == "fit":
+            logging.warning("fit: %d rows are not a multiple of the global batch %d; the "
+                            "last %d rows of each epoch are left out", n, batch_size,
+                            n % batch_size)
+        else:
+            raise ValueError(f"{what}: {n} rows are not a multiple of the plan's global "
+                             f"batch {batch_size}; every pipelined step needs a full global "
+                             f"batch: pass a multiple of {batch_size} rows")
+    if sample_weight is not None and y is None:
+        raise ValueError("sample_weight needs labels y")
+    elements = (x,) if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
+    ds = tf.data.Dataset.from_tensor_slices(elements)
+    if shuffle:
+        ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    return ds.map(class_weight_fn(class_weight)) if class_weight else ds

@@ -51,6 +51,7 @@ from graph_rewrite.horovod_watchdog import StepWatchdog
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import cut_model
 from graph_rewrite.pipeline import StepResult
+from graph_rewrite.relaxed_step import relaxed
 from planner.plan import Plan
 
 
@@ -107,6 +108,11 @@ class HorovodRuntime(Runtime):
         return HorovodPipelineStep(model, plan, loss, self.device, self.process_sets,
                                    self.layout)
 
+    def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
+                          max_batches: int) -> HorovodPipelineStep:
+        return relaxed(HorovodPipelineStep)(model, plan, loss, self.device, self.process_sets,
+                                            self.layout, max_batches=max_batches)
+
     def compiled(self, what: str, fn):
         """Run the compiled `fn` under the watchdog (the first call also traces)."""
         def call(*args):
@@ -160,7 +166,7 @@ class HorovodRuntime(Runtime):
         """Every output's predictions for the whole global batch, in row order, on every rank:
         last-stage ranks hold their rows; one allgather per output brings them together."""
         last = step.plan.stages[-1]
-        M, R = step.plan.micro_batches, last.replicas
+        M, R = step.schedule.micro_batches, last.replicas     # M over a relaxed run's batches
         size = result.global_batch // (M * R)
         replica_of_rank = {d: r for r, d in enumerate(last.devices)}
         ranks = sorted(last.devices)

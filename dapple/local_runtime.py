@@ -14,6 +14,7 @@ from dapple.devices import local_devices
 from dapple.runtime import Runtime, apply_present, unscaled
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep, StepResult
+from graph_rewrite.relaxed_step import relaxed
 from planner.plan import Plan
 
 
@@ -29,6 +30,10 @@ class LocalRuntime(Runtime):
     def make_step(self, model: tf.keras.Model, plan: Plan,
                   loss: Optional[PipelineLoss]) -> PipelineStep:
         return PipelineStep(model, plan, loss, self.devices)
+
+    def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
+                          max_batches: int) -> PipelineStep:
+        return relaxed(PipelineStep)(model, plan, loss, self.devices, max_batches=max_batches)
 
     def compiled(self, what: str, fn):
         return fn

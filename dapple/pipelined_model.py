@@ -27,7 +27,6 @@ process (`dapple.local_runtime`), or one unit per Horovod rank under horovodrun
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import List, Optional, Union
@@ -36,9 +35,10 @@ import numpy as np
 import tensorflow as tf
 
 from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
-from dapple.data import class_weight_fn, padded_batches, rows, unpack_validation_data
+from dapple.data import global_batches, padded_batches, rows, unpack_validation_data
 from dapple.eager_build import build_metrics
 from dapple.local_runtime import LocalRuntime
+from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime import Runtime, loss_scale
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
@@ -84,13 +84,19 @@ class PipelinedModel:
         require_runtime_support(self.plan)
         self.runtime = _make_runtime(runtime, model, self.plan, devices)
         self._loss: Optional[PipelineLoss] = None
-        self._step: Optional[PipelineStep] = None
+        self._step: Optional[PipelineStep] = None     # relaxed plans: their synchronous step
+        self._relaxed: Optional[RelaxedTraining] = None
         self.optimizer = None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
 
     # ---- Keras-style API ---------------------------------------------------------------------
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
-                weighted_metrics=None, **kwargs):
+                weighted_metrics=None, steps_per_execution=None, **kwargs):
+        """Keras's compile. `steps_per_execution`: global batches one run of a relaxed schedule
+        covers (default the plan's `batches`; see `dapple.relaxed_training`)."""
+        if steps_per_execution not in (None, 1) and not is_relaxed(self.plan):
+            raise ValueError(f"steps_per_execution applies to the relaxed schedules (pipedream, "
+                             f"2bw, avgpipe); schedule {self.plan.schedule!r} runs one batch")
         if kwargs:
             raise TypeError(f"PipelinedModel.compile does not support {sorted(kwargs)}")
         # The plain model's compile gives us Keras's optimizer (a LossScaleOptimizer under a
@@ -99,7 +105,10 @@ class PipelinedModel:
                            loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
         self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
-        self._step = self.runtime.make_step(self.model, self.plan, self._loss)
+        self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss)
+        self._relaxed = RelaxedTraining(
+            self.model, self.plan, self.runtime, self._loss, self.optimizer, steps_per_execution,
+            self._update_metrics) if is_relaxed(self.plan) else None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
 
     # ---- where this process runs (the runtime's) ------------------------------------------------
@@ -150,9 +159,9 @@ class PipelinedModel:
         return bool(getattr(cm, "_user_metrics", None) or getattr(cm, "_user_weighted_metrics",
                                                                      None))
 
-    def _update_metrics(self, y, result, sample_weight=None) -> None:
+    def _update_metrics(self, y, result, sample_weight=None, step=None) -> None:
         if self._has_metrics():
-            y_pred = self.runtime.predictions(self._step, result)
+            y_pred = self.runtime.predictions(step or self._step, result)
             self.model.compiled_metrics.update_state(
                 y, y_pred[0] if len(y_pred) == 1 else y_pred, sample_weight)
 
@@ -185,12 +194,15 @@ class PipelinedModel:
         return self.runtime.compiled("train step", train_fn)
 
     def train_step(self, x, y, sample_weight=None) -> tf.Tensor:
-        """One optimizer step on one global batch; returns the loss."""
+        """One optimizer step on one global batch; returns the loss. Relaxed schedules: one run
+        of the steps `x` holds (whole global batches; AvgPipe: N a step)."""
         self._require_compiled()
-        self._check_batch(rows(x))
+        (self._relaxed.check_rows if self._relaxed else self._check_batch)(rows(x))
         return self._train(x, y, sample_weight)
 
     def _train(self, x, y, sample_weight):
+        if self._relaxed:
+            return self._relaxed.train(x, y, sample_weight)
         if self._train_fn is None:
             build_metrics(self.model, y)
             self._train_fn = self._build_train_fn()
@@ -206,41 +218,10 @@ class PipelinedModel:
 
     def _dataset(self, x, y, batch_size, shuffle, what: str, sample_weight=None,
                  class_weight=None):
-        """(x, y[, sample_weight]) batches of the plan's global batch; a tf.data.Dataset is
-        used as given. `class_weight` becomes (or multiplies) the sample weights, as in Keras."""
-        if isinstance(x, tf.data.Dataset):
-            if y is not None or sample_weight is not None:
-                raise ValueError("pass labels and sample weights inside the tf.data.Dataset "
-                                 "(x, y, sample_weight), not as arguments")
-            if batch_size is not None:
-                raise ValueError("do not pass batch_size with a tf.data.Dataset: batch the "
-                                 "dataset itself (drop_remainder=True) with the plan's "
-                                 "global_batch_size")
-            return x.map(class_weight_fn(class_weight)) if class_weight else x
-        batch_size = self._batch_size(batch_size)
-        # tf.data would stack a list into one tensor; Keras reads a list as one array per
-        # input/output, which is what a tuple means to tf.data.
-        x, y, sample_weight = (tuple(a) if isinstance(a, list) else a
-                               for a in (x, y, sample_weight))
-        n = rows(x)
-        if n % batch_size:
-            if what == "fit":
-                logging.warning("fit: %d rows are not a multiple of the global batch %d; the "
-                                "last %d rows of each epoch are left out", n, batch_size,
-                                n % batch_size)
-            else:
-                raise ValueError(f"{what}: {n} rows are not a multiple of the plan's global "
-                                 f"batch {batch_size}; every pipelined step needs a full global "
-                                 f"batch: pass a multiple of {batch_size} rows")
-        if sample_weight is not None and y is None:
-            raise ValueError("sample_weight needs labels y")
-        elements = (x,) if y is None else (x, y) if sample_weight is None else (x, y,
-                                                                              sample_weight)
-        ds = tf.data.Dataset.from_tensor_slices(elements)
-        if shuffle:
-            ds = ds.shuffle(n, seed=self.runtime.shuffle_seed, reshuffle_each_iteration=True)
-        ds = ds.batch(batch_size, drop_remainder=True)
-        return ds.map(class_weight_fn(class_weight)) if class_weight else ds
+        if not isinstance(x, tf.data.Dataset):
+            batch_size = self._batch_size(batch_size)
+        return global_batches(x, y, batch_size, shuffle, what, sample_weight, class_weight,
+                              self.runtime.shuffle_seed)
 
     def _unpack(self, batch, need_y: bool):
         """(x, y, sample_weight) of a batch, as Keras reads dataset elements."""
@@ -295,14 +276,14 @@ class PipelinedModel:
             for m in self.model.compiled_metrics.metrics:
                 m.reset_state()
             cbs.on_epoch_begin(epoch)
-            for step, batch in enumerate(ds):
-                if steps is not None and step >= steps:
-                    break
-                bx, by, bsw = self._unpack(batch, need_y=True)
+            r = self._relaxed
+            for step, last, (bx, by, bsw) in executions(
+                    ds, steps, lambda b: self._unpack(b, need_y=True),
+                    r.steps_per_execution * r.pipelines if r else 1, r.pipelines if r else 1):
                 cbs.on_train_batch_begin(step)
-                loss_mean.update_state(self._train(bx, by, bsw))
+                loss_mean.update_state(self._train(bx, by, bsw), sample_weight=last - step + 1)
                 logs = self._metric_logs(loss_mean)
-                cbs.on_train_batch_end(step, logs)
+                cbs.on_train_batch_end(last, logs)
                 if self.model.stop_training:
                     break
             epoch_logs = dict(logs)
@@ -324,7 +305,7 @@ class PipelinedModel:
         repeating its last row) and the padding's outputs dropped, so every row is predicted.
         """
         if self._step is None:
-            self._step = self.runtime.make_step(self.model, self.plan, None)
+            self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), None)
         if self._predict_fn is None:
             @tf.function
             def predict_fn(x):
@@ -387,6 +368,8 @@ class PipelinedModel:
 
     def load_weights(self, path: str):
         """Keras's `load_weights` into the plain model (so any plan's checkpoint loads)."""
+        if self._relaxed:
+            self._relaxed.fresh = True      # a relaxed rule starts afresh from these weights
         return self.runtime.load_weights(self.model, path)
 
 

@@ -32,6 +32,12 @@ class Runtime(abc.ABC):
         """The pipelined step of the units this process runs (`loss=None`: forward only)."""
 
     @abc.abstractmethod
+    def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
+                          max_batches: int) -> PipelineStep:
+        """The step of a relaxed plan's runs (`graph_rewrite.relaxed_step`), with weight copies
+        for runs of up to `max_batches` steps."""
+
+    @abc.abstractmethod
     def compiled(self, what: str, fn: Callable) -> Callable:
         """The compiled step function `fn` as it is to be called (`what` names it)."""
 

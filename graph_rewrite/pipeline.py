@@ -25,10 +25,9 @@ simulator replays):
 * Order. Every op of an action depends on the previous compute action of its device (its lane:
   position and replica; an interleaved position runs several chunks, and `stage` below means
   the chunk), through control dependencies on its tensors; a send does not hold its device back,
-  a receive does. Each action is built under
-  the name scope `stage{s}/replica{r}/{action kind}{m}` so the traced graph can be read back and
-  checked (`tests/test_schedule_lowering.py`); TF names the gradient ops a tape builds
-  `gradient_tape/<forward op name>`, so those belong to B{m}.
+  a receive does. Each action is built under the name scope `stage{s}/replica{r}/{kind}{m}`
+  so the traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF
+  names the gradient ops a tape builds `gradient_tape/<forward op name>`: those belong to B{m}.
 * Training state. BatchNormalization calls normalize with their slice's statistics; their
   moving statistics move once per step, from the whole global batch
   (`graph_rewrite.batch_statistics`).
@@ -187,7 +186,7 @@ class PipelineStep:
             if stage not in by_stage:
                 continue
             if action.kind == ALLREDUCE:
-                self._allreduce(state, stage, by_stage[stage])
+                self._allreduce(state, stage, by_stage[stage], action)
                 continue
             for replica in by_stage[stage]:
                 lane = self.lane(stage, replica)
@@ -203,7 +202,7 @@ class PipelineStep:
             self._update_moving_statistics(state.statistics, moving_before)
         gradients = (model_gradients(self.model, self.stages, state.reduced)
                      if state.backward else [])
-        S, M = len(self.stages), self.plan.micro_batches
+        S, M = len(self.stages), self.schedule.micro_batches     # over the run's batches
         preds = [[state.predictions[(m, r)][k] for m in range(M)
                   for r in range(self.replicas[S - 1]) if (m, r) in state.predictions]
                  for k in range(len(self.output_ids))]
@@ -223,15 +222,20 @@ class PipelineStep:
             labels = [y[lo:hi] for y in state.labels]
             weights = [None if w is None else w[lo:hi] for w in state.sample_weights]
         call = self.functions[stage].inline if inline else self.functions[stage]
+        loss_rows, penalized = self._loss_share(state, unit, m)
         outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
-                                         state.global_batch)
-        if state.labels is not None and replica == 0 and m == 0:
+                                         loss_rows)
+        if state.labels is not None and penalized:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).
             penalties = [tf.cast(c(), tf.float32) for c in self._penalties[stage]]
             if penalties:
                 term = tf.add_n(penalties + ([term] if term is not None else []))
         return outputs, term, statistics
+
+    def _loss_share(self, state: StepState, unit: Unit, m: int) -> Tuple[int, bool]:
+        """(rows a loss term averages over, adds the weight penalties) for `unit`'s m-th."""
+        return state.global_batch, unit[1] == 0 and m == 0
 
     def _forward(self, state: StepState, unit: Unit, action: Action) -> List[tf.Tensor]:
         stage, replica = unit
@@ -366,8 +370,8 @@ class PipelineStep:
             self.crossing(stage, m, state.global_batch), replica,
             state.sent.get((BACKWARD, stage + 1, m), {}), float_out)
 
-    def _allreduce(self, state: StepState, stage: int, replicas: List[int]) -> None:
-        """The stage's accumulated gradients, summed over its replicas."""
+    def _allreduce(self, state: StepState, stage: int, replicas: List[int], action) -> None:
+        """The stage's accumulated gradients summed over its replicas (`action`: ALLREDUCE)."""
         per_replica = {r: state.accumulated[(stage, r)] for r in replicas}
         state.reduced[stage] = self.transport.sum_replicas(stage, per_replica,
                                                            self.device(stage, 0))

@@ -1,4 +1,4 @@
-"""Schedules by name, and the two the runtime runs: GPipe and DAPPLE's early backward (1F1B).
+"""Schedules by name, and the two at the root of the others: GPipe and DAPPLE's early backward.
 
 The names a plan may carry (`SCHEDULES`; `build_schedule` makes any of them):
 
@@ -59,7 +59,7 @@ NAMES = SCHEDULES + ("A", "B") + RELAXED_SCHEDULES   # every name a plan may car
 FORWARD_BACKWARD = (GPIPE,) + EARLY_BACKWARD   # one chunk per position, backwards unsplit
 # Those a plan's `warmup` may set; all but gpipe warm up as early backward does.
 WARMUP_SCHEDULES = FORWARD_BACKWARD + (ZERO_BUBBLE_H1, PIPEDREAM, TWO_BW)
-RUNTIME_SCHEDULES = FORWARD_BACKWARD + (INTERLEAVED, ZERO_BUBBLE_H1)   # what graph_rewrite runs
+RUNTIME_SCHEDULES = FORWARD_BACKWARD + (INTERLEAVED, ZERO_BUBBLE_H1) + RELAXED_SCHEDULES  # runs
 
 
 def warmup_depths(policy: str, num_stages: int, micro_batches: int,
@@ -220,7 +220,6 @@ def require_runtime_support(plan) -> None:
     (the planner and simulator know more schedules than the runtime runs)."""
     if not runtime_supported(plan.schedule):
         raise ScheduleError(
-            f"the plan's schedule {plan.schedule!r} is planned and simulated, but the dapple "
-            f"runtime runs only {', '.join(RUNTIME_SCHEDULES)} today; re-plan with "
-            f"`dapple plan --schedule=1f1b` (or gpipe), or set \"schedule\": {{\"name\": "
-            f"\"1f1b\"}} in the plan")
+            f"the plan's schedule {plan.schedule!r} is not one the dapple runtime runs (it runs "
+            f"{', '.join(RUNTIME_SCHEDULES)}); re-plan with `dapple plan --schedule=1f1b` (or "
+            f"gpipe), or set \"schedule\": {{\"name\": \"1f1b\"}} in the plan")

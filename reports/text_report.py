@@ -11,8 +11,8 @@ from reports.comparison import Alternative
 from topology.units import format_bytes
 
 RELAXED_CAPTION = ("Relaxed schedules on the same plan, opt-in: their weights are stale or "
-                   "averaged, so `--schedule=auto` never takes one; planned and simulated only, "
-                   "the dapple runtime does not run them yet")
+                   "averaged, so `--schedule=auto` never takes one; the dapple runtime runs "
+                   "them when a plan names one")
 
 
 def _devices_by_host(plan_stage, topology) -> str:

@@ -12,11 +12,10 @@
 --schedule: the search plans under early backward (1f1b, the default); another schedule is then
 put on the same device groups and micro-batches (interleaved re-cuts the layers into V chunks
 per group), and `auto` takes the one the simulator finds fastest among those that fit in
-memory (`planner.schedule_choice`). The text report shows all of them side by side. The dapple
-runtime runs gpipe and 1f1b; interleaved and zb-h1 are planned and simulated only. The relaxed
-schedules pipedream, 2bw and avgpipe (stale or averaged weights, over K consecutive global
-batches, `planner.multi_batch`) are listed as alternatives and taken only when named: `auto`
-never picks one, and the runtime does not run them yet.
+memory (`planner.schedule_choice`). The text report shows all of them side by side; the dapple
+runtime runs each. The relaxed schedules pipedream, 2bw and avgpipe (stale or averaged weights,
+over K consecutive global batches, `planner.multi_batch`) are listed as alternatives and taken
+only when named: `auto` never picks one.
 
 With --format=json stdout is the Plan JSON and nothing else. --compute_dtype rescales the
 profile's activation bytes (every layer's output, so boundary transfers and activation memory)

@@ -26,9 +26,16 @@ def test_one_host_plan_runs_on_localhost():
 
 
 def test_plan_with_a_schedule_the_runtime_does_not_run_is_refused():
-    plan = straight_plan([1], 2, 4, replicas=[1, 1], schedule="2bw")
-    with pytest.raises(launch.LaunchError, match="schedule '2bw'.*--schedule=1f1b"):
+    plan = straight_plan([1], 2, 4, replicas=[1, 1])
+    plan.schedule = "dualpipe"          # a name this dapple does not know
+    with pytest.raises(launch.LaunchError, match="schedule 'dualpipe'.*--schedule=1f1b"):
         launch.horovodrun_command(plan, ["python", "train.py"], horovodrun=HVD)
+
+
+def test_relaxed_plans_launch():
+    plan = straight_plan([1], 2, 4, replicas=[1, 1], schedule="2bw")
+    assert launch.horovodrun_command(plan, ["python", "t.py"], horovodrun=HVD)[:3] == [
+        HVD, "-np", "2"]
 
 
 def test_two_servers_of_eight_gpus():

@@ -6,7 +6,6 @@ import json
 import pytest
 
 from planner import cost_model as cm
-from planner.actions import ScheduleError
 from planner.plan import Plan, PlanError, straight_plan
 from planner.schedule import require_runtime_support
 from planner.schedule_choice import choose_schedule, schedule_options, with_schedule
@@ -139,13 +138,10 @@ def test_hand_edited_relaxed_plans_are_refused_naming_the_problem(edit, message)
         Plan.from_dict(data).validate(num_layers=4)
 
 
-def test_the_runtime_refuses_the_relaxed_schedules_clearly():
-    for name in ("pipedream", "2bw", "avgpipe"):
-        with pytest.raises(ScheduleError) as info:
-            require_runtime_support(with_schedule(two_stages(), name))
-        assert str(info.value).startswith(f"the plan's schedule '{name}' is planned and "
-                                          f"simulated, but the dapple runtime runs only gpipe, "
-                                          f"1f1b, A, B")
+def test_the_runtime_runs_the_relaxed_schedules():
+    for name in ("pipedream", "2bw"):
+        require_runtime_support(with_schedule(two_stages(), name))
+    require_runtime_support(with_schedule(two_stages((2, 2)), "avgpipe"))
 
 
 def test_a_relaxed_plan_put_under_a_schedule_keeps_its_run():

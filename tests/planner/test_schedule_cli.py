@@ -114,7 +114,7 @@ def test_plan_report_shows_the_schedules_side_by_side(tmp_path):
            "group | fits | dapple runtime |" in done.stdout
     for name in ("| gpipe |", "| 1f1b |", "| interleaved (v = 2) |", "| zb-h1 |"):
         assert name in done.stdout
-    assert "planned and simulated only" in done.stdout
+    assert "planned and simulated only" not in done.stdout      # the runtime runs them all
 
 
 @pytest.mark.parametrize("args,words", [

@@ -137,20 +137,23 @@ def test_names_old_and_new():
     assert SCHEDULES == ("gpipe", "1f1b", "interleaved", "zb-h1")
     assert build_schedule("1f1b", 4, 8).lists == pipeline_schedule(4, 8, "A").lists
     assert build_schedule("A", 2, 4).lists == build_schedule("1f1b", 2, 4).lists
-    assert [runtime_supported(n) for n in ("gpipe", "1f1b", "A", "B", "interleaved", "zb-h1")] \
-        == [True, True, True, True, True, True]
-    assert [runtime_supported(n) for n in ("pipedream", "2bw", "avgpipe")] == [False] * 3
+    assert all(runtime_supported(n) for n in ("gpipe", "1f1b", "A", "B", "interleaved", "zb-h1",
+                                              "pipedream", "2bw", "avgpipe"))
+    assert not runtime_supported("dualpipe")
 
 
-def test_the_runtime_check_names_the_schedule_and_what_runs_today():
+def test_the_runtime_check_names_the_schedule_and_what_runs():
     from planner.plan import straight_plan
-    for name in ("gpipe", "1f1b", "A", "B", "zb-h1"):
+    for name in ("gpipe", "1f1b", "A", "B", "zb-h1", "pipedream", "2bw"):
         require_runtime_support(straight_plan([1], 2, 4, schedule=name))
+    require_runtime_support(straight_plan([1], 2, 4, replicas=[2, 2], schedule="avgpipe"))
+    plan = straight_plan([1], 2, 4)
+    plan.schedule = "dualpipe"          # a name from a newer dapple, say
     with pytest.raises(ScheduleError) as info:
-        require_runtime_support(straight_plan([1], 2, 4, schedule="2bw"))
+        require_runtime_support(plan)
     assert str(info.value).startswith(
-        "the plan's schedule '2bw' is planned and simulated, but the dapple runtime runs "
-        "only gpipe, 1f1b, A, B, interleaved, zb-h1 today; re-plan with `dapple plan "
+        "the plan's schedule 'dualpipe' is not one the dapple runtime runs (it runs gpipe, "
+        "1f1b, A, B, interleaved, zb-h1, pipedream, 2bw, avgpipe); re-plan with `dapple plan "
         "--schedule=1f1b`")
 
 

@@ -1,0 +1,158 @@
+"""Training with a relaxed schedule (pipedream, 2bw, avgpipe): `PipelinedModel`'s side of it.
+
+* A run is `steps_per_execution` global batches (compile's argument; by default the plan's
+  `batches`), one schedule without a flush (`graph_rewrite.relaxed_step`). `fit` groups the
+  dataset's global batches into runs (AvgPipe: N of them a step, one per pipeline, so a run is
+  N x steps_per_execution batches); a shorter last run is a run of its own (traced once more),
+  and under AvgPipe batches left over from a whole step are skipped, as `fit` logs.
+  `train_step(x, y)` runs whatever whole number of steps `x` holds as one run.
+* The update rule does not depend on where runs start and end: the versions a run reads from
+  before its start are kept between runs. The rule starts afresh (every earlier version, each
+  AvgPipe pipeline and the reference := the model's weights) at the first training run after
+  `compile` or `load_weights`.
+* Optimizers: each stage's update (each pipeline's, under AvgPipe) is a step of an optimizer of
+  its own, as each rank has its own under horovodrun: the compiled optimizer for the first
+  this process runs, fresh copies from its config for the others.
+* `evaluate`, `predict` and `gradients` run the plan's synchronous step (1F1B on the same
+  stages), on the model's weights: between runs the latest version, AvgPipe's reference z.
+* Refused, with the reason: BatchNormalization (its moving statistics have no rule per update
+  yet), mixed precision (a loss scale per update), `global_clipnorm` (a norm over all stages,
+  which update at different times), a variable used by two stages (two updates of one weight).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import tensorflow as tf
+
+from dapple.eager_build import build_metrics, build_optimizer
+from graph_rewrite.batch_statistics import is_batch_normalization
+from graph_rewrite.model_graph import cut_model
+from planner.multi_batch import AVGPIPE, DEFAULT_BATCHES, RELAXED_SCHEDULES
+from planner.plan import Plan
+from planner.schedule import ONE_F_ONE_B
+
+
+def is_relaxed(plan: Plan) -> bool:
+    return plan.schedule in RELAXED_SCHEDULES
+
+
+def synchronous_plan(plan: Plan) -> Plan:
+    """A relaxed plan's stages under 1F1B (what evaluate, predict and gradients run); other
+    plans as they are."""
+    if not is_relaxed(plan):
+        return plan
+    return dataclasses.replace(plan, schedule=ONE_F_ONE_B, batches=None, advance=None,
+                               vertical_sync=None)
+
+
+def check_relaxed(model: tf.keras.Model, plan: Plan, optimizer) -> None:
+    """Refuse what the relaxed runtime would not train by its rule (module docstring)."""
+    name = plan.schedule
+    for layer in model._flatten_layers(include_self=False):
+        if is_batch_normalization(layer):
+            raise ValueError(f"schedule {name!r} does not train BatchNormalization yet (layer "
+                             f"{layer.name!r}): its moving statistics have no update rule per "
+                             f"weight update; use a synchronous schedule (1f1b)")
+    if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+        raise ValueError(f"schedule {name!r} does not run mixed precision yet (the loss scale "
+                         f"would change between a run's updates); use a float32 policy")
+    if getattr(optimizer, "global_clipnorm", None):
+        raise ValueError(f"schedule {name!r} updates each stage at its own time, so there is no "
+                         f"whole gradient to clip by its global norm: use clipnorm (per "
+                         f"variable) or a synchronous schedule")
+    holders = {}
+    for s, graph in enumerate(cut_model(model, [tuple(st.layers) for st in plan.stages])):
+        for v in graph.trainable_variables:
+            first = holders.setdefault(id(v), s)
+            if first != s:
+                raise ValueError(f"variable {v.name!r} is used by stages {first} and {s}; under "
+                                 f"schedule {name!r} each stage updates its weights at its own "
+                                 f"time: cut the model so that one stage holds it")
+
+
+class RelaxedTraining:
+    """The relaxed step of a compiled `PipelinedModel`, its optimizers and its runs."""
+
+    def __init__(self, model, plan: Plan, runtime, loss, optimizer,
+                 steps_per_execution: Optional[int], update_metrics: Callable):
+        check_relaxed(model, plan, optimizer)
+        k = steps_per_execution if steps_per_execution is not None else (
+            plan.batches or DEFAULT_BATCHES)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"steps_per_execution must be a positive integer, got {k!r}")
+        self.model, self.plan, self.runtime = model, plan, runtime
+        self.steps_per_execution = k
+        self.pipelines = plan.stages[0].replicas if plan.schedule == AVGPIPE else 1
+        self.step = runtime.make_relaxed_step(model, plan, loss, k)
+        self.optimizer = optimizer
+        self._update_metrics = update_metrics
+        self._train_fn = None
+        self.fresh = True
+
+    def _build_optimizers(self) -> None:
+        for i, key in enumerate(self.step.optimizer_keys()):
+            opt = self.optimizer if i == 0 else type(self.optimizer).from_config(
+                self.optimizer.get_config())
+            build_optimizer(opt, self.step.stages[key[0]].trainable_variables)
+            self.step.optimizers[key] = opt
+
+    @property
+    def batches_per_step(self) -> int:
+        return self.pipelines
+
+    def check_rows(self, n: int) -> None:
+        per_step = self.plan.global_batch_size * self.pipelines
+        if n % per_step or n == 0:
+            raise ValueError(f"a run of schedule {self.plan.schedule!r} takes whole steps of "
+                             f"{per_step} rows ({self.pipelines} global batch(es) of "
+                             f"{self.plan.global_batch_size}); got {n} rows")
+
+    def train(self, x, y, sample_weight=None) -> tf.Tensor:
+        """One run over the steps `x` holds; the loss per global batch."""
+        if self._train_fn is None:
+            build_metrics(self.model, y)
+            self._build_optimizers()
+            step, update_metrics = self.step, self._update_metrics
+
+            @tf.function
+            def train_fn(x, y, sample_weight):
+                x, y, sample_weight = step.arrange((x, y, sample_weight))
+                result = step.run(x, y, sample_weight=sample_weight)
+                update_metrics(y, result, sample_weight, step)
+                return result.loss
+            self._train_fn = self.runtime.compiled("relaxed train step", train_fn)
+        if self.fresh:
+            self.step.reset_history()
+            self.fresh = False
+        return self._train_fn(x, y, sample_weight)
+
+
+def executions(ds, steps: Optional[int], unpack: Callable, group: int,
+               per_step: int = 1) -> Iterator[Tuple[int, int, tuple]]:
+    """(first batch index, last batch index, (x, y, sample_weight)) of each execution: `group`
+    of the dataset's global batches concatenated (fewer at the end, whole multiples of
+    `per_step`), at most `steps` batches. `unpack` reads one dataset element."""
+    pending: List[tuple] = []
+    seen = 0
+
+    def joined(parts):
+        return tuple(None if parts[0][i] is None else tf.nest.map_structure(
+            lambda *ts: tf.concat(ts, axis=0), *[p[i] for p in parts]) for i in range(3))
+
+    for batch in ds:
+        if steps is not None and seen >= steps:
+            break
+        pending.append(unpack(batch))
+        seen += 1
+        if len(pending) == group:
+            yield seen - group, seen - 1, (pending[0] if group == 1 else joined(pending))
+            pending = []
+    usable = len(pending) - len(pending) % per_step
+    if usable:
+        yield seen - len(pending), seen - len(pending) + usable - 1, joined(pending[:usable])
+    if len(pending) > usable:
+        logging.warning("fit: %d global batch(es) at the end of the epoch do not make a whole "
+                        "step of %d pipelines and are skipped", len(pending) - usable, per_step)
