@@ -99,10 +99,6 @@ class RelaxedTraining:
             build_optimizer(opt, self.step.stages[key[0]].trainable_variables)
             self.step.optimizers[key] = opt
 
-    @property
-    def batches_per_step(self) -> int:
-        return self.pipelines
-
     def check_rows(self, n: int) -> None:
         per_step = self.plan.global_batch_size * self.pipelines
         if n % per_step or n == 0:
