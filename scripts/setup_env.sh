@@ -22,10 +22,12 @@ cd "$(dirname "$0")/.."
 HOROVOD_VERSION=0.28.1
 case "${DAPPLE_TF:-2.18}" in
   2.18|2.18.1)
-    TF_VERSION=2.18.1; EXTRA_REQS="tf_keras==2.18.0"; PYTHONS="3.12 3.11"
+    # tensorflow, not tensorflow-cpu: tf_keras requires `tensorflow`, and both wheels would
+    # then share one directory. On a machine without CUDA it runs on the CPU.
+    TF_VERSION=2.18.1; TF_PACKAGE=tensorflow; EXTRA_REQS="tf_keras==2.18.0"; PYTHONS="3.12 3.11"
     DEFAULT_VENV=.venv ;;
   2.15|2.15.1)
-    TF_VERSION=2.15.1; EXTRA_REQS="numpy<2"; PYTHONS="3.11"
+    TF_VERSION=2.15.1; TF_PACKAGE=tensorflow-cpu; EXTRA_REQS="numpy<2"; PYTHONS="3.11"
     DEFAULT_VENV=.venv-tf2.15 ;;
   *)
     echo "[setup] DAPPLE_TF=${DAPPLE_TF} is not a stack dapple builds: use 2.18 (default) or 2.15" >&2
@@ -33,6 +35,11 @@ case "${DAPPLE_TF:-2.18}" in
 esac
 GPU=${DAPPLE_GPU:-0}
 VENV=${DAPPLE_VENV:-$DEFAULT_VENV}
+if [[ "$GPU" == "1" ]]; then
+  TF_REQ="tensorflow[and-cuda]==$TF_VERSION"
+else
+  TF_REQ="$TF_PACKAGE==$TF_VERSION"
+fi
 
 # The interpreter: $PYTHON, else the first of $PYTHONS that runs (on PATH, then under pyenv).
 # A pyenv shim for a version that is installed but not selected exists yet fails to run, so each
@@ -62,10 +69,11 @@ PY_MINOR=$("$PY" -c "import sys; print('%d.%d' % sys.version_info[:2])")
 
 # Which stack an environment holds. A different stack (TensorFlow, Python, GPU) means a new
 # environment: Horovod is compiled against one TensorFlow and would not load with another.
-STACK="tf=$TF_VERSION python=$PY_MINOR horovod=$HOROVOD_VERSION gpu=$GPU"
+STACK="$TF_REQ python=$PY_MINOR horovod=$HOROVOD_VERSION"
 STAMP="$VENV/.dapple-env-ok"
 WANT="$STACK setup=$(cat pyproject.toml setup.py scripts/setup_env.sh | md5sum | cut -c1-12)"
 HELD=$(cat "$VENV/.dapple-stack" 2>/dev/null || echo unknown)
+
 if [[ "${1:-}" == "--dry-run" ]]; then
   if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then state="up to date"
   elif [[ ! -e "$VENV" ]]; then state="missing: would be created"
@@ -89,11 +97,6 @@ fi
 PIP="$VENV/bin/python -m pip"
 $PIP install --quiet --upgrade "pip<25" "setuptools<70" wheel
 
-if [[ "$GPU" == "1" ]]; then
-  TF_REQ="tensorflow[and-cuda]==$TF_VERSION"
-else
-  TF_REQ="tensorflow-cpu==$TF_VERSION"
-fi
 echo "[setup] installing $TF_REQ $EXTRA_REQS, absl-py (first run: a few minutes)"
 $PIP install --quiet "$TF_REQ" $EXTRA_REQS absl-py cmake==3.27.9 packaging psutil cloudpickle pyyaml
 

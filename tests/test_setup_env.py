@@ -59,14 +59,14 @@ def test_a_pyenv_python_not_on_path_is_found(tmp_path):
         return
     assert proc.returncode == 0, proc.stderr
     assert f"python: {version_bin / ('python' + minor)}" in proc.stdout
-    assert f"python={minor}" in proc.stdout
+    assert f"python={minor} horovod=0.28.1" in proc.stdout
     assert "missing: would be created" in proc.stdout and not (tmp_path / "v").exists()
 
 
 def test_the_default_stack_is_tensorflow_218_in_dot_venv(tmp_path):
     proc = setup(clean_env(PYTHON=sys.executable), "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("stack: tf=2.18.1 python=")
+    assert proc.stdout.startswith("stack: tensorflow==2.18.1 python=")
     assert "environment: .venv," in proc.stdout
 
 
@@ -76,3 +76,4 @@ def test_make_runs_the_chosen_stacks_environment():
                               env=clean_env(**env)).stdout.splitlines()
     assert dry() == ["bash scripts/setup_env.sh", ".venv/bin/python -m pytest"]
     assert dry(DAPPLE_TF="2.15")[-1] == ".venv-tf2.15/bin/python -m pytest"
+
