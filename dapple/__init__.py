@@ -7,14 +7,19 @@ What users touch:
     pm.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     pm.fit(x, y, batch_size=plan_global_batch, epochs=2)
 
-`import dapple` splits the CPU into logical devices (TensorFlow fixes its device list at first
-use, so this must happen before anything else touches TensorFlow; see `dapple.devices`). The
-`dapple` command's subcommands that need no TensorFlow (`plan`, `simulate`, `emulate`) skip
-this so they start fast and work without TensorFlow installed.
+`import dapple` first makes `tf.keras` the Keras 2 API (it sets `TF_USE_LEGACY_KERAS=1`
+before TensorFlow loads, and fails with what to do if TensorFlow was imported first; see
+`dapple.keras2`), then splits the CPU into logical devices (TensorFlow fixes its device list at
+first use, so this must happen before anything else touches TensorFlow; see `dapple.devices`),
+and on Python 3.12 works around tf_keras's `set_random_seed` bug (`dapple.seed_workaround`).
+The `dapple` command's subcommands that need no TensorFlow (`plan`, `simulate`, `emulate`) skip
+all but the first so they start fast and work without TensorFlow installed.
 """
 import importlib.util as _importlib_util
 import os as _os
 import sys as _sys
+
+from dapple import keras2 as _keras2   # imports no TensorFlow
 
 __version__ = "0.1.0"
 
@@ -28,9 +33,13 @@ def _invocation_without_tensorflow() -> bool:
 _HAS_TF = _importlib_util.find_spec("tensorflow") is not None
 if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "dapple":
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # the CLI's own output stays readable
+_keras2.select_before_tensorflow()
 if _HAS_TF and not _invocation_without_tensorflow():
     from dapple.devices import configure_local_devices as _configure_local_devices
     _configure_local_devices()
+    _keras2.check_tf_keras()
+    from dapple import seed_workaround as _seed_workaround
+    _seed_workaround.install()
 
 _LAZY = {
     "PipelinedModel": "dapple.pipelined_model",

@@ -1,7 +1,10 @@
 """Test-wide settings. Environment first: TensorFlow reads these when it initializes.
 
 Threads are limited so multi-device tests behave on a 2-core machine, and 8 logical CPU devices
-are configured by `import dapple` for the multi-device tests.
+are configured by `import dapple` for the multi-device tests. `TF_USE_LEGACY_KERAS=1` is what
+`import dapple` sets (tf.keras is Keras 2 on TensorFlow 2.16+), set here too because some test
+modules import TensorFlow before dapple; tests/test_keras2.py checks dapple's own setting in
+fresh processes.
 """
 import os
 
@@ -11,3 +14,4 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "4")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ["TF_USE_LEGACY_KERAS"] = "1"

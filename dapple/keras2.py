@@ -1,0 +1,57 @@
+"""dapple runs Keras 2 models: `tf.keras` is made the Keras 2 API, and Keras 3 models are refused.
+
+From TensorFlow 2.16 on, `tf.keras` is Keras 3 unless the environment variable
+`TF_USE_LEGACY_KERAS=1` is set before TensorFlow is imported and the `tf_keras` package (Keras 2,
+same minor version as TensorFlow) is installed; `import keras` is Keras 3 either way. dapple's
+rewriter cuts Keras 2's layer graph, so:
+
+- `select_before_tensorflow()`, called by `import dapple` before anything of TensorFlow loads,
+  sets `TF_USE_LEGACY_KERAS=1` (child processes, such as horovodrun's ranks, inherit it);
+- `check_tf_keras()`, called once TensorFlow is loaded, fails with what to do when TensorFlow
+  was imported first without that variable, or when `tf_keras` is missing.
+
+TensorFlow 2.15 has Keras 2 built in (`tf.keras` is `keras` 2.15) and ignores the variable.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+ENV = "TF_USE_LEGACY_KERAS"
+_TRUE = ("true", "True", "1")   # what TensorFlow's lazy loader accepts
+
+
+class Keras2Error(ImportError):
+    """TensorFlow's `tf.keras` is not Keras 2 and dapple cannot make it so."""
+
+
+def select_before_tensorflow() -> None:
+    """Make `tf.keras` the Keras 2 API, if TensorFlow has not been imported yet."""
+    if "tensorflow" not in sys.modules:
+        os.environ[ENV] = "1"
+
+
+def _tf_keras_major(tf) -> int:
+    """2 for Keras 2 behind `tf.keras` (tf_keras, or TF 2.15's keras); 3 for Keras 3."""
+    root = tf.keras.Model.__module__.split(".")[0]
+    return int(getattr(sys.modules[root], "__version__", "2").split(".")[0])
+
+
+def check_tf_keras() -> None:
+    """Raise Keras2Error unless `tf.keras` is Keras 2 (TensorFlow must be importable)."""
+    import tensorflow as tf
+
+    major_minor = ".".join(tf.__version__.split(".")[:2])
+    try:
+        major = _tf_keras_major(tf)
+    except ImportError as e:   # TF_USE_LEGACY_KERAS=1 without tf_keras installed
+        raise Keras2Error(
+            f"dapple needs Keras 2 with TensorFlow {tf.__version__}: pip install "
+            f"'tf_keras=={major_minor}.*' ({e})") from None
+    if major >= 3:
+        raise Keras2Error(
+            f"tf.keras is Keras 3 here: TensorFlow {tf.__version__} was imported before dapple "
+            f"without {ENV}=1, and dapple needs Keras 2. Put `import dapple` before "
+            f"`import tensorflow`, or set {ENV}=1 in the environment (pip install "
+            f"'tf_keras=={major_minor}.*' if it is missing)")
+

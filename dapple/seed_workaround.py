@@ -1,0 +1,78 @@
+"""A workaround for tf_keras on Python 3.12: seeded layers fail after `set_random_seed`.
+
+`tf.keras.utils.set_random_seed(seed)` (tf_keras 2.18; 2.17 upstream too) stores
+`random.Random(seed)` in `tf_keras.src.backend._SEED_GENERATOR.generator`, and every layer or
+initializer without a seed of its own then draws one with `generator.randint(1, 1e9)`. Python
+3.12's `randint` refuses the float bound (`TypeError: 'float' object cannot be interpreted as an
+integer`; Python 3.11 warned and used `int(1e9)`). Upstream: keras-team/tf-keras issue #803.
+
+`install()` (called by `import dapple`) replaces that per-thread holder, once, with one that
+wraps each generator stored in it in `_IntegralBoundsRandom`, whose `randint` takes integral
+float bounds as the integers they are. The seeds drawn are those Python 3.11 draws, so a seeded
+model gets the same weights on both. Nothing installed is modified, tf_keras's functions are
+not replaced, and other Python versions are left alone.
+"""
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+
+class _IntegralBoundsRandom(random.Random):
+    """random.Random whose randint accepts floats with integral values (1e9), as 3.11 did."""
+
+    def randint(self, a, b):
+        return super().randint(_integral(a), _integral(b))
+
+
+def _integral(x):
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    return x
+
+
+def _wrapped(generator):
+    if generator is None or isinstance(generator, _IntegralBoundsRandom):
+        return generator
+    fixed = _IntegralBoundsRandom()
+    fixed.setstate(generator.getstate())   # the same stream from where it stands
+    return fixed
+
+
+class _SeedGeneratorHolder(threading.local):
+    """Stands in for tf_keras's `threading.local()`; its `generator` is stored wrapped."""
+
+    @property
+    def generator(self):
+        return self.__dict__.get("_generator")
+
+    @generator.setter
+    def generator(self, value):
+        self.__dict__["_generator"] = _wrapped(value)
+
+
+def needed() -> bool:
+    return sys.version_info >= (3, 12)
+
+
+def install() -> bool:
+    """Put the holder in place if tf_keras is the one behind tf.keras; True if installed."""
+    if not needed():
+        return False
+    backend = sys.modules.get("tf_keras.src.backend")
+    if backend is None or not hasattr(backend, "_SEED_GENERATOR"):
+        return False
+    current = backend._SEED_GENERATOR
+    if isinstance(current, _SeedGeneratorHolder):
+        return True
+    holder = _SeedGeneratorHolder()
+    holder.generator = getattr(current, "generator", None)   # this thread's, if already seeded
+    backend._SEED_GENERATOR = holder
+    return True
+
+
+def installed() -> bool:
+    backend = sys.modules.get("tf_keras.src.backend")
+    return backend is not None and isinstance(getattr(backend, "_SEED_GENERATOR", None),
+                                              _SeedGeneratorHolder)

@@ -1,0 +1,74 @@
+"""dapple runs Keras 2 models (`dapple.keras2`, `dapple.seed_workaround`).
+
+`import dapple` makes `tf.keras` Keras 2 (TF_USE_LEGACY_KERAS=1 before TensorFlow loads) or says
+what to do when TensorFlow came first; `tf.keras.utils.set_random_seed` then seeded layers work
+on Python 3.12.
+TensorFlow picks its Keras once, at import, so each check runs in a fresh Python without the
+TF_USE_LEGACY_KERAS that tests/conftest.py sets for this process.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TF_MINOR = tuple(int(p) for p in tf.__version__.split(".")[:2])
+
+
+def fresh(code, *, legacy=None, args=None):
+    """Run `code` (or `python args...`) in a fresh interpreter from the repository root."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    if legacy is not None:
+        env["TF_USE_LEGACY_KERAS"] = legacy
+    command = [sys.executable] + (args if args is not None else ["-c", code])
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+
+
+def test_import_dapple_makes_tf_keras_keras_2():
+    proc = fresh("import os, sys, dapple, tensorflow as tf\n"
+                 "root = tf.keras.Model.__module__.split('.')[0]\n"
+                 "print(root, sys.modules[root].__version__, os.environ['TF_USE_LEGACY_KERAS'])")
+    assert proc.returncode == 0, proc.stderr
+    root, version, env = proc.stdout.split()
+    assert version.startswith("2."), proc.stdout
+    assert env == "1"
+    assert root == ("tf_keras" if TF_MINOR >= (2, 16) else "keras"), proc.stdout
+
+
+@pytest.mark.skipif(TF_MINOR < (2, 16), reason="TensorFlow 2.15's tf.keras is Keras 2 whatever "
+                    "is imported first")
+def test_tensorflow_imported_first_gets_what_to_do():
+    proc = fresh("import tensorflow\nimport dapple")
+    assert proc.returncode != 0
+    assert "Keras2Error: tf.keras is Keras 3 here" in proc.stderr, proc.stderr
+    assert "Put `import dapple` before `import tensorflow`" in proc.stderr
+    assert "set TF_USE_LEGACY_KERAS=1" in proc.stderr
+    # The variable set by the user before TensorFlow is the other way.
+    ok = fresh("import tensorflow\nimport dapple", legacy="1")
+    assert ok.returncode == 0, ok.stderr
+
+
+SEEDED_DENSE = ("import tensorflow as tf\n"
+                "tf.keras.utils.set_random_seed(7)\n"
+                "dense = tf.keras.layers.Dense(3)\n"
+                "dense.build((None, 4))\n")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="tf_keras's float seed bound fails only "
+                    "on Python 3.12+ (this is %d.%d)" % sys.version_info[:2])
+@pytest.mark.skipif(TF_MINOR < (2, 16), reason="the bug is tf_keras's (TensorFlow 2.16+)")
+def test_set_random_seed_then_seeded_layers_work_on_python_312():
+    # Without dapple the bug is there: the test below exercises it.
+    bare = fresh(SEEDED_DENSE, legacy="1")
+    assert "'float' object cannot be interpreted as an integer" in bare.stderr, (
+        "tf_keras no longer fails here: dapple.seed_workaround may go", bare.stderr)
+    # With dapple, the layer draws the seed Python 3.11 draws: randint(1, int(1e9)).
+    proc = fresh("import dapple, random, numpy as np\n" + SEEDED_DENSE +
+                 "seed = random.Random(7).randint(1, 10**9)\n"
+                 "want = tf.keras.initializers.GlorotUniform(seed=seed)((4, 3))\n"
+                 "print(np.array_equal(dense.kernel.numpy(), want.numpy()))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True"], proc.stdout
