@@ -8,7 +8,9 @@ rewriter cuts Keras 2's layer graph, so:
 - `select_before_tensorflow()`, called by `import dapple` before anything of TensorFlow loads,
   sets `TF_USE_LEGACY_KERAS=1` (child processes, such as horovodrun's ranks, inherit it);
 - `check_tf_keras()`, called once TensorFlow is loaded, fails with what to do when TensorFlow
-  was imported first without that variable, or when `tf_keras` is missing.
+  was imported first without that variable, or when `tf_keras` is missing;
+- `require_keras2_model(model, where)` refuses a Keras 3 model with its Keras version and the
+  one-line change.
 
 TensorFlow 2.15 has Keras 2 built in (`tf.keras` is `keras` 2.15) and ignores the variable.
 """
@@ -19,6 +21,9 @@ import sys
 
 ENV = "TF_USE_LEGACY_KERAS"
 _TRUE = ("true", "True", "1")   # what TensorFlow's lazy loader accepts
+
+ONE_LINE_FIX = ("replace `import keras` with `import tf_keras as keras` (or use `tf.keras` "
+                "after `import dapple`)")
 
 
 class Keras2Error(ImportError):
@@ -55,3 +60,30 @@ def check_tf_keras() -> None:
             f"`import tensorflow`, or set {ENV}=1 in the environment (pip install "
             f"'tf_keras=={major_minor}.*' if it is missing)")
 
+
+def keras_of(obj):
+    """(package, version) of the Keras that defines obj's class, e.g. ('keras', '3.5.0');
+    None when no Keras package defines it."""
+    for cls in type(obj).__mro__:
+        root = (cls.__module__ or "").split(".")[0]
+        if root in ("keras", "tf_keras"):
+            return root, str(getattr(sys.modules.get(root), "__version__", "unknown"))
+    return None
+
+
+def require_keras2_model(model, where: str) -> None:
+    """Refuse, with one clear message, a model that is not a `tf.keras` (Keras 2) model.
+
+    `where` names the entry point (`PipelinedModel`, `dapple.profile`, `--model=m:build`)."""
+    import tensorflow as tf
+
+    if isinstance(model, tf.keras.Model):
+        return
+    found = keras_of(model)
+    if found and not found[1].startswith(("1.", "2.")):
+        raise TypeError(
+            f"{where}: the model {getattr(model, 'name', '')!r} is a Keras {found[1]} model "
+            f"(`import keras`), and dapple pipelines Keras 2 models. One-line fix: "
+            f"{ONE_LINE_FIX}")
+    raise TypeError(f"{where}: dapple needs a tf.keras.Model (Keras 2), got "
+                    f"{type(model).__module__}.{type(model).__name__}")

@@ -37,6 +37,7 @@ import tensorflow as tf
 from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
 from dapple.data import global_batches, padded_batches, rows, unpack_validation_data
 from dapple.eager_build import build_metrics
+from dapple.keras2 import require_keras2_model
 from dapple.local_runtime import LocalRuntime
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime import Runtime, loss_scale
@@ -75,6 +76,7 @@ def _make_runtime(runtime: Optional[str], model: tf.keras.Model, plan: Plan,
 class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
                  runtime: Optional[str] = None):
+        require_keras2_model(model, "PipelinedModel")
         self.model = model
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
         # Checked before the runtime starts (Horovod's, too): a clear error on every rank.

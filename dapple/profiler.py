@@ -43,6 +43,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from dapple.keras2 import require_keras2_model
 from dapple.measure import MIN_BACKWARD_MS, median_ms
 from graph_rewrite.model_graph import (call_positions, layer_order, model_input_ids,
                                        model_signature, node_call_arguments)
@@ -100,6 +101,7 @@ def _time_node(node, args, kwargs, warmup: int, runs: int):
 def measure_profile(model: tf.keras.Model, x, name: Optional[str] = None, warmup: int = 2,
                     runs: int = 5) -> Profile:
     """The planner's `Profile` of `model`, measured on the batch `x`."""
+    require_keras2_model(model, "dapple.profile")
     if runs < 1 or warmup < 0:
         raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     order = layer_order(model)

@@ -16,6 +16,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from dapple.keras2 import require_keras2_model
+
 
 def load_builder(spec: str):
     """`package.module:function` -> the function."""
@@ -41,8 +43,10 @@ def build_model(spec: str, model_args: Optional[str] = None) -> tf.keras.Model:
     if not isinstance(kwargs, dict):
         raise ValueError(f"--model_args must be a JSON object, got {model_args!r}")
     model = load_builder(spec)(**kwargs)
-    if not isinstance(model, tf.keras.Model):
-        raise ValueError(f"--model={spec} returned {type(model).__name__}, not a tf.keras.Model")
+    try:
+        require_keras2_model(model, f"--model={spec}")
+    except TypeError as e:
+        raise ValueError(str(e)) from None
     return model
 
 

@@ -183,3 +183,11 @@ def float32_logits_mlp(seed=0):
     h = tf.keras.layers.Dense(16, activation="tanh", name="d2")(h)
     h = tf.keras.layers.Dense(16, activation="relu", name="d3")(h)
     return tf.keras.Model(x, tf.keras.layers.Dense(4, name="out", dtype="float32")(h))
+
+
+def keras3_mlp():
+    """The same kind of model written with `import keras`: Keras 3 on TensorFlow 2.16+, which
+    dapple refuses (tests/test_keras2.py)."""
+    import keras
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d1"),
+                             keras.layers.Dense(2, name="d2")], name="keras3_mlp")

@@ -1,20 +1,25 @@
 """dapple runs Keras 2 models (`dapple.keras2`, `dapple.seed_workaround`).
 
 `import dapple` makes `tf.keras` Keras 2 (TF_USE_LEGACY_KERAS=1 before TensorFlow loads) or says
-what to do when TensorFlow came first; `tf.keras.utils.set_random_seed` then seeded layers work
-on Python 3.12.
+what to do when TensorFlow came first; a Keras 3 model gets one error naming its Keras version
+and the one-line fix; `tf.keras.utils.set_random_seed` then seeded layers work on Python 3.12.
 TensorFlow picks its Keras once, at import, so each check runs in a fresh Python without the
 TF_USE_LEGACY_KERAS that tests/conftest.py sets for this process.
 """
 import os
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 import tensorflow as tf
 
+import dapple
+from planner.plan import straight_plan
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_MINOR = tuple(int(p) for p in tf.__version__.split(".")[:2])
+FIX = "import tf_keras as keras"
 
 
 def fresh(code, *, legacy=None, args=None):
@@ -25,6 +30,14 @@ def fresh(code, *, legacy=None, args=None):
     command = [sys.executable] + (args if args is not None else ["-c", code])
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=300)
+
+
+def keras3_version():
+    try:
+        version = metadata.version("keras")
+    except metadata.PackageNotFoundError:
+        return None
+    return version if version.startswith("3.") else None
 
 
 def test_import_dapple_makes_tf_keras_keras_2():
@@ -49,6 +62,44 @@ def test_tensorflow_imported_first_gets_what_to_do():
     # The variable set by the user before TensorFlow is the other way.
     ok = fresh("import tensorflow\nimport dapple", legacy="1")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_a_non_keras_model_is_refused_by_name():
+    with pytest.raises(TypeError, match=r"PipelinedModel: dapple needs a tf.keras.Model "
+                                        r"\(Keras 2\), got builtins.object"):
+        dapple.PipelinedModel(object(), straight_plan([1], 2, 2, 8))
+
+
+@pytest.mark.skipif(keras3_version() is None, reason="`import keras` is not Keras 3 here "
+                    "(TensorFlow 2.15's keras 2.15)")
+def test_a_keras3_model_gets_one_clear_error(tmp_path):
+    version = keras3_version()
+    proc = fresh(
+        "import numpy as np, dapple\n"
+        "from planner.plan import straight_plan\n"
+        "from tests.models import keras3_mlp\n"
+        "m = keras3_mlp()\n"
+        "for name, call in [('PipelinedModel', lambda: dapple.PipelinedModel(m, "
+        "straight_plan([1], 2, 2, 8))), ('profile', lambda: dapple.profile(m, "
+        "np.zeros((4, 4), 'float32')))]:\n"
+        "    try:\n"
+        "        call(); print(name, 'accepted')\n"
+        "    except TypeError as e:\n"
+        "        print(e)\n")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["PipelinedModel", "dapple.profile"], lines
+    for line in lines:
+        assert f"is a Keras {version} model (`import keras`)" in line, line
+        assert FIX in line, line
+    plan = tmp_path / "plan.json"
+    straight_plan([1], 2, 2, 8).save(str(plan))
+    cli = fresh(None, args=["-m", "dapple.cli", "verify", f"--plan={plan}",
+                            "--model=tests.models:keras3_mlp"])
+    assert cli.returncode == 2, cli.stdout + cli.stderr
+    assert f"--model=tests.models:keras3_mlp: the model 'keras3_mlp' is a Keras {version}" \
+        in cli.stderr and FIX in cli.stderr, cli.stderr
+    assert "Traceback" not in cli.stderr
 
 
 SEEDED_DENSE = ("import tensorflow as tf\n"
