@@ -19,10 +19,12 @@ from dapple.pipelined_model import PipelinedModel
 from dapple.measure import median_ms
 from dapple.timing import (MeasuredPlan, StageTiming, format_report, measure_plan,
                            measure_stages, timing_report)
-from planner.plan import straight_plan
+from planner.cost_model import evaluate
+from planner.plan import Plan, straight_plan
 from planner.profile import Layer, Profile
+from planner.profile_readers import load_profile
 from tests.models import mlp_with_skip
-from topology import local_topology
+from topology import local_topology, parse_topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -160,6 +162,16 @@ def test_verify_timing_uses_a_dapple_profile(tmp_path):
     assert "profile 'mlp_with_skip' at batch 8" in proc.stdout
     assert STEP_LINE.search(proc.stdout), proc.stdout
     assert len(_stage_rows(proc.stdout)) == 2
+    # --topology: the prediction is the cost model's on that topology (slow links: far above).
+    spec = "1x2,nvlink=0.01MB/s"
+    slow = _run_verify(tmp_path, straight_plan([2], 5, 2, 16), "tests.models:mlp_with_skip",
+                       f"--profile={prof}", f"--topology={spec}")
+    assert slow.returncode == 0, slow.stderr
+    assert f"timing on {spec} with" in slow.stdout
+    plan = Plan.load(str(tmp_path / "plan.json"))
+    want = evaluate(plan, load_profile(prof), parse_topology(spec)).latency_ms
+    assert float(STEP_LINE.search(slow.stdout).group(1)) == pytest.approx(want, abs=0.01)
+    assert want > 2 * float(STEP_LINE.search(proc.stdout).group(1))
 
 
 def test_verify_timing_refuses_a_profile_of_another_model(tmp_path):

@@ -21,7 +21,8 @@ times, predicted against measured with each stage's unit timed alone:
     dapple profile --model=m:build --batch_size=64 --output=m.profile.json
     dapple verify --plan=plan.json --model=m:build --timing --profile=m.profile.json
 
-The topology is `topology.local_topology(devices of the plan)`. Each device computes with
+The topology predicted on is `topology.local_topology(devices of the plan)`, or `--topology`
+(the one the plan was made for, e.g. GPUs: `1x8,mem=16GB`). Each device computes with
 `--intra_op_threads` threads (default 1: logical CPU devices share the process's thread pools,
 so one thread each is what lets two devices use two cores); profile with the same setting
 (`TF_NUM_INTRAOP_THREADS=1 dapple profile ...`), the command warns when the profile says
@@ -43,6 +44,8 @@ flags.DEFINE_integer("seed", 0, "seed of the random data")
 flags.DEFINE_bool("timing", False, "also print predicted, simulated and measured step times")
 flags.DEFINE_string("profile", None, "with --timing: the model's profile (dapple profile JSON); "
                     "default: profile here")
+flags.DEFINE_string("topology", None, "with --timing: the topology to predict on (preset, spec "
+                    "or JSON, as dapple plan takes; default: local_topology of the plan's devices)")
 flags.DEFINE_integer("timing_warmup", 3, "with --timing: unmeasured runs before each timing")
 flags.DEFINE_integer("timing_runs", 10, "with --timing: measured runs (the median is kept)")
 flags.DEFINE_integer("intra_op_threads", 1, "with --timing: TensorFlow intra-op threads "
@@ -191,7 +194,7 @@ def _timing(pm, model, plan, x, y, batch) -> int:
     from dapple.timing import format_report, measure_plan, timing_report
     from planner.profile import ProfileError
     from planner.profile_readers import load_profile
-    from topology import local_topology
+    from topology import TopologyError, local_topology, parse_topology
 
     threads = tf.config.threading.get_intra_op_parallelism_threads()
     if FLAGS.profile:
@@ -219,9 +222,15 @@ def _timing(pm, model, plan, x, y, batch) -> int:
               f"result)")
         profile = profile_model(model, random_inputs(model, rows, seed=FLAGS.seed))
     devices = max(d for s in plan.stages for d in s.devices) + 1
+    try:
+        topo = parse_topology(FLAGS.topology) if FLAGS.topology else local_topology(devices)
+    except TopologyError as e:
+        print(f"dapple verify: --topology: {e}", file=sys.stderr)
+        return 2
     measured = measure_plan(pm, x, y, warmup=FLAGS.timing_warmup, runs=FLAGS.timing_runs)
-    report = timing_report(plan, profile, local_topology(devices), measured)
-    print(f"timing on local_topology({devices}) with {threads or 'default'} intra-op threads, "
+    report = timing_report(plan, profile, topo, measured)
+    where = FLAGS.topology or f"local_topology({devices})"
+    print(f"timing on {where} with {threads or 'default'} intra-op threads, "
           f"median of {FLAGS.timing_runs} runs after {FLAGS.timing_warmup} warm-up; profile "
           f"{profile.name!r} at batch {profile.batch_size:g}")
     print(format_report(report))
