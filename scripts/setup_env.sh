@@ -74,12 +74,30 @@ STAMP="$VENV/.dapple-env-ok"
 WANT="$STACK setup=$(cat pyproject.toml setup.py scripts/setup_env.sh | md5sum | cut -c1-12)"
 HELD=$(cat "$VENV/.dapple-stack" 2>/dev/null || echo unknown)
 
+# What a Horovod build with NCCL needs besides TensorFlow: CUDA's compiler (Horovod compiles CUDA
+# kernels) and NCCL's header and library. Prints what is missing; nothing when all is there.
+gpu_build_missing() {
+  local cuda=${CUDA_HOME:-/usr/local/cuda}
+  if ! command -v nvcc >/dev/null 2>&1 && [[ ! -x "$cuda/bin/nvcc" ]]; then
+    echo "nvcc (the CUDA 12 toolkit; TensorFlow $TF_VERSION's wheels use CUDA 12): not on PATH" \
+         "nor in ${cuda}/bin; install it or set CUDA_HOME"
+  fi
+  if [[ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}" ]] && [[ ! -f /usr/include/nccl.h ]] \
+     && [[ ! -f "$cuda/include/nccl.h" ]]; then
+    echo "NCCL: no nccl.h in /usr/include or $cuda/include; install libnccl2 and libnccl-dev" \
+         "(NVIDIA's CUDA apt repository) or set HOROVOD_NCCL_HOME"
+  fi
+}
 if [[ "${1:-}" == "--dry-run" ]]; then
   if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then state="up to date"
   elif [[ ! -e "$VENV" ]]; then state="missing: would be created"
   elif [[ "$HELD" != "$STACK" ]]; then state="holds another stack ($HELD): would be recreated"
   else state="would be updated"; fi
   printf 'stack: %s\npython: %s\nenvironment: %s, %s\n' "$STACK" "$PY" "$VENV" "$state"
+  if [[ "$GPU" == "1" ]]; then
+    missing=$(gpu_build_missing)
+    echo "horovod with NCCL: ${missing:-can be built (nvcc and NCCL found)}"
+  fi
   exit 0
 fi
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
@@ -110,12 +128,21 @@ if ! horovod_loads; then
     $PIP install --quiet --no-deps --no-index --find-links "$WHEELS" "horovod==$HOROVOD_VERSION" && horovod_loads
   }
   if ! { ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1 && install_cached; }; then
+    if [[ "$GPU" == "1" ]]; then
+      missing=$(gpu_build_missing)
+      if [[ -n "$missing" ]]; then
+        echo "[setup] DAPPLE_GPU=1 builds Horovod with NCCL, which needs:" >&2
+        echo "$missing" | sed 's/^/  - /' >&2
+        exit 2
+      fi
+    fi
     echo "[setup] building horovod==$HOROVOD_VERSION from source with TensorFlow $TF_VERSION + Gloo" \
-         "(first run: ~10 minutes on 2 cores)"
+         "$([[ "$GPU" == 1 ]] && echo "+ NCCL ")(first run: ~10 minutes on 2 cores)"
     export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
            HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
     if [[ "$GPU" == "1" ]]; then
       export HOROVOD_GPU_OPERATIONS=NCCL
+      if [[ -n "${CUDA_HOME:-}" ]]; then export HOROVOD_CUDA_HOME=$CUDA_HOME; fi
     fi
     rm -rf "$WHEELS" && mkdir -p "$WHEELS"
     # Not pip's own wheel cache: it keys a wheel by the source archive only, so a Horovod built

@@ -77,3 +77,17 @@ def test_make_runs_the_chosen_stacks_environment():
     assert dry() == ["bash scripts/setup_env.sh", ".venv/bin/python -m pytest"]
     assert dry(DAPPLE_TF="2.15")[-1] == ".venv-tf2.15/bin/python -m pytest"
 
+
+def test_a_gpu_build_names_what_it_lacks_before_building(tmp_path):
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    env = bare_env(tmp_path, DAPPLE_GPU="1", PYTHON=sys.executable, CUDA_HOME=str(cuda),
+                   DAPPLE_VENV=str(tmp_path / "v"))
+    proc = setup(env, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "stack: tensorflow[and-cuda]==2.18.1" in proc.stdout
+    assert "nvcc (the CUDA 12 toolkit" in proc.stdout and f"nor in {cuda}/bin" in proc.stdout
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    proc = setup(dict(env, HOROVOD_NCCL_HOME=str(tmp_path)), "--dry-run")
+    assert "horovod with NCCL: can be built (nvcc and NCCL found)" in proc.stdout, proc.stdout
