@@ -10,8 +10,10 @@ SCRIPT = os.path.join(ROOT, "scripts", "setup_env.sh")
 
 
 def clean_env(**extra):
-    """This process's environment without a stack choice (scripts/test_tf215.sh sets one)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DAPPLE_TF", "DAPPLE_VENV")}
+    """This process's environment without a stack choice (scripts/test_tf215.sh sets one) and
+    without an enclosing make's variables (`make test` runs this suite)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DAPPLE_TF", "DAPPLE_VENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     return dict(env, **extra)
 
 
@@ -72,7 +74,7 @@ def test_the_default_stack_is_tensorflow_218_in_dot_venv(tmp_path):
 
 def test_make_runs_the_chosen_stacks_environment():
     def dry(**env):
-        return subprocess.run(["make", "-n", "test"], capture_output=True, text=True, cwd=ROOT,
+        return subprocess.run(["make", "-n", "--no-print-directory", "test"], capture_output=True, text=True, cwd=ROOT,
                               env=clean_env(**env)).stdout.splitlines()
     assert dry() == ["bash scripts/setup_env.sh", ".venv/bin/python -m pytest"]
     assert dry(DAPPLE_TF="2.15")[-1] == ".venv-tf2.15/bin/python -m pytest"
