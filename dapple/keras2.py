@@ -6,21 +6,24 @@ same minor version as TensorFlow) is installed; `import keras` is Keras 3 either
 rewriter cuts Keras 2's layer graph, so:
 
 - `select_before_tensorflow()`, called by `import dapple` before anything of TensorFlow loads,
-  sets `TF_USE_LEGACY_KERAS=1` (child processes, such as horovodrun's ranks, inherit it);
-- `check_tf_keras()`, called once TensorFlow is loaded, fails with what to do when TensorFlow
-  was imported first without that variable, or when `tf_keras` is missing;
+  sets `TF_USE_LEGACY_KERAS=1` when `tf_keras` is installed (child processes, such as
+  horovodrun's ranks, inherit it);
+- `check_tf_keras()`, called once TensorFlow is loaded, fails with what to do when `tf.keras`
+  is Keras 3 all the same: TensorFlow imported first without that variable, or no `tf_keras`;
 - `require_keras2_model(model, where)` refuses a Keras 3 model with its Keras version and the
   one-line change.
 
-TensorFlow 2.15 has Keras 2 built in (`tf.keras` is `keras` 2.15) and ignores the variable.
+TensorFlow 2.15 has Keras 2 built in (`tf.keras` is `keras` 2.15), but reads the variable too:
+set without `tf_keras` installed, its `tf.keras` fails to load. Hence "when `tf_keras` is
+installed".
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 ENV = "TF_USE_LEGACY_KERAS"
-_TRUE = ("true", "True", "1")   # what TensorFlow's lazy loader accepts
 
 ONE_LINE_FIX = ("replace `import keras` with `import tf_keras as keras` (or use `tf.keras` "
                 "after `import dapple`)")
@@ -30,9 +33,13 @@ class Keras2Error(ImportError):
     """TensorFlow's `tf.keras` is not Keras 2 and dapple cannot make it so."""
 
 
+def _has_tf_keras() -> bool:
+    return importlib.util.find_spec("tf_keras") is not None
+
+
 def select_before_tensorflow() -> None:
-    """Make `tf.keras` the Keras 2 API, if TensorFlow has not been imported yet."""
-    if "tensorflow" not in sys.modules:
+    """Point `tf.keras` at tf_keras (Keras 2) if it is installed and TensorFlow not loaded yet."""
+    if "tensorflow" not in sys.modules and _has_tf_keras():
         os.environ[ENV] = "1"
 
 
@@ -53,12 +60,16 @@ def check_tf_keras() -> None:
         raise Keras2Error(
             f"dapple needs Keras 2 with TensorFlow {tf.__version__}: pip install "
             f"'tf_keras=={major_minor}.*' ({e})") from None
+    if major >= 3 and not _has_tf_keras():
+        raise Keras2Error(
+            f"tf.keras is Keras 3 here, and dapple needs Keras 2: with TensorFlow "
+            f"{tf.__version__} that is the tf_keras package, not installed. pip install "
+            f"'tf_keras=={major_minor}.*'")
     if major >= 3:
         raise Keras2Error(
             f"tf.keras is Keras 3 here: TensorFlow {tf.__version__} was imported before dapple "
             f"without {ENV}=1, and dapple needs Keras 2. Put `import dapple` before "
-            f"`import tensorflow`, or set {ENV}=1 in the environment (pip install "
-            f"'tf_keras=={major_minor}.*' if it is missing)")
+            f"`import tensorflow`, or set {ENV}=1 in the environment")
 
 
 def keras_of(obj):

@@ -1,11 +1,12 @@
 """Test-wide settings. Environment first: TensorFlow reads these when it initializes.
 
 Threads are limited so multi-device tests behave on a 2-core machine, and 8 logical CPU devices
-are configured by `import dapple` for the multi-device tests. `TF_USE_LEGACY_KERAS=1` is what
-`import dapple` sets (tf.keras is Keras 2 on TensorFlow 2.16+), set here too because some test
-modules import TensorFlow before dapple; tests/test_keras2.py checks dapple's own setting in
-fresh processes.
+are configured by `import dapple` for the multi-device tests. `TF_USE_LEGACY_KERAS=1` where
+tf_keras is installed is what `import dapple` sets (tf.keras is Keras 2 on TensorFlow 2.16+),
+set here too because some test modules import TensorFlow before dapple; tests/test_keras2.py
+checks dapple's own setting in fresh processes.
 """
+import importlib.util
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -14,4 +15,5 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "4")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+if importlib.util.find_spec("tf_keras") is not None:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"

@@ -6,6 +6,7 @@ and the one-line fix; `tf.keras.utils.set_random_seed` then seeded layers work o
 TensorFlow picks its Keras once, at import, so each check runs in a fresh Python without the
 TF_USE_LEGACY_KERAS that tests/conftest.py sets for this process.
 """
+import importlib.util
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from planner.plan import straight_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_MINOR = tuple(int(p) for p in tf.__version__.split(".")[:2])
+HAS_TF_KERAS = importlib.util.find_spec("tf_keras") is not None
 FIX = "import tf_keras as keras"
 
 
@@ -43,16 +45,34 @@ def keras3_version():
 def test_import_dapple_makes_tf_keras_keras_2():
     proc = fresh("import os, sys, dapple, tensorflow as tf\n"
                  "root = tf.keras.Model.__module__.split('.')[0]\n"
-                 "print(root, sys.modules[root].__version__, os.environ['TF_USE_LEGACY_KERAS'])")
+                 "print(root, sys.modules[root].__version__, "
+                 "os.environ.get('TF_USE_LEGACY_KERAS', 'unset'))")
     assert proc.returncode == 0, proc.stderr
     root, version, env = proc.stdout.split()
     assert version.startswith("2."), proc.stdout
-    assert env == "1"
-    assert root == ("tf_keras" if TF_MINOR >= (2, 16) else "keras"), proc.stdout
+    # tf_keras where it is installed (TensorFlow 2.16+ needs it), else TensorFlow 2.15's keras.
+    assert (root, env) == (("tf_keras", "1") if HAS_TF_KERAS else ("keras", "unset")), proc.stdout
 
 
-@pytest.mark.skipif(TF_MINOR < (2, 16), reason="TensorFlow 2.15's tf.keras is Keras 2 whatever "
-                    "is imported first")
+def test_without_tf_keras_the_variable_is_left_alone():
+    """TensorFlow 2.15 reads TF_USE_LEGACY_KERAS too: set without tf_keras, its tf.keras would
+    not load. Without tf_keras, TensorFlow 2.16+ gets the error saying what to install."""
+    proc = fresh("import sys, os\n"
+                 "sys.modules['tf_keras'] = None   # as if not installed\n"
+                 "import dapple, tensorflow as tf\n"
+                 "print(os.environ.get('TF_USE_LEGACY_KERAS', 'unset'), tf.keras.Model.__module__)")
+    if TF_MINOR >= (2, 16):
+        assert proc.returncode != 0
+        assert "Keras2Error: tf.keras is Keras 3 here, and dapple needs Keras 2: with " \
+               f"TensorFlow {tf.__version__} that is the tf_keras package, not installed. pip " \
+               f"install 'tf_keras=={TF_MINOR[0]}.{TF_MINOR[1]}.*'" in proc.stderr, proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["unset", "keras.src.engine.training"], proc.stdout
+
+
+@pytest.mark.skipif(TF_MINOR < (2, 16) or not HAS_TF_KERAS, reason="TensorFlow 2.15's tf.keras "
+                    "is Keras 2 whatever is imported first")
 def test_tensorflow_imported_first_gets_what_to_do():
     proc = fresh("import tensorflow\nimport dapple")
     assert proc.returncode != 0
