@@ -84,6 +84,22 @@ def plain_loss_and_grads(model, loss, x, y):
     return total, tape.gradient(total, model.trainable_variables)
 
 
+def assert_trains_like_plain_model(pm, model, reference, loss, make_optimizer, batch, steps=3):
+    """Compile `pm` with `make_optimizer()`, train it and the plain `reference` (the same
+    optimizer, GradientTape on the whole batch) on `steps` different global batches: every
+    step's loss within 1e-5, then every weight."""
+    pm.compile(optimizer=make_optimizer(), loss=loss)
+    ref_opt = make_optimizer()
+    for step in range(steps):
+        x, y = data_for(model, batch, seed=100 + step)      # different data every step
+        got_loss = pm.train_step(x, y)
+        want_loss, grads = plain_loss_and_grads(reference, loss, x, y)
+        ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
+        assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def losses_for(model):
     sce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if len(model.outputs) == 1:

@@ -11,8 +11,8 @@ import tensorflow as tf
 from graph_rewrite.model_graph import layer_order
 from planner.chunking import interleaved_plan
 from planner.schedule import plan_schedule
-from tests.models import (data_for, dense_batchnorm, losses_for, mlp_with_skip,
-                          plain_loss_and_grads, two_in_two_out)
+from tests.models import (assert_trains_like_plain_model, data_for, dense_batchnorm, losses_for,
+                          mlp_with_skip, plain_loss_and_grads, two_in_two_out)
 from tests.test_schedule_lowering import unenforced_edges
 
 GLOBAL_BATCH = 48
@@ -70,16 +70,8 @@ def test_weights_and_batch_statistics_after_three_steps_equal_plain_model():
     plan = interleaved_plan([1, 2, 3], n, 1, 2, GLOBAL_BATCH, [1, 1])
     loss = losses_for(model)
     pm = dapple.PipelinedModel(model, plan)
-    pm.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=loss)
-    ref_opt = tf.keras.optimizers.SGD(0.1)
-    for step in range(3):
-        x, y = data_for(model, GLOBAL_BATCH, seed=100 + step)
-        got_loss = pm.train_step(x, y)
-        want_loss, grads = plain_loss_and_grads(reference, loss, x, y)
-        ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
-        assert abs(float(got_loss) - float(want_loss)) < 1e-5
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert_trains_like_plain_model(pm, model, reference, loss,
+                                   lambda: tf.keras.optimizers.SGD(0.1), GLOBAL_BATCH)
 
 
 ORDER_CASES = [CASES[0], CASES[3], CASES[5]]

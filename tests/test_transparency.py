@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from planner.plan import straight_plan
-from tests.models import (data_for, losses_for, mlp_with_skip, plain_loss_and_grads,
-                          small_conv, two_in_two_out)
+from tests.models import (assert_trains_like_plain_model, data_for, losses_for, mlp_with_skip,
+                          plain_loss_and_grads, small_conv, two_in_two_out)
 
 GLOBAL_BATCH = 48
 
@@ -77,16 +77,8 @@ def test_weights_after_three_steps_equal_plain_model(case):
     plan.recompute = recompute
     loss = losses_for(model)
     pm = dapple.PipelinedModel(model, plan)
-    pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
-    ref_opt = tf.keras.optimizers.Adam(1e-2)
-    for step in range(3):
-        x, y = data_for(model, GLOBAL_BATCH, seed=100 + step)   # different data every step
-        got_loss = pm.train_step(x, y)
-        want_loss, grads = plain_loss_and_grads(reference, loss, x, y)
-        ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
-        assert abs(float(got_loss) - float(want_loss)) < 1e-5
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert_trains_like_plain_model(pm, model, reference, loss,
+                                   lambda: tf.keras.optimizers.Adam(1e-2), GLOBAL_BATCH)
 
 
 def test_pipeline_differs_from_plain_model_when_data_differs():

@@ -12,8 +12,10 @@ import tensorflow as tf
 from graph_rewrite.model_graph import layer_order
 from graph_rewrite.split_backward import find_weight_uses, input_pass, weight_pass
 from planner.plan import straight_plan
-from tests.models import (data_for, dense_batchnorm, integer_boundary, losses_for,
-                          mlp_with_skip, plain_loss_and_grads, small_conv, two_in_two_out)
+from tests.models import (assert_trains_like_plain_model, data_for, dense_batchnorm,
+                          integer_boundary, losses_for, mlp_with_skip, plain_loss_and_grads,
+                          small_conv, two_in_two_out)
+from tests.test_schedule_lowering import descendants
 
 GLOBAL_BATCH = 48
 
@@ -63,16 +65,8 @@ def test_weights_and_batch_statistics_after_three_steps_equal_plain_model():
     plan = straight_plan([2], len(layer_order(model)), 1, GLOBAL_BATCH, schedule="zb-h1")
     loss = losses_for(model)
     pm = dapple.PipelinedModel(model, plan)
-    pm.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=loss)
-    ref_opt = tf.keras.optimizers.SGD(0.1)
-    for step in range(3):
-        x, y = data_for(model, GLOBAL_BATCH, seed=100 + step)
-        got_loss = pm.train_step(x, y)
-        want_loss, grads = plain_loss_and_grads(reference, loss, x, y)
-        ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
-        assert abs(float(got_loss) - float(want_loss)) < 1e-5
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert_trains_like_plain_model(pm, model, reference, loss,
+                                   lambda: tf.keras.optimizers.SGD(0.1), GLOBAL_BATCH)
 
 
 COMPUTE = ("MatMul", "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "BiasAddGrad",
@@ -142,17 +136,6 @@ def ops_by_action(pm, x, y):
                 and not op.name.startswith("dapple_zeros/")] for k, ops in built.items()}
 
 
-def reachable(ops):
-    seen, frontier = set(), list(ops)
-    while frontier:
-        op = frontier.pop()
-        for nxt in [c for out in op.outputs for c in out.consumers()] + op._control_outputs:
-            if nxt not in seen:
-                seen.add(nxt)
-                frontier.append(nxt)
-    return seen
-
-
 @pytest.mark.parametrize("reps,m", [([1, 1], 4), ([2, 1], 3)])
 def test_the_graph_enforces_every_position_order(reps, m):
     from planner.schedule import plan_schedule
@@ -171,7 +154,7 @@ def test_the_graph_enforces_every_position_order(reps, m):
                 if not a or not b:      # W of micro-batch 0 only hands its gradients on
                     continue
                 checked += 1
-                reach = reachable(a)
+                reach = descendants(a)
                 if not all(op in reach for op in b):
                     missing.append(f"position {s} replica {r}: {before} -> {after}")
     assert missing == [] and checked > 0
