@@ -49,11 +49,10 @@ def _first_users(tensor: tf.Tensor) -> List[tf.Operation]:
 def find_weight_uses(ops: Sequence[tf.Operation], variables: Sequence[tf.Variable],
                      graph) -> List[WeightUse]:
     """The weight uses among `ops` (a forward's ops, in the function graph `graph`)."""
-    index: Dict[int, int] = {}
-    for external, internal in graph.captures:
-        for i, v in enumerate(variables):
-            if external is v.handle:
-                index[id(internal)] = i
+    by_handle = {id(v.handle): i for i, v in enumerate(variables)}
+    index: Dict[int, int] = {id(internal): by_handle[id(external)]
+                             for external, internal in graph.captures
+                             if id(external) in by_handle}
     window = set(ops)
     uses = []
     for op in ops:
