@@ -267,7 +267,7 @@ class PipelineStep:
         stage = unit[0]
         split = stage in self.schedule.split_chunks
         graph = tf.compat.v1.get_default_graph()
-        first = len(graph.get_operations())
+        first = len(graph.get_operations()) if split else 0   # a list of all ops: only if used
         with tf.GradientTape(persistent=split) as tape:
             _watch(tape, inputs, stage)
             outputs, term, statistics = self._call_stage(state, unit, m, inputs, inline=split)
