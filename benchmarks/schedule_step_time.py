@@ -28,10 +28,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -39,6 +37,9 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+
+from benchmarks.step_timing import (median_step_ms, read_step_ms, report,  # noqa: E402
+                                    run_checked)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("width", 1024, "units of every Dense layer")
@@ -48,7 +49,7 @@ flags.DEFINE_integer("micro_batches", 8, "M")
 flags.DEFINE_integer("steps", 10, "timed steps per measurement (median kept)")
 flags.DEFINE_integer("repeats", 3, "rounds of alternating measurements (median kept)")
 flags.DEFINE_string("worker_plan", "", "internal: time this plan as one rank")
-RESULT = "DAPPLE_STEP_MS "
+RESULT = "DAPPLE_SPLIT_MS "
 SCHEDULES = ("1f1b", "zb-h1", "interleaved")
 
 
@@ -69,10 +70,9 @@ def plans(num_layers: int) -> dict:
 
 # ---- one rank of one measurement ---------------------------------------------------------------
 def worker() -> None:
+    import dapple  # before TensorFlow: it selects Keras 2
     import numpy as np
     import tensorflow as tf
-
-    import dapple
     from benchmarks.predicted_vs_measured import build
     from planner.plan import Plan
     tf.get_logger().setLevel("ERROR")
@@ -83,15 +83,7 @@ def worker() -> None:
     rng = np.random.RandomState(0)
     x = tf.constant(rng.randn(FLAGS.batch, FLAGS.width).astype("float32"))
     y = tf.constant(rng.randint(0, 10, FLAGS.batch).astype("int32"))
-    for _ in range(3):
-        pm.train_step(x, y).numpy()
-    times = []
-    for _ in range(FLAGS.steps):
-        start = time.perf_counter()
-        pm.train_step(x, y).numpy()
-        times.append(1e3 * (time.perf_counter() - start))
-    if pm.rank == 0:
-        print(RESULT + json.dumps(statistics.median(times)), flush=True)
+    report(pm, median_step_ms(pm, x, y, FLAGS.steps))
 
 
 # ---- the parent --------------------------------------------------------------------------------
@@ -102,11 +94,7 @@ def env() -> dict:
 
 
 def run(cmd, timeout=1800) -> str:
-    out = subprocess.run(cmd, env=env(), cwd=REPO, text=True, capture_output=True,
-                         timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{(out.stdout + out.stderr)[-3000:]}")
-    return out.stdout
+    return run_checked(cmd, env(), REPO, timeout)
 
 
 def bin_path(name: str) -> str:
@@ -122,10 +110,7 @@ def measure_step(plan_path: str) -> float:
                           f"--worker_plan={plan_path}", f"--width={FLAGS.width}",
                           f"--depth={FLAGS.depth}", f"--batch={FLAGS.batch}",
                           f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]))
-    for line in out.splitlines():
-        if RESULT in line:
-            return float(json.loads(line.split(RESULT, 1)[1]))
-    raise RuntimeError(f"no step time in:\n{out[-2000:]}")
+    return read_step_ms(out)
 
 
 def split_against_fused() -> tuple:

@@ -1,0 +1,222 @@
+"""The planner held to measurement: predicted and measured step times of data parallelism, the
+straight pipeline and the planner's best plan on an emulated 2-host cluster, at two link rates.
+
+    python benchmarks/planner_on_emulated_cluster.py [--rates=100Mbps,5Gbps]
+        [--global_batch_size=128] [--steps=8] [--repeats=2] [--pin=false]
+
+Issue #17, item 3. Needs root (`dapple emulate`). In one run:
+
+1. profile the model with one TF thread at `--profile_batch` (`dapple profile`);
+2. per rate: `dapple emulate --topology=2x1,net=RATE -- dapple topology --measure` (one rank a
+   host: the link between hosts is measured, the in-host link is not used by any plan);
+3. per rate: the planner's best data-parallel plan, best straight pipeline and best plan
+   (`planner.baselines`, `planner.plan_space.plan_dapple`, even slices as the runtime needs),
+   each with the planner's estimate and the simulator's replay;
+4. per rate: each distinct plan trained under `dapple emulate` at that rate, median of `--steps`
+   steps after 3 warm-up steps, plans alternating, `--repeats` rounds (median kept).
+
+Prints predicted and measured side by side, the rankings, and the targets (the rankings match;
+each prediction within 20%).
+
+Why this model (`build`): three 3x3 convolutions (most of the compute, few parameters, 64 KiB of
+activations a sample between them), a 2x2 max-pool, then Dense(512) on the 4096 pooled
+features (2.1 M parameters, 8.4 MB of gradients, little compute) and a classifier. Data
+parallelism's allreduce carries the dense layer's 8.4 MB; a pipeline's boundary carries either
+the convolutions' large activations (a balanced cut) or the few pooled/dense features (a cut
+near the end, which leaves one stage almost all the work). On a slow link the allreduce is what
+hurts, so a pipeline wins; on a fast link the allreduce costs less than a pipeline's bubble and
+boundary transfers, so data parallelism wins: both terms matter, and which plan is best flips.
+
+Ranks run unpinned (`--pin=false`): pinned to one CPU each, Horovod's per-transfer latency
+read 5 to 8 ms here instead of about 1 ms (the rank's helper threads wait behind its own
+busy-waiting TF threads), which would make every pipeline transfer cost what the network
+does not.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from benchmarks.step_timing import (median_step_ms, read_step_ms, report,  # noqa: E402
+                                    run_checked)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("rates", ["100Mbps", "5Gbps"], "link rates between the two hosts")
+flags.DEFINE_integer("global_batch_size", 128, "global batch")
+flags.DEFINE_integer("profile_batch", 32, "batch the profile is measured at")
+flags.DEFINE_integer("steps", 8, "timed steps per measurement (median kept)")
+flags.DEFINE_integer("repeats", 2, "rounds of alternating measurements (median kept)")
+flags.DEFINE_bool("pin", False, "pin each rank to one CPU (see the module doc)")
+flags.DEFINE_string("worker_plan", "", "internal: train this plan as one rank and time it")
+SIZE, CHANNELS = 16, 32
+BEST = "planner's best"
+
+
+def build(convs: int = 3, filters: int = 64, dense: int = 512, classes: int = 10, seed: int = 0):
+    """The benchmark's model (see the module doc)."""
+    import tensorflow as tf
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((SIZE, SIZE, CHANNELS), name="x")
+    h = x
+    for i in range(convs):
+        h = tf.keras.layers.Conv2D(filters, 3, padding="same", activation="relu",
+                                   name=f"conv{i}")(h)
+    h = tf.keras.layers.MaxPooling2D(2, name="pool")(h)
+    h = tf.keras.layers.Flatten(name="flatten")(h)
+    h = tf.keras.layers.Dense(dense, activation="relu", name="dense")(h)
+    out = tf.keras.layers.Dense(classes, name="classifier")(h)
+    return tf.keras.Model(x, out, name="convs_then_dense")
+
+
+# ---- one rank of one measurement ---------------------------------------------------------------
+def worker() -> None:
+    import dapple  # before TensorFlow: it selects Keras 2
+    import numpy as np
+    import tensorflow as tf
+    from planner.plan import Plan
+    tf.get_logger().setLevel("ERROR")
+    pm = dapple.PipelinedModel(build(), Plan.load(FLAGS.worker_plan))
+    pm.compile(tf.keras.optimizers.SGD(0.01),
+               tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.RandomState(0)
+    B = FLAGS.global_batch_size
+    x = tf.constant(rng.randn(B, SIZE, SIZE, CHANNELS).astype("float32"))
+    y = tf.constant(rng.randint(0, 10, B).astype("int32"))
+    report(pm, median_step_ms(pm, x, y, FLAGS.steps))
+
+
+# ---- the parent --------------------------------------------------------------------------------
+def env() -> dict:
+    # HOROVOD_CYCLE_TIME as `dapple launch` sets it; one TF thread a rank comes from emulate.
+    return dict(os.environ, HOROVOD_CYCLE_TIME="0.1", PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def run(cmd, timeout=1800) -> str:
+    return run_checked(cmd, env(), REPO, timeout)
+
+
+def dapple_bin() -> str:
+    return os.path.join(os.path.dirname(sys.executable), "dapple")
+
+
+def emulated(rate: str, program) -> list:
+    return [dapple_bin(), "emulate", f"--topology=2x1,net={rate}",
+            f"--pin={str(FLAGS.pin).lower()}", "--"] + list(program)
+
+
+def plan_key(plan) -> tuple:
+    return (plan.micro_batches, plan.schedule, plan.warmup and tuple(plan.warmup),
+            tuple((st.first, st.last, tuple(st.devices)) for st in plan.stages))
+
+
+def describe(plan) -> str:
+    stages = " | ".join(f"layers {st.first}-{st.last} x{st.replicas}" for st in plan.stages)
+    return f"M={plan.micro_batches} {plan.schedule}: {stages}"
+
+
+def ranking(times: dict) -> list:
+    return sorted(times, key=times.get)
+
+
+def main(argv):
+    del argv
+    if FLAGS.worker_plan:
+        return worker()
+    from planner.baselines import best_data_parallel_plan, best_straight_plan
+    from planner.cost_model import pipeline_costs
+    from planner.plan_space import plan_dapple
+    from planner.profile_readers import load_profile
+    from planner.simulator import simulate_plan
+    from topology.parse import parse_topology
+
+    B = FLAGS.global_batch_size
+    print(f"command: python benchmarks/planner_on_emulated_cluster.py "
+          f"--rates={','.join(FLAGS.rates)} --global_batch_size={B} "
+          f"--profile_batch={FLAGS.profile_batch} --steps={FLAGS.steps} "
+          f"--repeats={FLAGS.repeats} --pin={str(FLAGS.pin).lower()}")
+    rows, misses = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        prof_path = os.path.join(tmp, "model.profile.json")
+        prof_env = dict(env(), TF_NUM_INTRAOP_THREADS="1", OMP_NUM_THREADS="1")
+        subprocess.run([dapple_bin(), "profile",
+                        "--model=benchmarks.planner_on_emulated_cluster:build",
+                        f"--batch_size={FLAGS.profile_batch}", f"--output={prof_path}",
+                        "--runs=20", "--warmup=3"], env=prof_env, cwd=REPO, check=True,
+                       capture_output=True)
+        profile = load_profile(prof_path)
+        print(f"profile: {profile.num_layers} layers at batch {FLAGS.profile_batch}, one thread: "
+              f"forward {profile.forward_ms(0, profile.num_layers - 1):.2f} ms, backward "
+              f"{profile.backward_ms(0, profile.num_layers - 1):.2f} ms")
+        for rate in FLAGS.rates:
+            topo_path = os.path.join(tmp, f"topology-{rate}.json")
+            run(emulated(rate, [dapple_bin(), "topology", "--measure", f"--output={topo_path}"]))
+            topology = parse_topology(topo_path)
+            link = json.load(open(topo_path))
+            plans = {"data parallel": best_data_parallel_plan(profile, topology, B,
+                                                              even_slices=True),
+                     "straight pipeline": best_straight_plan(profile, topology, B,
+                                                             even_slices=True),
+                     BEST: plan_dapple(profile, topology, B, even_slices=True)}
+            paths, measured = {}, {}
+            for name, plan in plans.items():
+                key = plan_key(plan)
+                if key not in paths:
+                    paths[key] = os.path.join(tmp, f"{rate}-{len(paths)}.json")
+                    plan.save(paths[key])
+                    measured[key] = []
+            loads = []
+            for _ in range(FLAGS.repeats):
+                for key, path in paths.items():
+                    loads.append(os.getloadavg()[0])
+                    out = run(emulated(rate, [sys.executable, os.path.abspath(__file__),
+                                              f"--worker_plan={path}",
+                                              f"--global_batch_size={B}",
+                                              f"--steps={FLAGS.steps}"]))
+                    measured[key].append(read_step_ms(out))
+            print(f"\n== {rate}: measured link {8 * link['inter_host_bandwidth'] / 1e9:.3f} "
+                  f"Gbit/s, {1e3 * link['inter_host_latency']:.2f} ms a transfer; "
+                  f"load average {min(loads):.1f}..{max(loads):.1f}")
+            print(f"{'plan':<19}{'predicted ms':>13}{'simulated ms':>13}{'measured ms':>12}"
+                  f"{'meas / pred':>12}   shape")
+            predicted, meas = {}, {}
+            for name, plan in plans.items():
+                key = plan_key(plan)
+                predicted[name] = plan.estimate.latency_ms
+                simulated = simulate_plan(plan, pipeline_costs(plan, profile,
+                                                               topology)).iteration_ms
+                meas[name] = statistics.median(measured[key])
+                ratio = meas[name] / predicted[name]
+                if abs(ratio - 1) > 0.20:
+                    misses.append(f"{rate} {name}: measured / predicted {ratio:.2f}")
+                print(f"{name:<19}{predicted[name]:>13.1f}{simulated:>13.1f}{meas[name]:>12.1f}"
+                      f"{ratio:>12.2f}   {describe(plan)}")
+                rows.append((rate, name, predicted[name], meas[name]))
+            names = {key: " = ".join(n for n, p in plans.items() if plan_key(p) == key)
+                     for key in paths}
+            print("per round (ms): " + "; ".join(
+                f"{names[key]} " + ", ".join(f"{t:.0f}" for t in measured[key])
+                for key in paths))
+            # The distinct plans, ordered by prediction and by measurement.
+            by_pred = ranking({names[plan_key(p)]: predicted[n] for n, p in plans.items()})
+            by_meas = ranking({names[plan_key(p)]: meas[n] for n, p in plans.items()})
+            print(f"ranking predicted: {' < '.join(by_pred)}; measured: {' < '.join(by_meas)}"
+                  f" -> {'match' if by_pred == by_meas else 'MISMATCH'}")
+            if by_pred != by_meas:
+                misses.append(f"{rate}: ranking predicted {by_pred}, measured {by_meas}")
+    print("\ntargets: rankings match and each prediction within 20%: "
+          + ("met" if not misses else "not met: " + "; ".join(misses)))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,43 @@
+"""What the step-time benchmarks share: a rank's median `train_step` time, reported on a line the
+parent reads back, and running their subprocesses."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+
+RESULT = "DAPPLE_STEP_MS "
+
+
+def median_step_ms(pipelined_model, x, y, steps: int, warmup: int = 3) -> float:
+    """Median of `steps` timed `train_step` calls (each up to `.numpy()`), after `warmup`."""
+    for _ in range(warmup):
+        pipelined_model.train_step(x, y).numpy()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        pipelined_model.train_step(x, y).numpy()
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def report(pipelined_model, step_ms: float) -> None:
+    """Rank 0 prints the figure on a line `read_step_ms` finds in the job's output."""
+    if pipelined_model.rank == 0:
+        print(RESULT + json.dumps(step_ms), flush=True)
+
+
+def read_step_ms(output: str) -> float:
+    for line in output.splitlines():
+        if RESULT in line:
+            return float(json.loads(line.split(RESULT, 1)[1]))
+    raise RuntimeError(f"no step time in the job's output:\n{output[-3000:]}")
+
+
+def run_checked(cmd, env: dict, cwd: str, timeout: float = 1800) -> str:
+    """`cmd`'s standard output; its failure raises with the end of what it printed."""
+    out = subprocess.run(cmd, env=env, cwd=cwd, text=True, capture_output=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{(out.stdout + out.stderr)[-3000:]}")
+    return out.stdout
