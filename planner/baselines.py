@@ -12,8 +12,8 @@ from planner.profile import Profile
 
 def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
                             memory_limit=None, even_slices: bool = False) -> Plan:
-    """Pure data parallelism on all devices (gradient accumulation over M micro-batches,
-    allreduce overlapped with the last backward), the best M."""
+    """Pure data parallelism on all devices (gradient accumulation over M micro-batches, then
+    the allreduce), the best M."""
     check_global_batch(global_batch_size)
     topo = with_memory(topology, memory_limit)
     G = topo.num_devices

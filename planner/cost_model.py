@@ -62,7 +62,7 @@ class StageCost(NamedTuple):
     send_backward_ms: float     # their gradients back over the same boundary
     forward_ms: float
     backward_ms: float
-    allreduce_ms: float         # once per iteration: the part exposed after the last backward
+    allreduce_ms: float         # once per iteration, after the stage's last backward
     max_in_flight: int          # D: micro-batches whose activations fit (0: not even one)
 
 
@@ -83,7 +83,6 @@ class StageModel:
         self.inter_bw = topology.inter_host_bandwidth / 1e3
         self.intra_lat = topology.intra_host_latency * 1e3      # ms
         self.inter_lat = topology.inter_host_latency * 1e3
-        self._ar_cache: Dict[tuple, float] = {}
         self._transfer_cache: Dict[tuple, float] = {}
         self._fit_cache: Dict[tuple, int] = {}
 
@@ -153,28 +152,12 @@ class StageModel:
         return (per_byte * self.profile.parameter_bytes(first, last) + fixed) * (sum(counts) > 1)
 
     def exposed_allreduce_ms(self, first: int, last: int, counts: Sequence[int]) -> float:
-        """Allreduce time left after the stage's last backward (docs/cost_model.md)."""
-        if sum(counts) <= 1:
+        """Allreduce time left after the stage's last backward: all of it. dapple's runtime
+        runs a stage's backward as one call whose gradients appear together, so the allreduce
+        starts after it (docs/cost_model.md); a stage without parameters has none."""
+        if sum(counts) <= 1 or self.profile.parameter_bytes(first, last) <= 0:
             return 0.0
-        key = (first, last, tuple(counts))
-        hit = self._ar_cache.get(key)
-        if hit is not None:
-            return hit
-        per_byte, fixed = self.allreduce_rate(counts)
-        scale = self.time_scale(sum(counts))
-        p = self.profile
-        # Layers finish their last backward from `last` down to `first`; layer k is ready at
-        # tau_k = TASK_OVERHEAD + scale * backward(k..last). Allreduces run in that order:
-        # finish = max_k (tau_k + per_byte * params(k..last)).
-        finish = 0.0
-        b_done = 0.0
-        for k in range(last, first - 1, -1):
-            b_done += p.layers[k].backward_ms * scale
-            finish = max(finish, b_done + per_byte * p.parameter_bytes(k, last))
-        exposed = TASK_OVERHEAD_MS + finish + fixed - (TASK_OVERHEAD_MS + b_done)
-        exposed = max(exposed, fixed) if p.parameter_bytes(first, last) > 0 else 0.0
-        self._ar_cache[key] = exposed
-        return exposed
+        return self.allreduce_ms(first, last, counts)
 
     # ---- memory ---------------------------------------------------------------------
     def static_bytes(self, first: int, last: int) -> float:

@@ -49,8 +49,7 @@ def test_shared_entries_count_once_per_stage_that_holds_them():
 
 def test_memory_and_allreduce_count_a_shared_entry_in_each_stage():
     """A plan's estimate equals that of a profile whose shared bytes are copied into each
-    stage, at the stage's last position of the entry (where parameter_bytes(k, last) starts
-    counting it in the allreduce overlap)."""
+    stage, at the stage's last position of the entry."""
     shared = [{"bytes": 3e8, "positions": [0, 3]}]
     p = parse_native_json(json.dumps(native(shared=shared, own=[1e6] * 5)))
     copied = parse_native_json(json.dumps(native(shared=None,
