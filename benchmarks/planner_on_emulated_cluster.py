@@ -13,7 +13,9 @@ Issue #17, item 3. Needs root (`dapple emulate`). In one run:
    (`planner.baselines`, `planner.plan_space.plan_dapple`, even slices as the runtime needs),
    each with the planner's estimate and the simulator's replay;
 4. per rate: each distinct plan trained under `dapple emulate` at that rate, median of `--steps`
-   steps after 3 warm-up steps, plans alternating, `--repeats` rounds (median kept).
+   steps after 3 warm-up steps, plans alternating, `--repeats` rounds (median kept); and, for
+   reference, plain Horovod data parallelism of the same model (`plain_dp_step.py`), which
+   says how much of a gap is the runtime's and how much the model's.
 
 Prints predicted and measured side by side, the rankings, and the targets (the rankings match;
 each prediction within 20%).
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -115,6 +118,19 @@ def emulated(rate: str, program) -> list:
             f"--pin={str(FLAGS.pin).lower()}", "--"] + list(program)
 
 
+def plain_data_parallel_ms(rate: str) -> float:
+    """Step time of plain Horovod data parallelism (no dapple) of the same model and batch on
+    the same emulated cluster: what the runtime adds to the model's work."""
+    out = run(emulated(rate, [sys.executable, os.path.join(HERE, "plain_dp_step.py"),
+                              "--model=benchmarks.planner_on_emulated_cluster:build",
+                              f"--global_batch_size={FLAGS.global_batch_size}",
+                              f"--steps={FLAGS.steps}", "--warmup=3"]))
+    found = re.search(r'DAPPLE_RESULT .*"step_ms": ([0-9.]+)', out)
+    if not found:
+        raise RuntimeError(f"no step time from plain_dp_step.py:\n{out[-3000:]}")
+    return float(found.group(1))
+
+
 def plan_key(plan) -> tuple:
     return (plan.micro_batches, plan.schedule, plan.warmup and tuple(plan.warmup),
             tuple((st.first, st.last, tuple(st.devices)) for st in plan.stages))
@@ -175,7 +191,7 @@ def main(argv):
                     paths[key] = os.path.join(tmp, f"{rate}-{len(paths)}.json")
                     plan.save(paths[key])
                     measured[key] = []
-            loads = []
+            loads, plain = [], []
             for _ in range(FLAGS.repeats):
                 for key, path in paths.items():
                     loads.append(os.getloadavg()[0])
@@ -184,6 +200,7 @@ def main(argv):
                                               f"--global_batch_size={B}",
                                               f"--steps={FLAGS.steps}"]))
                     measured[key].append(read_step_ms(out))
+                plain.append(plain_data_parallel_ms(rate))
             print(f"\n== {rate}: measured link {8 * link['inter_host_bandwidth'] / 1e9:.3f} "
                   f"Gbit/s, {1e3 * link['inter_host_latency']:.2f} ms a transfer; "
                   f"load average {min(loads):.1f}..{max(loads):.1f}")
@@ -204,6 +221,9 @@ def main(argv):
                 rows.append((rate, name, predicted[name], meas[name]))
             names = {key: " = ".join(n for n, p in plans.items() if plan_key(p) == key)
                      for key in paths}
+            print(f"{'plain Horovod DP':<19}{'':>13}{'':>13}{statistics.median(plain):>12.1f}"
+                  f"{'':>12}   benchmarks/plain_dp_step.py: the same model, batch and ranks "
+                  f"without dapple")
             print("per round (ms): " + "; ".join(
                 f"{names[key]} " + ", ".join(f"{t:.0f}" for t in measured[key])
                 for key in paths))
