@@ -45,6 +45,7 @@ import dapple  # noqa: E402  (configures logical devices before TensorFlow initi
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.tables import print_table  # noqa: E402
 from planner.cost_model import pipeline_costs  # noqa: E402
 from planner.plan import straight_plan  # noqa: E402
 from planner.simulator import simulate_plan  # noqa: E402
@@ -177,15 +178,7 @@ def main():
                      fmt(updates), f"{r['batch_ms']:.3f}",
                      "-" if reached is None else f"{reached * r['batch_ms']:.0f}",
                      f"{float(np.median(r['final'])):.3f}"])
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-        for row in [header] + rows:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print_table(header, rows, args.markdown)
     plot(results, args)
 
 

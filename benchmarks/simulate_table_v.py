@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.tables import print_table  # noqa: E402
 from planner.cost_model import pipeline_costs  # noqa: E402
 from planner.profile_readers import load_profile  # noqa: E402
 from planner.plan_space import plan_dapple  # noqa: E402
@@ -138,17 +139,7 @@ def main():
     table = rows([m for m in args.models.split(",") if m], plan_space=args.plan_space,
                  progress=lambda r: print("  ".join(cells(r)) + f"  (planned in "
                                           f"{r['plan_s']:.1f} s)", file=sys.stderr, flush=True))
-    lines = [cells(r) for r in table]
-    if args.markdown:
-        print("| " + " | ".join(HEADER) + " |")
-        print("|" + "---|" * len(HEADER))
-        for c in lines:
-            print("| " + " | ".join(c) + " |")
-    else:
-        widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(HEADER)]
-        print("  ".join(h.ljust(w) for h, w in zip(HEADER, widths)))
-        for c in lines:
-            print("  ".join(x.ljust(w) for x, w in zip(c, widths)))
+    print_table(HEADER, [cells(r) for r in table], args.markdown)
     worst = max(table, key=lambda r: abs(r["ratio"] - 1))
 
     def beyond(limit):
