@@ -36,11 +36,9 @@ does not.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -52,7 +50,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 
 from benchmarks.step_timing import (median_step_ms, read_step_ms, report,  # noqa: E402
-                                    run_checked)
+                                    run_checked, venv_bin)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("rates", ["100Mbps", "5Gbps"], "link rates between the two hosts")
@@ -109,12 +107,8 @@ def run(cmd, timeout=1800) -> str:
     return run_checked(cmd, env(), REPO, timeout)
 
 
-def dapple_bin() -> str:
-    return os.path.join(os.path.dirname(sys.executable), "dapple")
-
-
 def emulated(rate: str, program) -> list:
-    return [dapple_bin(), "emulate", f"--topology=2x1,net={rate}",
+    return [venv_bin("dapple"), "emulate", f"--topology=2x1,net={rate}",
             f"--pin={str(FLAGS.pin).lower()}", "--"] + list(program)
 
 
@@ -161,24 +155,22 @@ def main(argv):
           f"--rates={','.join(FLAGS.rates)} --global_batch_size={B} "
           f"--profile_batch={FLAGS.profile_batch} --steps={FLAGS.steps} "
           f"--repeats={FLAGS.repeats} --pin={str(FLAGS.pin).lower()}")
-    rows, misses = [], []
+    misses = []
     with tempfile.TemporaryDirectory() as tmp:
         prof_path = os.path.join(tmp, "model.profile.json")
         prof_env = dict(env(), TF_NUM_INTRAOP_THREADS="1", OMP_NUM_THREADS="1")
-        subprocess.run([dapple_bin(), "profile",
-                        "--model=benchmarks.planner_on_emulated_cluster:build",
-                        f"--batch_size={FLAGS.profile_batch}", f"--output={prof_path}",
-                        "--runs=20", "--warmup=3"], env=prof_env, cwd=REPO, check=True,
-                       capture_output=True)
+        run_checked([venv_bin("dapple"), "profile",
+                     "--model=benchmarks.planner_on_emulated_cluster:build",
+                     f"--batch_size={FLAGS.profile_batch}", f"--output={prof_path}",
+                     "--runs=20", "--warmup=3"], prof_env, REPO)
         profile = load_profile(prof_path)
         print(f"profile: {profile.num_layers} layers at batch {FLAGS.profile_batch}, one thread: "
               f"forward {profile.forward_ms(0, profile.num_layers - 1):.2f} ms, backward "
               f"{profile.backward_ms(0, profile.num_layers - 1):.2f} ms")
         for rate in FLAGS.rates:
             topo_path = os.path.join(tmp, f"topology-{rate}.json")
-            run(emulated(rate, [dapple_bin(), "topology", "--measure", f"--output={topo_path}"]))
+            run(emulated(rate, [venv_bin("dapple"), "topology", "--measure", f"--output={topo_path}"]))
             topology = parse_topology(topo_path)
-            link = json.load(open(topo_path))
             plans = {"data parallel": best_data_parallel_plan(profile, topology, B,
                                                               even_slices=True),
                      "straight pipeline": best_straight_plan(profile, topology, B,
@@ -201,8 +193,8 @@ def main(argv):
                                               f"--steps={FLAGS.steps}"]))
                     measured[key].append(read_step_ms(out))
                 plain.append(plain_data_parallel_ms(rate))
-            print(f"\n== {rate}: measured link {8 * link['inter_host_bandwidth'] / 1e9:.3f} "
-                  f"Gbit/s, {1e3 * link['inter_host_latency']:.2f} ms a transfer; "
+            print(f"\n== {rate}: measured link {8 * topology.inter_host_bandwidth / 1e9:.3f} "
+                  f"Gbit/s, {1e3 * topology.inter_host_latency:.2f} ms a transfer; "
                   f"load average {min(loads):.1f}..{max(loads):.1f}")
             print(f"{'plan':<19}{'predicted ms':>13}{'simulated ms':>13}{'measured ms':>12}"
                   f"{'meas / pred':>12}   shape")
@@ -218,7 +210,6 @@ def main(argv):
                     misses.append(f"{rate} {name}: measured / predicted {ratio:.2f}")
                 print(f"{name:<19}{predicted[name]:>13.1f}{simulated:>13.1f}{meas[name]:>12.1f}"
                       f"{ratio:>12.2f}   {describe(plan)}")
-                rows.append((rate, name, predicted[name], meas[name]))
             names = {key: " = ".join(n for n, p in plans.items() if plan_key(p) == key)
                      for key in paths}
             print(f"{'plain Horovod DP':<19}{'':>13}{'':>13}{statistics.median(plain):>12.1f}"

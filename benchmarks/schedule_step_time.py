@@ -39,7 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 
 from benchmarks.step_timing import (median_step_ms, read_step_ms, report,  # noqa: E402
-                                    run_checked)
+                                    run_checked, venv_bin)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("width", 1024, "units of every Dense layer")
@@ -97,12 +97,8 @@ def run(cmd, timeout=1800) -> str:
     return run_checked(cmd, env(), REPO, timeout)
 
 
-def bin_path(name: str) -> str:
-    return os.path.join(os.path.dirname(sys.executable), name)
-
-
 def horovodrun(args) -> list:
-    return [bin_path("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + args
+    return [venv_bin("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + args
 
 
 def measure_step(plan_path: str) -> float:
@@ -169,10 +165,10 @@ def main(argv):
     micro = FLAGS.batch // FLAGS.micro_batches
     with tempfile.TemporaryDirectory() as tmp:
         prof_path, topo_path = os.path.join(tmp, "mlp.json"), os.path.join(tmp, "topo.json")
-        run([bin_path("dapple"), "profile", "--model=benchmarks.predicted_vs_measured:build",
+        run([venv_bin("dapple"), "profile", "--model=benchmarks.predicted_vs_measured:build",
              f"--model_args={json.dumps(model_args())}", f"--batch_size={micro}",
              f"--output={prof_path}", "--runs=20", "--warmup=3"])
-        run(horovodrun([bin_path("dapple"), "topology", "--measure", f"--output={topo_path}"]))
+        run(horovodrun([venv_bin("dapple"), "topology", "--measure", f"--output={topo_path}"]))
         profile, topology = load_profile(prof_path), parse_topology(topo_path)
         predicted, paths = {}, {}
         for name, plan in plans(profile.num_layers).items():

@@ -3,8 +3,10 @@ parent reads back, and running their subprocesses."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
+import sys
 import time
 
 RESULT = "DAPPLE_STEP_MS "
@@ -41,3 +43,8 @@ def run_checked(cmd, env: dict, cwd: str, timeout: float = 1800) -> str:
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{(out.stdout + out.stderr)[-3000:]}")
     return out.stdout
+
+
+def venv_bin(name: str) -> str:
+    """A command installed beside this Python (`dapple`, `horovodrun`), venv activated or not."""
+    return os.path.join(os.path.dirname(sys.executable), name)
