@@ -24,6 +24,10 @@ present). The global batch must be the plan's, and must divide into micro-batche
 Where the step runs is a `Runtime` (`dapple.runtime`) chosen once, here: every unit in this
 process (`dapple.local_runtime`), or one unit per Horovod rank under horovodrun
 (`dapple.horovod_runtime`). This class runs the same actions on either.
+
+`micro_batch_loop=True` (opt-in) builds a data-parallel plan's lanes as loops over their
+micro-batches (`graph_rewrite.micro_batch_loop`): the first call no longer grows with M, and
+the steady step was 5 to 14% slower here (docs/runtime.md, "Start-up").
 """
 from __future__ import annotations
 
@@ -75,7 +79,7 @@ def _make_runtime(runtime: Optional[str], model: tf.keras.Model, plan: Plan,
 
 class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
-                 runtime: Optional[str] = None):
+                 runtime: Optional[str] = None, micro_batch_loop: bool = False):
         require_keras2_model(model, "PipelinedModel")
         self.model = model
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
@@ -85,6 +89,7 @@ class PipelinedModel:
         check_recompute(self.plan, model)
         require_runtime_support(self.plan)
         self.runtime = _make_runtime(runtime, model, self.plan, devices)
+        self.micro_batch_loop = micro_batch_loop
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None     # relaxed plans: their synchronous step
         self._relaxed: Optional[RelaxedTraining] = None
@@ -108,6 +113,7 @@ class PipelinedModel:
         self.optimizer = self.model.optimizer
         self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
         self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss)
+        self._step.micro_batch_loop = self.micro_batch_loop
         self._relaxed = RelaxedTraining(
             self.model, self.plan, self.runtime, self._loss, self.optimizer, steps_per_execution,
             self._update_metrics) if is_relaxed(self.plan) else None

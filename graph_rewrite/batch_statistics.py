@@ -113,6 +113,14 @@ def combine(parts: Sequence[SliceStatistics]) -> SliceStatistics:
     return SliceStatistics(n, mean, m2)
 
 
+def combine_stacked(count, means: tf.Tensor, m2s: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(mean, m2) of K parts of equal row counts, their means and m2s stacked on axis 0
+    (`combine` for equal parts). `count`: rows of one part, a number or a tensor that
+    broadcasts against one part's mean (calls of different sizes side by side)."""
+    mean = tf.reduce_mean(means, axis=0)
+    return mean, tf.reduce_sum(m2s, axis=0) + count * tf.reduce_sum(tf.square(means - mean), 0)
+
+
 class CallCombiner:
     """`combine` for every BatchNormalization call of a unit in one non-inlined function call:
     op by op, combining ResNet-50's 53 calls put ~17 ops per call and replica into the step's

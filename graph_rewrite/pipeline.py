@@ -28,6 +28,7 @@ simulator replays):
   a receive does. Each action is built under the name scope `stage{s}/replica{r}/{kind}{m}`
   so the traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF
   names the gradient ops a tape builds `gradient_tape/<forward op name>`: those belong to B{m}.
+* Loops (opt-in): a one-stage plan's lanes as loops (`graph_rewrite.micro_batch_loop`).
 * Training state. BatchNormalization calls normalize with their slice's statistics; their
   moving statistics move once per step, from the whole global batch
   (`graph_rewrite.batch_statistics`).
@@ -52,10 +53,12 @@ from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.accumulation import Accumulator, model_gradients
 from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
+from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from graph_rewrite.stage_function import StageFunction
 from graph_rewrite.split_backward import find_weight_uses, weight_pass
-from graph_rewrite.stage_gradients import is_float, stage_gradients, stage_input_gradients
+from graph_rewrite.stage_gradients import (is_float, stage_gradients, stage_input_gradients,
+                                           watch_inputs)
 from graph_rewrite.step_state import Stashed, StepState
 from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
                              RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action)
@@ -81,6 +84,7 @@ class StepResult:
 
 class PipelineStep:
     """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
+    micro_batch_loop = False    # opt-in: data-parallel lanes as loops (`micro_batch_loop`)
 
     def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                  devices: Sequence[str], transport=None):
@@ -97,6 +101,7 @@ class PipelineStep:
         last = len(self.stages) - 1
         self.functions = [StageFunction(g, loss, self.output_ids, g.index == last)
                           for g in self.stages]
+        self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
         self._penalties = weight_penalties_by_stage(self.stages)
         self._accumulate = Accumulator()
         self._combine_statistics = bstats.CallCombiner()
@@ -179,11 +184,14 @@ class PipelineStep:
         if training:
             state.statistics = {u: bstats.StatisticsRecorder() for u in units}
 
+        looped = loops_lanes(self, state)   # one loop per lane instead of its F and B actions
+        for unit in units if looped else ():
+            with tf.device(self.device(*unit)), tf.name_scope(task_scope(*unit, "loop", None)):
+                run_lane(self, state, unit)
         for _, action in self.order:
             stage = action.chunk
-            if not state.backward and action.kind not in FORWARD_ONLY:
-                continue
-            if stage not in by_stage:
+            if (looped and action.kind != ALLREDUCE) or stage not in by_stage or (
+                    not state.backward and action.kind not in FORWARD_ONLY):
                 continue
             if action.kind == ALLREDUCE:
                 self._allreduce(state, stage, by_stage[stage], action)
@@ -269,7 +277,7 @@ class PipelineStep:
         graph = tf.compat.v1.get_default_graph()
         first = len(graph.get_operations()) if split else 0   # a list of all ops: only if used
         with tf.GradientTape(persistent=split) as tape:
-            _watch(tape, inputs, stage)
+            watch_inputs(tape, inputs, stage)
             outputs, term, statistics = self._call_stage(state, unit, m, inputs, inline=split)
         uses = []
         if split:
@@ -390,11 +398,3 @@ class PipelineStep:
         graph optimizer specialize (copy and re-optimize) the backward function per call."""
         both = self._constants.read_value()
         return both[0], both[1]
-
-
-def _watch(tape: tf.GradientTape, inputs: Tensors, stage: int) -> None:
-    """Watch the float inputs whose gradients go back to the previous stage."""
-    if stage > 0:
-        for t in inputs.values():
-            if is_float(t):
-                tape.watch(t)

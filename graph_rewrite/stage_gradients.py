@@ -15,6 +15,14 @@ def is_float(t) -> bool:
     return t.dtype.is_floating
 
 
+def watch_inputs(tape: tf.GradientTape, inputs: Tensors, stage: int) -> None:
+    """Watch the float inputs whose gradients go back to the previous stage."""
+    if stage > 0:
+        for t in inputs.values():
+            if is_float(t):
+                tape.watch(t)
+
+
 def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
                     upstream: Optional[Tensors], loss_scale: Optional[tf.Tensor] = None,
                     one: Optional[tf.Tensor] = None, zero=None,

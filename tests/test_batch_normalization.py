@@ -29,12 +29,12 @@ def moving_statistics(model):
 
 
 def train_both(builder, cuts, replicas, micro_batches, schedule="A", recompute=False,
-               steps=2, lr=0.0):
+               steps=2, lr=0.0, loop=False):
     model, reference = builder(), builder()
     plan = straight_plan(cuts, len(layer_order(model)), micro_batches, BATCH,
                          replicas=replicas, schedule=schedule)
     plan.recompute = recompute
-    pm = dapple.PipelinedModel(model, plan)
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)
     pm.compile(optimizer=tf.keras.optimizers.SGD(lr), loss=LOSS)
     reference.compile(optimizer=tf.keras.optimizers.SGD(lr), loss=LOSS)
     for x, y in batches(model, steps):
@@ -49,15 +49,18 @@ CASES = [
     (conv_batchnorm, [3], [2, 1], 4, "A", False),         # BN on both sides of the cut
     (conv_batchnorm, [4], [1, 2], 2, "B", True),          # split, recomputed
     (conv_batchnorm, [], [4], 2, "gpipe", False),         # data parallel
+    (conv_batchnorm, [], [2], 4, "A", False),             # data parallel, 1F1B
+    (conv_batchnorm, [], [2], 4, "A", False, True),       # the same, lanes as loops
     (dense_batchnorm, [1, 3], [1, 1, 1], 8, "A", False),  # BN alone in a stage
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].__name__}-{c[2]}-M{c[3]}-{c[4]}"
-                         + ("-rc" if c[5] else ""))
+                         + ("-rc" if c[5] else "") + ("-loop" if c[6:] else ""))
 def test_moving_statistics_equal_plain_fit(case):
-    builder, cuts, replicas, m, schedule, recompute = case
-    model, reference = train_both(builder, cuts, replicas, m, schedule, recompute)
+    builder, cuts, replicas, m, schedule, recompute, *loop = case
+    model, reference = train_both(builder, cuts, replicas, m, schedule, recompute,
+                                  loop=bool(loop))
     got, want = moving_statistics(model), moving_statistics(reference)
     initial = moving_statistics(builder())
     assert sorted(got) == sorted(want) and got

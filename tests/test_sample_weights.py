@@ -13,12 +13,13 @@ BATCH, ROWS = 16, 64
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def pair(builder=mlp_with_skip, replicas=(2, 1), m=4, loss=LOSS, **compile_args):
-    plan = straight_plan([2], 5 if builder is mlp_with_skip else 6, m, BATCH,
+def pair(builder=mlp_with_skip, replicas=(2, 1), m=4, loss=LOSS, cuts=(2,), loop=False,
+         **compile_args):
+    plan = straight_plan(list(cuts), 5 if builder is mlp_with_skip else 6, m, BATCH,
                          replicas=list(replicas))
     plain = builder(seed=3)
     plain.compile(tf.keras.optimizers.SGD(0.1), loss, **compile_args)
-    pm = PipelinedModel(builder(seed=3), plan)
+    pm = PipelinedModel(builder(seed=3), plan, micro_batch_loop=loop)
     pm.compile(tf.keras.optimizers.SGD(0.1), loss, **compile_args)
     return pm, plain
 

@@ -105,13 +105,15 @@ def regularized_mlp(seed=0):
     return tf.keras.Model(x, out)
 
 
-@pytest.mark.parametrize("reps,m,recompute", [([2, 1], 4, False), ([1, 2], 2, True)])
-def test_weight_regularizers_count_once_per_step(reps, m, recompute):
+@pytest.mark.parametrize("cuts,reps,m,recompute,loop", [([1], [2, 1], 4, False, False),
+                                                       ([1], [1, 2], 2, True, False),
+                                                       ([], [3], 4, False, True)])
+def test_weight_regularizers_count_once_per_step(cuts, reps, m, recompute, loop):
     model, reference = regularized_mlp(), regularized_mlp()
-    plan = straight_plan([1], 3, m, GLOBAL_BATCH, replicas=reps)
+    plan = straight_plan(cuts, 3, m, GLOBAL_BATCH, replicas=reps)
     plan.recompute = recompute
     loss = losses_for(model)
-    pm = dapple.PipelinedModel(model, plan)
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)
     pm.compile(optimizer="sgd", loss=loss)
     x, y = data_for(model, GLOBAL_BATCH, seed=3)
     with tf.GradientTape() as tape:

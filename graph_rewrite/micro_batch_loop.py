@@ -1,0 +1,196 @@
+"""A data-parallel lane's micro-batches as one loop: start-up flat in M.
+
+A plan with one stage gives each replica the list F0 B0 F1 B1 ... (early backward), or only
+forwards (evaluation): every backward directly follows its own forward, and nothing crosses
+lanes before the allreduce. Unrolled, the step holds a call of the stage's forward and one of
+its backward per micro-batch, and for every call site TensorFlow's graph passes (Grappler's
+function optimizer, the encapsulation pass) process the callee's whole body again: the first
+call of ResNet-50 at 4 replicas x 8 micro-batches took 2.5 times that at 4 x 1. Here a lane is
+one call of a `LaneLoop`: a `tf.while_loop` whose body is micro-batch j's forward, backward and
+gradient sum, so the step's graph is the same whatever M.
+
+The lane is a function of its own, not inlined (`_noinline`): lowering a while loop inlines
+what its body calls, so a loop in the step's graph put a copy of the stage into that graph per
+lane (measured on ResNet-50 at 4 replicas: 21 000 nodes instead of 5 000, and a first call
+twice as slow as the unrolled step's at M = 1). The forward is built inline in the body, under
+one tape, so no forward/backward function pair is made per call either.
+
+What the loop carries: the gradient sums (from zero), the loss sum, and arrays of the
+predictions and BatchNormalization statistics, which the step then reads as the unrolled
+actions would have left them. Micro-batch j + 1 starts after j's backward (its slice waits on
+the sums), as the list says: a lane holds one micro-batch's activations. The weight penalties,
+added to the first unit's term when unrolled, are differentiated once after replica 0's loop.
+
+Lists a loop cannot express (GPipe's forwards before backwards, split backwards, several stages,
+updates in the list) run unrolled; so does M = 1.
+
+Opt-in (`PipelinedModel(..., micro_batch_loop=True)`, `PipelineStep.micro_batch_loop`): each
+lane's function is still optimized per device, and the lowered loop is about twice an unrolled
+lane's forward and backward, so the loop pays from M of about 4; its steady step measured 5 to
+14% slower here (docs/runtime.md, "Start-up").
+"""
+from __future__ import annotations
+
+from typing import List
+
+import tensorflow as tf
+
+from graph_rewrite import batch_statistics as bstats
+from graph_rewrite.local_transport import Unit
+from graph_rewrite.stage_gradients import scaled_one, stage_gradients
+from graph_rewrite.step_state import StepState
+from planner.actions import ALLREDUCE, BACKWARD, FORWARD, Action
+
+
+def loops_lanes(step, state: StepState) -> bool:
+    """Whether `step` runs every lane of this run as one loop over its micro-batches."""
+    schedule = step.schedule
+    M = schedule.micro_batches
+    if not step.micro_batch_loop or len(step.stages) != 1 or M < 2 or any(a.kind not in (FORWARD, BACKWARD, ALLREDUCE)
+                                             for lst in schedule.lists for a in lst):
+        return False        # several stages, split backwards, or updates in the list
+    R, n = step.replicas[0], state.global_batch // M
+    if any(step.rows(0, r, m, state.global_batch) != (m * n + r * n // R, m * n + (r + 1) * n // R)
+           for r in range(R) for m in range(M)) or n % R:
+        return False        # rows not in the [micro-batch, replica, row] layout `run_lane` reads
+    alternating = tuple(Action(0, kind, m) for m in range(M) for kind in (FORWARD, BACKWARD))
+    return not state.backward or all(
+        tuple(a for a in lst if a.kind != ALLREDUCE) == alternating for lst in schedule.lists)
+
+
+def run_lane(step, state: StepState, unit: Unit) -> None:
+    """Call `unit`'s loop (in its device and name scope) and leave in `state` what the unrolled
+    actions would: accumulated gradients, loss terms, predictions, BatchNormalization
+    statistics."""
+    stage, replica = unit
+    M, R = step.schedule.micro_batches, step.replicas[stage]
+
+    def lane_rows(t):      # [global batch, ...] -> this replica's rows as [M, rows, ...]
+        if t is None:
+            return None
+        shape = t.shape.as_list()
+        return tf.reshape(t, [M, R, shape[0] // (M * R)] + shape[1:])[:, replica]
+
+    labelled = state.labels is not None
+    inputs = {tid: lane_rows(state.inputs[tid]) for tid in step.stages[stage].input_ids}
+    labels = [lane_rows(y) for y in state.labels] if labelled else None
+    weights = [lane_rows(w) for w in state.sample_weights] if labelled else None
+    sums, loss, predictions, statistics = step.lane_loops[stage](
+        inputs, labels, weights, state.loss_scale, state.training, state.backward,
+        state.global_batch)
+
+    if loss is not None:
+        state.loss_terms.append(loss)
+    variables = step.stages[stage].trainable_variables if state.backward else []
+    penalty = _weight_penalty(step, state, unit, variables)
+    if penalty is not None:
+        term, grads = penalty
+        state.loss_terms.append(term)
+        sums = [a + g for a, g in zip(sums, grads)]
+    if state.backward:
+        state.accumulated[unit] = sums
+    for m in range(M):
+        state.predictions[(m, replica)] = [p[m] for p in predictions]
+    if state.training:
+        function = step.functions[stage]
+        for key, (mean, m2) in statistics.items():
+            rows = function.statistics_rows[key] * M
+            state.statistics[unit].by_node[id(function.nodes[key])] = [
+                bstats.SliceStatistics(rows, mean, m2)]
+
+
+class LaneLoop:
+    """A lane's micro-batches: (gradient sums, loss sum or None, predictions [M, rows, ...] per
+    output, {BatchNormalization call: (means [M, C], m2s [M, C])}), from its rows as
+    [M, rows, ...]. One non-inlined function, traced once per signature, run on the call
+    site's device."""
+
+    def __init__(self, function):
+        self.function = function            # the stage's `StageFunction`
+        self.graph = function.graph
+        self._micro_batch = tf.function(self._one)
+        self._lane = tf.function(self._loop, experimental_attributes={"_noinline": True})
+
+    def __call__(self, inputs, labels, weights, loss_scale, training: bool, backward: bool,
+                 global_rows: int):
+        return self._lane(inputs, labels, weights, loss_scale, training, backward, global_rows)
+
+    def _one(self, inputs, labels, weights, sums, loss_scale, training, backward, global_rows):
+        """Micro-batch j: its forward (with `backward`, and its gradients added to `sums`)."""
+        rows = int(next(iter(inputs.values())).shape[0])
+        with tf.GradientTape() as tape:
+            outputs, term, statistics = self.function.inline(inputs, training, labels, weights,
+                                                             rows, global_rows)
+        if backward:
+            _, grads = stage_gradients(self.graph, tape, inputs, outputs, term, None,
+                                       loss_scale=loss_scale)
+            sums = [a + g for a, g in zip(sums, grads)]
+        return sums, outputs, term, statistics
+
+    def _loop(self, inputs, labels, weights, loss_scale, training, backward, global_rows):
+        M = int(next(iter(inputs.values())).shape[0])
+        output_ids = self.function.output_ids
+        sums = [tf.zeros(v.shape, v.dtype) for v in self.graph.trainable_variables
+                if backward]
+
+        def arguments(j, sums):
+            pick = lambda t: None if t is None else t[j]   # noqa: E731
+            return (tf.nest.map_structure(pick, inputs), tf.nest.map_structure(pick, labels),
+                    tf.nest.map_structure(pick, weights), sums, loss_scale, training, backward,
+                    global_rows)
+
+        # One trace gives the results' structure; the loop body's call reuses it.
+        _, outputs, term, statistics = self._micro_batch.get_concrete_function(
+            *arguments(0, sums)).structured_outputs
+        keys = sorted(statistics)
+        widths = [statistics[k][0].shape.num_elements() for k in keys]
+
+        def joined(statistics, i):      # all calls' means (i = 0) or m2s (1) as one vector
+            parts = [statistics[k][i] for k in keys]
+            return tf.concat([t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in parts], 0)
+
+        def arrays(tensors):
+            return [tf.TensorArray(t.dtype, size=M, element_shape=t.shape) for t in tensors]
+
+        def body(j, loss, sums, predictions, statistics_arrays):
+            with tf.control_dependencies(sums):            # after the previous backward
+                j = tf.identity(j)
+            sums, outputs, term, statistics = self._micro_batch(*arguments(j, sums))
+            loss = loss if term is None else loss + term
+            return (j + 1, loss, sums,
+                    [a.write(j, outputs[t]) for a, t in zip(predictions, output_ids)],
+                    [a.write(j, joined(statistics, i)) for i, a in enumerate(statistics_arrays)])
+
+        # Statistics travel as two arrays, not two per call: every loop variable is a handful
+        # of nodes per lane in the lowered graph, which the graph passes then process.
+        statistics_specs = [tf.TensorSpec([sum(widths)], tf.float32)] * 2 if keys else []
+        start = (tf.constant(0), tf.zeros([], tf.float32 if term is None else term.dtype), sums,
+                 arrays([outputs[t] for t in output_ids]), arrays(statistics_specs))
+        _, loss, sums, predictions, statistics_arrays = tf.while_loop(
+            lambda j, *_: j < M, body, start, maximum_iterations=M)
+        combined = {}
+        if keys:    # over the lane's micro-batches, all calls at once
+            rows = self.function.statistics_rows
+            counts = tf.concat([tf.fill([w], float(rows[k])) for k, w in zip(keys, widths)], 0)
+            mean, m2 = bstats.combine_stacked(counts, *[a.stack() for a in statistics_arrays])
+            for k, mean, m2 in zip(keys, tf.split(mean, widths), tf.split(m2, widths)):
+                shape = statistics[k][0].shape
+                combined[k] = (tf.reshape(mean, shape), tf.reshape(m2, shape))
+        return sums, None if term is None else loss, [p.stack() for p in predictions], combined
+
+
+def _weight_penalty(step, state: StepState, unit: Unit, variables: List[tf.Variable]):
+    """(penalty term, its gradients) for the unit that counts the stage's weight penalties
+    (replica 0), or None."""
+    stage, _ = unit
+    penalties = step._penalties[stage]
+    if state.labels is None or not penalties or not step._loss_share(state, unit, 0)[1]:
+        return None
+    with tf.GradientTape() as tape:
+        term = tf.add_n([tf.cast(c(), tf.float32) for c in penalties])
+    if not state.backward:
+        return term, []
+    grads = tape.gradient(term, variables, output_gradients=scaled_one(term, state.one,
+                                                                       state.loss_scale),
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return term, [tf.convert_to_tensor(g) for g in grads]

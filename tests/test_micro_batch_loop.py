@@ -1,0 +1,87 @@
+"""A data-parallel plan's lanes as loops over their micro-batches (opt-in:
+`graph_rewrite.micro_batch_loop`): the step's graph does not grow with M, and what the loop
+computes is what plain Keras computes. The references: the traced graph's own ops (counted), the
+plain model's `fit`, `evaluate` and `predict`, and the plain model run slice by slice; the
+BatchNormalization, regularizer and mixed-precision tests have looped cases too."""
+import collections
+
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from graph_rewrite.model_graph import layer_order
+from planner.plan import straight_plan
+from tests.models import (conv_batchnorm, data_for, ghost_batch_loss_and_grads, losses_for,
+                          mlp_with_skip, two_in_two_out)
+from tests.test_sample_weights import BATCH, ROWS, assert_same, pair, weights_for
+
+CALLS = ("StatefulPartitionedCall", "PartitionedCall")
+
+
+def step_ops(m, schedule, replicas=2, loop=True):
+    """Op types of the traced step, its loop bodies and every function it calls."""
+    model = mlp_with_skip()
+    plan = straight_plan([], 5, m, 8 * m, replicas=[replicas], schedule=schedule)
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    x, y = data_for(model, 8 * m, seed=0)
+    fn = tf.function(lambda x, y: pm._step.run(x, y).gradients)
+    graph_def = fn.get_concrete_function(x, y).graph.as_graph_def()
+    outer = collections.Counter(n.op for n in graph_def.node)
+    every = outer + collections.Counter(n.op for f in graph_def.library.function
+                                        for n in f.node_def)
+    return outer, every
+
+
+def test_as_many_calls_and_loops_whatever_the_micro_batches():
+    outer2, every2 = step_ops(2, "1f1b")
+    outer8, every8 = step_ops(8, "1f1b")
+    assert every2["While"] == every8["While"] == 1            # one loop, called per replica
+    assert sum(outer2[c] for c in CALLS) == sum(outer8[c] for c in CALLS) >= 2
+    assert sum(every2[c] for c in CALLS) == sum(every8[c] for c in CALLS)
+    # Unrolled (by default, or GPipe's forwards first, which cannot loop), the calls grow
+    # with M: the count sees it.
+    for schedule, loop in (("gpipe", True), ("1f1b", False)):
+        _, unrolled2 = step_ops(2, schedule, loop=loop)
+        _, unrolled8 = step_ops(8, schedule, loop=loop)
+        assert unrolled2["While"] == unrolled8["While"] == 0
+        assert sum(unrolled8[c] for c in CALLS) > sum(unrolled2[c] for c in CALLS)
+
+
+def test_looped_fit_evaluate_predict_equal_plain_keras_two_outputs_sample_weights():
+    loss = [tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            tf.keras.losses.MeanSquaredError()]
+    pm, plain = pair(two_in_two_out, replicas=(2,), m=4, loss=loss, cuts=(),
+                     weighted_metrics=["mae"], loop=True)
+    x, y = data_for(plain, ROWS, seed=9)
+    sw = [weights_for(ROWS, 1), weights_for(ROWS, 2)]
+    h1 = pm.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, sample_weight=sw)
+    h2 = plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, sample_weight=sw)
+    logged = ["cls_mae", "loss", "reg_mae"]      # (per-output losses are not logged)
+    assert_same(pm, plain, h1, h2, keys=logged)
+    got = pm.evaluate(x, y, batch_size=BATCH, sample_weight=sw, return_dict=True)
+    want = plain.evaluate(x, y, batch_size=BATCH, sample_weight=sw, return_dict=True, verbose=0)
+    assert set(logged) <= set(got)
+    for k in logged:
+        assert abs(got[k] - want[k]) < 1e-5, k
+    for a, b in zip(pm.predict(x, batch_size=BATCH), plain.predict(x, batch_size=BATCH,
+                                                                   verbose=0)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_looped_batch_normalization_gradients_equal_the_plain_model_slice_by_slice(m):
+    model, reference = conv_batchnorm(), conv_batchnorm()
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    batch, replicas = 16, 2
+    plan = straight_plan([], len(layer_order(model)), m, batch, replicas=[replicas])
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=True)
+    pm.compile(optimizer="sgd", loss=loss)
+    rng = np.random.RandomState(0)
+    x = (rng.randn(batch, *model.input.shape[1:]) * 2.0 + 1.5).astype("float32")
+    y = rng.randint(0, 3, batch).astype("int32")
+    got = pm.gradients(x, y)
+    _, want = ghost_batch_loss_and_grads(reference, loss, x, y, batch // (m * replicas))
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(got, want)) < 1e-5
+
