@@ -22,6 +22,9 @@ Model (decisions a newcomer needs):
   s+1 -> s; with interleaving, all transfers from one position to another share a channel).
   `link_duplex="half"` makes both directions share one channel, which is what eq. 1 assumes
   when it models a boundary as a stage of its own with F = send forward and B = send backward.
+  `rendezvous=True`: a transfer also waits until its receiver has reached the receive (the
+  receive is posted), as a collective such as Horovod's alltoall does: both sides must enter it;
+  by default data travels as soon as it is sent and waits at the receiver.
 * A chunk's allreduce (the ALLREDUCE action after its last weight gradient) occupies its
   position for the cost model's time; allreduces of different positions run on different
   device groups.
@@ -52,7 +55,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
                              RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, UPDATE,
-                             Action, Schedule)
+                             Action, Schedule, ScheduleError)
 from planner.costs import PipelineCosts
 from planner.lowering import Located, needs
 from planner.multi_batch import AVGPIPE
@@ -171,20 +174,22 @@ class SimulationResult:
 
 
 # ---------------------------------------------------------------------------------------------
-def simulate_plan(plan, costs: PipelineCosts, link_duplex: str = "full") -> SimulationResult:
+def simulate_plan(plan, costs: PipelineCosts, link_duplex: str = "full",
+                  rendezvous: bool = False) -> SimulationResult:
     """Simulate `plan` (a `planner.plan.Plan`) with per-task durations `costs`."""
     if costs.num_stages != plan.num_stages:
         raise ValueError(f"costs describe {costs.num_stages} stages but the plan has "
                          f"{plan.num_stages} (chunks, with interleaving); compute them for this "
                          f"plan (planner.cost_model.pipeline_costs)")
-    result = simulate(plan_schedule(plan), costs, link_duplex=link_duplex)
+    result = simulate(plan_schedule(plan), costs, link_duplex=link_duplex,
+                      rendezvous=rendezvous)
     if plan.schedule == AVGPIPE:
         result.pipelines = plan.stages[0].replicas
     return result
 
 
 def simulate(schedule: Schedule, costs: PipelineCosts,
-             link_duplex: str = "full") -> SimulationResult:
+             link_duplex: str = "full", rendezvous: bool = False) -> SimulationResult:
     """Run the lowered `schedule` (`planner.lowering.lower`) with the durations in `costs`
     (one entry per chunk)."""
     if link_duplex not in LINK_DUPLEX_MODES:
@@ -238,7 +243,12 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
                 best = (key, ("action", p, action))
         for ch, queue in link_queue.items():
             if queue:
-                ready, seq, _, _ = queue[0]
+                ready, seq, send, _ = queue[0]
+                if rendezvous:
+                    posted = _receive_posted(lowered, placement, position, position_free, send)
+                    if posted is None:
+                        continue
+                    ready = max(ready, posted)
                 key = (max(link_free.get(ch, 0.0), ready), ready, 1, seq)
                 if best is None or key < best[0]:
                     best = (key, ("transfer", ch))
@@ -277,6 +287,10 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
                                         boundary, send.micro_batch, start, end, p))
             finished[(p, send)] = end           # the receiver's data has arrived
 
+    stuck = [f"{lowered.lists[p][position[p]]} on position {p}" for p in range(P)
+             if position[p] < len(lowered.lists[p])]
+    if stuck:       # only rendezvous can stop here: replay() ran the lists to the end
+        raise ScheduleError(f"transfers waiting for receives that never come: {', '.join(stuck)}")
     iteration = max([e.end_ms for e in events] + [0.0])
     events.sort(key=lambda e: (e.start_ms, _KIND_ORDER[e.kind], e.stage,
                                -1 if e.micro_batch is None else e.micro_batch))
@@ -302,6 +316,18 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
             chunks=chunks, weight_copies=copies[p], staleness=stale[p]))
     return SimulationResult(iteration_ms=iteration, stages=stats, events=events,
                             schedule=lowered, link_duplex=link_duplex, batches=schedule.batches)
+
+
+def _receive_posted(lowered: Schedule, placement, position, position_free,
+                    send: Action) -> Optional[float]:
+    """When the receiver of `send` reached its receive, or None if it has not yet."""
+    forward = send.kind == SEND_FORWARD
+    chunk = send.chunk + 1 if forward else send.chunk - 1
+    want = Action(chunk, RECV_FORWARD if forward else RECV_BACKWARD, send.micro_batch)
+    p = placement[chunk]
+    if position[p] < len(lowered.lists[p]) and lowered.lists[p][position[p]] == want:
+        return position_free[p]
+    return None
 
 
 def _duration(action: Action, costs: PipelineCosts) -> float:

@@ -236,3 +236,22 @@ def test_simulation_is_deterministic_and_json_ready():
     assert set(d["stages"][0]) >= {"busy_ms", "idle_ms", "bubble_fraction",
                                    "peak_held_micro_batches"}
     assert len(d["timeline"]) == 3 * 7 * 2 + 2 * 7 * 2 + 2
+
+
+def test_rendezvous_transfers_wait_for_the_receive_to_be_posted():
+    # The hand example above (F=1, B=2, sends 0.5, M=2, policy A) with rendezvous transfers:
+    # stage 1 posts RECV_F1 only after SEND_B0, at 4.5, so send F1 runs [4.5,5], not [2,2.5];
+    # stage 1: F0[1.5,2.5] B0[2.5,4.5] F1[5,6] B1[6,8]; send B0 [4.5,5] (posted at 2),
+    # send B1 [8,8.5] (stage 0 posts RECV_B1 after B0, at 7); stage 0: B0[5,7] B1[8.5,10.5],
+    # allreduce [10.5,13.5]; stage 1 allreduce [8,9].
+    costs = uniform_costs(2, 1.0, 2.0, 0.5, 0.5, allreduce=[3.0, 1.0])
+    result = simulate(pipeline_schedule(2, 2, "A"), costs, rendezvous=True)
+    assert timeline(result, 1) == [("F", 0, 1.5, 2.5), ("B", 0, 2.5, 4.5), ("F", 1, 5, 6),
+                                   ("B", 1, 6, 8)]
+    assert timeline(result, 0) == [("F", 0, 0, 1), ("F", 1, 1, 2), ("B", 0, 5, 7),
+                                   ("B", 1, 8.5, 10.5)]
+    sends = [(e.kind, e.micro_batch, e.start_ms, e.end_ms) for e in result.link_events(0)]
+    assert sends == [(SEND_FORWARD_KIND, 0, 1, 1.5), (SEND_FORWARD_KIND, 1, 4.5, 5),
+                     (SEND_BACKWARD_KIND, 0, 4.5, 5), (SEND_BACKWARD_KIND, 1, 8, 8.5)]
+    assert result.iteration_ms == 13.5
+    assert simulate(pipeline_schedule(2, 2, "A"), costs).iteration_ms == 13   # not by default
