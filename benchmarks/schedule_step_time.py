@@ -25,6 +25,7 @@ shared: read the load average printed with them.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -95,6 +96,15 @@ def env() -> dict:
 
 def run(cmd, timeout=1800) -> str:
     return run_checked(cmd, env(), REPO, timeout)
+
+
+def dapple_transfer_ms(size: int) -> float:
+    """dapple's own per-transfer cost for `size` bytes between the two ranks, from
+    benchmarks/transfer_cost.py (its last row: size, raw step, dapple step, raw/hop,
+    dapple/transfer, ...)."""
+    out = run([sys.executable, os.path.join(HERE, "transfer_cost.py"), f"--sizes={size}",
+               "--hops=32", "--repeats=9"])
+    return float(out.strip().splitlines()[-1].split()[4])
 
 
 def horovodrun(args) -> list:
@@ -170,10 +180,24 @@ def main(argv):
              f"--output={prof_path}", "--runs=20", "--warmup=3"])
         run(horovodrun([venv_bin("dapple"), "topology", "--measure", f"--output={topo_path}"]))
         profile, topology = load_profile(prof_path), parse_topology(topo_path)
+        boundary = micro * FLAGS.width * 4          # bytes of one micro-batch's activations
+        transfer_ms = dapple_transfer_ms(boundary)
+        link = (f"link between the ranks (measured): {1e3 * topology.intra_host_latency:.3f} ms "
+                f"latency, {topology.intra_host_bandwidth / 1e9:.2f} GB/s; dapple's own "
+                f"transfer of {boundary} bytes: {transfer_ms:.3f} ms (benchmarks/transfer_cost.py)")
+        # The same prediction with every transfer costing what dapple's transfer measured.
+        runtime_link = dataclasses.replace(topology, intra_host_latency=transfer_ms / 1e3,
+                                           intra_host_bandwidth=float("inf"))
+        with_runtime_link, rendezvous = {}, {}
         predicted, paths = {}, {}
         for name, plan in plans(profile.num_layers).items():
             predicted[name] = simulate_plan(plan, pipeline_costs(plan, profile,
                                                                  topology)).iteration_ms
+            with_runtime_link[name] = simulate_plan(plan, pipeline_costs(
+                plan, profile, runtime_link)).iteration_ms
+            # Horovod's alltoall is a collective: a transfer starts when both ranks entered it.
+            rendezvous[name] = simulate_plan(plan, pipeline_costs(plan, profile, topology),
+                                             rendezvous=True).iteration_ms
             paths[name] = os.path.join(tmp, f"{name}.json")
             plan.save(paths[name])
         measured = {name: [] for name in SCHEDULES}
@@ -187,6 +211,7 @@ def main(argv):
     print(f"\nMLP {FLAGS.depth} x Dense({FLAGS.width}), global batch {FLAGS.batch}, "
           f"M = {FLAGS.micro_batches}, 2 ranks (horovodrun), 1 intra-op thread each; "
           f"load average {min(loads):.1f}..{max(loads):.1f}")
+    print(link)
     print(f"{'schedule':<13}{'predicted ms':>14}{'measured ms':>13}{'pred / 1f1b':>13}"
           f"{'meas / 1f1b':>13}{'meas / pred':>13}")
     for name in SCHEDULES:
@@ -197,6 +222,17 @@ def main(argv):
         p, m = predicted[name] / predicted["1f1b"], med[name] / med["1f1b"]
         print(f"{name}: measured ratio to 1f1b {m:.3f}, predicted {p:.3f}, gap "
               f"{m / p - 1:+.1%} (target within 15%)")
+    for name in SCHEDULES[1:]:
+        p = with_runtime_link[name] / with_runtime_link["1f1b"]
+        m = med[name] / med["1f1b"]
+        print(f"{name}, predicted with dapple's transfer cost as the link: ratio to 1f1b {p:.3f} "
+              f"({with_runtime_link[name]:.1f} / {with_runtime_link['1f1b']:.1f} ms), gap "
+              f"{m / p - 1:+.1%}")
+    for name in SCHEDULES[1:]:
+        p, m = rendezvous[name] / rendezvous["1f1b"], med[name] / med["1f1b"]
+        print(f"{name}, predicted with rendezvous transfers (a transfer waits for its receive): "
+              f"ratio to 1f1b {p:.3f} ({rendezvous[name]:.1f} / {rendezvous['1f1b']:.1f} ms), "
+              f"gap {m / p - 1:+.1%}")
     print("per round (ms): " + "; ".join(f"{n} " + ", ".join(f"{t:.0f}" for t in measured[n])
                                           for n in SCHEDULES))
     print(f"whole-model forward + backward, one micro-batch, one thread: fused {fused:.2f} ms, "
