@@ -57,6 +57,9 @@ flags.DEFINE_integer("virtual_stages", None,
 flags.DEFINE_enum("link_duplex", "full", ["full", "half"],
                   "full: activations and gradients cross a boundary on separate channels; "
                   "half: they share one (eq. 1's reading of a boundary as a stage)")
+flags.DEFINE_bool("rendezvous", False,
+                  "a transfer also waits until its receiver reached the receive, as a "
+                  "collective does (Horovod's alltoall, the runtime under horovodrun)")
 
 
 class UsageError(Exception):
@@ -138,7 +141,8 @@ def format_text(plan, result) -> str:
     lines = [f"plan {plan.shape()}: {plan.num_stages} stage(s), {plan.micro_batches} "
              f"micro-batches, schedule {plan.schedule}{v}, warm-up K = {plan.warmup_depths()}",
              f"iteration {result.iteration_ms:.3f} ms, bubble fraction "
-             f"{result.bubble_fraction:.3f} (links {result.link_duplex} duplex)"]
+             f"{result.bubble_fraction:.3f} (links {result.link_duplex} duplex"
+             f"{', rendezvous transfers' if FLAGS.rendezvous else ''})"]
     if result.batches > 1 or result.pipelines > 1:
         lines.append(f"{result.batches} global batches x {result.pipelines} pipeline(s) in the "
                      f"run: {result.batch_ms:.3f} ms per global batch; weight copies "
@@ -167,7 +171,8 @@ def run() -> int:
         raise UsageError("--plan=plan.json is required (write one with `dapple plan`)")
     plan, options = rescheduled(Plan.load(FLAGS.plan).validate())
     costs = costs_for(plan)
-    result = simulate_plan(plan, costs, link_duplex=FLAGS.link_duplex)
+    result = simulate_plan(plan, costs, link_duplex=FLAGS.link_duplex,
+                           rendezvous=FLAGS.rendezvous)
     # Pictures first: the printed results may go to a pipe that closes early (| head).
     if FLAGS.output:
         from reports.timeline import save_figure, timeline_figure

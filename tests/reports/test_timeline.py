@@ -117,6 +117,23 @@ def test_simulate_command_prints_json_and_draws(tmp_path):
     assert os.path.getsize(timeline_path) > 1000 and os.path.getsize(held_path) > 1000
 
 
+def test_simulate_command_rendezvous_follows_the_hand_timeline(tmp_path):
+    # tests/planner/test_simulator.py's hand example (F=1, B=2, sends 0.5, allreduce 3 and 1,
+    # M=2, A): 13 ms; with rendezvous, send F1 waits for stage 1's receive at 4.5: 13.5 ms.
+    plan_path, costs_path = str(tmp_path / "plan.json"), str(tmp_path / "costs.json")
+    straight_plan([1], num_layers=2, micro_batches=2).save(plan_path)
+    with open(costs_path, "w") as f:
+        json.dump({"forward_ms": [1, 1], "backward_ms": [2, 2], "send_forward_ms": [0.5],
+                   "send_backward_ms": [0.5], "allreduce_ms": [3, 1],
+                   "activation_bytes": [5, 5]}, f)
+    for extra, want in (([], 13), (["--rendezvous"], 13.5)):
+        done = run_cli(f"--plan={plan_path}", f"--costs={costs_path}", "--format=json", *extra)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["iteration_ms"] == want
+    text = run_cli(f"--plan={plan_path}", f"--costs={costs_path}", "--rendezvous").stdout
+    assert "rendezvous transfers" in text
+
+
 def test_simulate_command_explains_missing_inputs(tmp_path):
     plan_path = str(tmp_path / "plan.json")
     straight_plan([1], num_layers=2, micro_batches=2).save(plan_path)
