@@ -100,6 +100,13 @@ def assert_trains_like_plain_model(pm, model, reference, loss, make_optimizer, b
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def assert_ran_as_loops(pm, loop=True):
+    """`pm`'s step built its lanes as loops (`graph_rewrite.micro_batch_loop`) iff `loop`:
+    the lane loop's function was traced. Keeps a looped case from passing on the unrolled path."""
+    traced = pm._step.lane_loops[0]._lane.experimental_get_tracing_count() > 0
+    assert traced == loop, f"lanes {'not ' if loop else ''}built as loops"
+
+
 def losses_for(model):
     sce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if len(model.outputs) == 1:

@@ -10,7 +10,8 @@ import tensorflow as tf
 from graph_rewrite.batch_statistics import UnsupportedLayerError
 from graph_rewrite.model_graph import layer_order
 from planner.plan import straight_plan
-from tests.models import conv_batchnorm, dense_batchnorm, ghost_batch_loss_and_grads
+from tests.models import (assert_ran_as_loops, conv_batchnorm, dense_batchnorm,
+                          ghost_batch_loss_and_grads)
 
 BATCH = 16
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -40,6 +41,7 @@ def train_both(builder, cuts, replicas, micro_batches, schedule="A", recompute=F
     for x, y in batches(model, steps):
         pm.train_step(x, y)
         reference.train_on_batch(x, y)
+    assert_ran_as_loops(pm, loop)
     return model, reference
 
 

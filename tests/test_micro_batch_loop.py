@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from graph_rewrite.model_graph import layer_order
 from planner.plan import straight_plan
-from tests.models import (conv_batchnorm, data_for, ghost_batch_loss_and_grads, losses_for,
-                          mlp_with_skip, two_in_two_out)
+from tests.models import (assert_ran_as_loops, conv_batchnorm, data_for,
+                          ghost_batch_loss_and_grads, losses_for, mlp_with_skip, two_in_two_out)
 from tests.test_sample_weights import BATCH, ROWS, assert_same, pair, weights_for
 
 CALLS = ("StatefulPartitionedCall", "PartitionedCall")
@@ -68,6 +68,7 @@ def test_looped_fit_evaluate_predict_equal_plain_keras_two_outputs_sample_weight
     for a, b in zip(pm.predict(x, batch_size=BATCH), plain.predict(x, batch_size=BATCH,
                                                                    verbose=0)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert_ran_as_loops(pm)
 
 
 @pytest.mark.parametrize("m", [2, 4])
@@ -84,4 +85,5 @@ def test_looped_batch_normalization_gradients_equal_the_plain_model_slice_by_sli
     got = pm.gradients(x, y)
     _, want = ghost_batch_loss_and_grads(reference, loss, x, y, batch // (m * replicas))
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(got, want)) < 1e-5
+    assert_ran_as_loops(pm)
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from dapple.pipelined_model import PipelinedModel
 from planner.plan import straight_plan
-from tests.models import float32_logits_mlp as mlp
+from tests.models import assert_ran_as_loops, float32_logits_mlp as mlp
 
 BATCH, STEPS, BAD_STEP = 16, 20, 7
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -63,6 +63,7 @@ def test_loss_scale_and_weights_follow_plain_keras_over_20_steps(policy, cuts, r
         else:
             assert abs(got - want) <= 1e-3 * max(1.0, abs(want))
         scales.append((float(pm.optimizer.loss_scale), float(plain.optimizer.loss_scale)))
+    assert_ran_as_loops(pm, loop)
     assert [g for g, _ in scales] == [w for _, w in scales]
     assert len(set(w for _, w in scales)) > 2      # the scale grew and was halved
     for a, b in zip(model.get_weights(), plain.get_weights()):

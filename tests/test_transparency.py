@@ -12,8 +12,9 @@ import pytest
 import tensorflow as tf
 
 from planner.plan import straight_plan
-from tests.models import (assert_trains_like_plain_model, data_for, losses_for, mlp_with_skip,
-                          plain_loss_and_grads, small_conv, two_in_two_out)
+from tests.models import (assert_ran_as_loops, assert_trains_like_plain_model, data_for,
+                          losses_for, mlp_with_skip, plain_loss_and_grads, small_conv,
+                          two_in_two_out)
 
 GLOBAL_BATCH = 48
 
@@ -121,6 +122,7 @@ def test_weight_regularizers_count_once_per_step(cuts, reps, m, recompute, loop)
     want = tape.gradient(want_loss, reference.trainable_variables)
     assert max_abs_diff(pm.gradients(x, y), want) < 1e-5
     assert abs(float(pm.train_step(x, y)) - float(want_loss)) < 1e-5
+    assert_ran_as_loops(pm, loop)
 
 
 def test_activity_regularizers_are_refused_with_the_reason():
