@@ -218,21 +218,15 @@ def main(argv):
         print(f"{name:<13}{predicted[name]:>14.1f}{med[name]:>13.1f}"
               f"{predicted[name] / predicted['1f1b']:>13.3f}{med[name] / med['1f1b']:>13.3f}"
               f"{med[name] / predicted[name]:>13.3f}")
-    for name in SCHEDULES[1:]:
-        p, m = predicted[name] / predicted["1f1b"], med[name] / med["1f1b"]
-        print(f"{name}: measured ratio to 1f1b {m:.3f}, predicted {p:.3f}, gap "
-              f"{m / p - 1:+.1%} (target within 15%)")
-    for name in SCHEDULES[1:]:
-        p = with_runtime_link[name] / with_runtime_link["1f1b"]
-        m = med[name] / med["1f1b"]
-        print(f"{name}, predicted with dapple's transfer cost as the link: ratio to 1f1b {p:.3f} "
-              f"({with_runtime_link[name]:.1f} / {with_runtime_link['1f1b']:.1f} ms), gap "
-              f"{m / p - 1:+.1%}")
-    for name in SCHEDULES[1:]:
-        p, m = rendezvous[name] / rendezvous["1f1b"], med[name] / med["1f1b"]
-        print(f"{name}, predicted with rendezvous transfers (a transfer waits for its receive): "
-              f"ratio to 1f1b {p:.3f} ({rendezvous[name]:.1f} / {rendezvous['1f1b']:.1f} ms), "
-              f"gap {m / p - 1:+.1%}")
+    for how, prediction in (("", predicted),
+                            (" with dapple's transfer cost as the link", with_runtime_link),
+                            (" with rendezvous transfers (a transfer waits for its receive)",
+                             rendezvous)):
+        for name in SCHEDULES[1:]:
+            p, m = prediction[name] / prediction["1f1b"], med[name] / med["1f1b"]
+            print(f"{name}, predicted{how}: ratio to 1f1b {p:.3f} ({prediction[name]:.1f} / "
+                  f"{prediction['1f1b']:.1f} ms), measured {m:.3f}, gap {m / p - 1:+.1%} "
+                  f"(target within 15%)")
     print("per round (ms): " + "; ".join(f"{n} " + ", ".join(f"{t:.0f}" for t in measured[n])
                                           for n in SCHEDULES))
     print(f"whole-model forward + backward, one micro-batch, one thread: fused {fused:.2f} ms, "

@@ -46,9 +46,10 @@ def loops_lanes(step, state: StepState) -> bool:
     """Whether `step` runs every lane of this run as one loop over its micro-batches."""
     schedule = step.schedule
     M = schedule.micro_batches
-    if not step.micro_batch_loop or len(step.stages) != 1 or M < 2 or any(a.kind not in (FORWARD, BACKWARD, ALLREDUCE)
-                                             for lst in schedule.lists for a in lst):
-        return False        # several stages, split backwards, or updates in the list
+    if not step.micro_batch_loop or len(step.stages) != 1 or M < 2:
+        return False
+    if any(a.kind not in (FORWARD, BACKWARD, ALLREDUCE) for lst in schedule.lists for a in lst):
+        return False        # split backwards, or updates in the list
     R, n = step.replicas[0], state.global_batch // M
     if any(step.rows(0, r, m, state.global_batch) != (m * n + r * n // R, m * n + (r + 1) * n // R)
            for r in range(R) for m in range(M)) or n % R:
