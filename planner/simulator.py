@@ -22,6 +22,9 @@ Model (decisions a newcomer needs):
   s+1 -> s; with interleaving, all transfers from one position to another share a channel).
   `link_duplex="half"` makes both directions share one channel, which is what eq. 1 assumes
   when it models a boundary as a stage of its own with F = send forward and B = send backward.
+  `link_duplex="serial"`: a position takes part in one transfer at a time over all its links,
+  as under horovodrun, where a process's one background thread performs its collectives one
+  after another (Horovod's `RunLoopOnce`), whichever process set and direction.
   `rendezvous=True`: a transfer also waits until its receiver has reached the receive (the
   receive is posted), as a collective such as Horovod's alltoall does: both sides must enter it;
   by default data travels as soon as it is sent and waits at the receiver.
@@ -71,7 +74,7 @@ BACKWARD_WEIGHT_KIND = "backward_weight"    # W of a split backward
 SEND_FORWARD_KIND = "send_forward"     # activations, boundary s -> s+1
 SEND_BACKWARD_KIND = "send_backward"   # gradients, boundary s+1 -> s
 ALLREDUCE_KIND = "allreduce"
-LINK_DUPLEX_MODES = ("full", "half")
+LINK_DUPLEX_MODES = ("full", "half", "serial")
 _EVENT_KIND = {FORWARD: FORWARD_KIND, BACKWARD: BACKWARD_KIND, BACKWARD_INPUT: BACKWARD_INPUT_KIND,
                BACKWARD_WEIGHT: BACKWARD_WEIGHT_KIND, ALLREDUCE: ALLREDUCE_KIND}
 _COMPUTE_EVENTS = (FORWARD_KIND, BACKWARD_KIND, BACKWARD_INPUT_KIND, BACKWARD_WEIGHT_KIND)
@@ -206,7 +209,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     position = [0] * P
     position_free = [0.0] * P
     finished: Dict[Located, float] = {}
-    link_free: Dict[Tuple, float] = {}
+    busy_until: Dict[Tuple, float] = {}     # per channel, or per position when "serial"
     # Per link channel: heap of (ready_ms, sequence, send action, position).
     link_queue: Dict[Tuple, List] = {}
     events: List[TimelineEvent] = []
@@ -215,6 +218,10 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     def channel(sender: int, receiver: int) -> Tuple:
         return (min(sender, receiver), max(sender, receiver)) if link_duplex == "half" \
             else (sender, receiver)
+
+    def occupied(ch: Tuple) -> Tuple:
+        """What a transfer on channel `ch` keeps busy: the channel, or both its positions."""
+        return tuple((p,) for p in ch) if link_duplex == "serial" else (ch,)
 
     ready_known: Dict[int, float] = {}    # position -> when its next action's inputs are done
 
@@ -249,7 +256,8 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
                     if posted is None:
                         continue
                     ready = max(ready, posted)
-                key = (max(link_free.get(ch, 0.0), ready), ready, 1, seq)
+                free = max(busy_until.get(r, 0.0) for r in occupied(ch))
+                key = (max(free, ready), ready, 1, seq)
                 if best is None or key < best[0]:
                     best = (key, ("transfer", ch))
         if best is None:
@@ -282,7 +290,8 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
             duration = (costs.send_forward_ms[boundary] if forward
                         else costs.send_backward_ms[boundary])
             end = start + duration
-            link_free[ch] = end
+            for r in occupied(ch):
+                busy_until[r] = end
             events.append(TimelineEvent(SEND_FORWARD_KIND if forward else SEND_BACKWARD_KIND,
                                         boundary, send.micro_batch, start, end, p))
             finished[(p, send)] = end           # the receiver's data has arrived

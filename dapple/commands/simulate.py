@@ -54,12 +54,19 @@ flags.DEFINE_integer("batches", None,
                      "runs without a flush (default: the plan's, else 4)")
 flags.DEFINE_integer("virtual_stages", None,
                      "chunks per device group for --schedule=interleaved (default 2)")
-flags.DEFINE_enum("link_duplex", "full", ["full", "half"],
+flags.DEFINE_enum("link_duplex", "full", ["full", "half", "serial"],
                   "full: activations and gradients cross a boundary on separate channels; "
-                  "half: they share one (eq. 1's reading of a boundary as a stage)")
+                  "half: they share one (eq. 1's reading of a boundary as a stage); serial: "
+                  "a device takes part in one transfer at a time over all its links (Horovod "
+                  "runs a process's collectives one after another; with --rendezvous, the "
+                  "runtime under horovodrun)")
 flags.DEFINE_bool("rendezvous", False,
                   "a transfer also waits until its receiver reached the receive, as a "
                   "collective does (Horovod's alltoall, the runtime under horovodrun)")
+
+
+LINKS = {"full": "links full duplex", "half": "links half duplex",
+         "serial": "one transfer at a time per device"}
 
 
 class UsageError(Exception):
@@ -141,7 +148,7 @@ def format_text(plan, result) -> str:
     lines = [f"plan {plan.shape()}: {plan.num_stages} stage(s), {plan.micro_batches} "
              f"micro-batches, schedule {plan.schedule}{v}, warm-up K = {plan.warmup_depths()}",
              f"iteration {result.iteration_ms:.3f} ms, bubble fraction "
-             f"{result.bubble_fraction:.3f} (links {result.link_duplex} duplex"
+             f"{result.bubble_fraction:.3f} ({LINKS[result.link_duplex]}"
              f"{', rendezvous transfers' if FLAGS.rendezvous else ''})"]
     if result.batches > 1 or result.pipelines > 1:
         lines.append(f"{result.batches} global batches x {result.pipelines} pipeline(s) in the "

@@ -141,6 +141,27 @@ def test_half_duplex_link_shares_one_channel_between_directions():
         (SEND_BACKWARD_KIND, 1, 7), (SEND_FORWARD_KIND, 2, 10), (SEND_BACKWARD_KIND, 2, 13)]
 
 
+def test_serial_links_give_a_position_one_transfer_at_a_time():
+    # 3 stages, M=2, policy A, F=B=1, send forward 2 ms, send backward 1 ms.
+    # Full duplex: s0 F0[0,1] F1[1,2]; sF0 0->1 [1,3], sF1 [3,5]; s1 F0[3,4] F1[5,6];
+    #   sF0 1->2 [4,6], sF1 [6,8]; s2 F0[6,7] B0[7,8] F1[8,9] B1[9,10]; sB0 2->1 [8,9],
+    #   sB1 [10,11]; s1 B0[9,10] B1[11,12]; sB0 1->0 [10,11], sB1 [12,13];
+    #   s0 B0[11,12] B1[13,14] -> 14 ms.
+    # Serial: stage 1 is receiving sF1 until 5, so its sF0 1->2 waits: [5,7]; sF1 1->2 [7,9];
+    #   s2 F0[7,8] B0[8,9] F1[9,10] B1[10,11]; sB0 2->1 [9,10]; s1 B0[10,11]; at 11 both
+    #   sB0 1->0 and sB1 2->1 are ready: stage 1's (sent first) [11,12], then sB1 [12,13];
+    #   s1 B1[13,14]; sB1 1->0 [14,15]; s0 B0[12,13] B1[15,16] -> 16 ms.
+    costs = uniform_costs(3, 1.0, 1.0, send_forward=2.0, send_backward=1.0)
+    schedule = pipeline_schedule(3, 2, "A")
+    assert simulate(schedule, costs, link_duplex="full").iteration_ms == 14
+    serial = simulate(schedule, costs, link_duplex="serial")
+    assert serial.iteration_ms == 16
+    assert [(e.kind, e.micro_batch, e.start_ms) for e in serial.link_events(1)] == [
+        (SEND_FORWARD_KIND, 0, 5), (SEND_FORWARD_KIND, 1, 7), (SEND_BACKWARD_KIND, 0, 9),
+        (SEND_BACKWARD_KIND, 1, 12)]
+    assert timeline(serial, 0)[-1] == ("B", 1, 15, 16)
+
+
 def test_allreduce_of_last_stage_overlaps_the_drain_of_earlier_stages():
     # p=3, m=2, F=1, B=1, no transfers. Compute ends at (m+p-1)(F+B) = 8 on stage 0; the last
     # stage's last backward ends (p-1)*B = 2 earlier, at 6. Its 1.5 ms allreduce ends at 7.5,

@@ -134,6 +134,23 @@ def test_simulate_command_rendezvous_follows_the_hand_timeline(tmp_path):
     assert "rendezvous transfers" in text
 
 
+def test_simulate_command_serial_links_follow_the_hand_timeline(tmp_path):
+    # tests/planner/test_simulator.py's serial example (3 stages, M=2, A, F=B=1, send forward
+    # 2, backward 1): 14 ms on full-duplex links, 16 ms with one transfer per device at a time.
+    plan_path, costs_path = str(tmp_path / "plan.json"), str(tmp_path / "costs.json")
+    straight_plan([1, 2], num_layers=3, micro_batches=2).save(plan_path)
+    with open(costs_path, "w") as f:
+        json.dump({"forward_ms": [1, 1, 1], "backward_ms": [1, 1, 1],
+                   "send_forward_ms": [2, 2], "send_backward_ms": [1, 1],
+                   "allreduce_ms": [0, 0, 0], "activation_bytes": [5, 5, 5]}, f)
+    for extra, want in (([], 14), (["--link_duplex=serial"], 16)):
+        done = run_cli(f"--plan={plan_path}", f"--costs={costs_path}", "--format=json", *extra)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["iteration_ms"] == want
+    text = run_cli(f"--plan={plan_path}", f"--costs={costs_path}", "--link_duplex=serial").stdout
+    assert "one transfer at a time per device" in text
+
+
 def test_simulate_command_explains_missing_inputs(tmp_path):
     plan_path = str(tmp_path / "plan.json")
     straight_plan([1], num_layers=2, micro_batches=2).save(plan_path)
