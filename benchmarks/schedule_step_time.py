@@ -12,8 +12,10 @@ dispatch does not dominate. In one run:
    layer's input-gradient share too);
 2. measure the links between two ranks (`horovodrun -np 2 dapple topology --measure`);
 3. predict each plan's step with the simulator on those (`planner.cost_model.pipeline_costs`,
-   `planner.simulator.simulate_plan`): 1f1b and zb-h1 on the same 2 stages (cut in the
-   middle), interleaved with v = 2 (4 chunks, cut at the quarters);
+   `planner.simulator.simulate_plan`; also with dapple's own transfer cost, with rendezvous
+   transfers, and with Horovod's: rendezvous and one collective at a time per rank): 1f1b and
+   zb-h1 on the same 2 stages (cut in the middle), interleaved with v = 2 (4 chunks, cut at the
+   quarters);
 4. measure each plan under `horovodrun -np 2 -H localhost:2 --gloo`, one intra-op thread per
    rank, `HOROVOD_CYCLE_TIME=0.1` (what `dapple launch` sets): median of `--steps` steps after
    3 warm-up steps, plans alternating, `--repeats` rounds, median kept;
@@ -107,6 +109,13 @@ def dapple_transfer_ms(size: int) -> float:
     return float(out.strip().splitlines()[-1].split()[4])
 
 
+def simulate_horovod(plan, costs) -> float:
+    """The step as under horovodrun: a transfer starts when both ranks entered its collective,
+    and a rank's one Horovod background thread performs them one at a time."""
+    from planner.simulator import simulate_plan
+    return simulate_plan(plan, costs, link_duplex="serial", rendezvous=True).iteration_ms
+
+
 def horovodrun(args) -> list:
     return [venv_bin("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + args
 
@@ -188,7 +197,7 @@ def main(argv):
         # The same prediction with every transfer costing what dapple's transfer measured.
         runtime_link = dataclasses.replace(topology, intra_host_latency=transfer_ms / 1e3,
                                            intra_host_bandwidth=float("inf"))
-        with_runtime_link, rendezvous = {}, {}
+        with_runtime_link, rendezvous, horovod = {}, {}, {}
         predicted, paths = {}, {}
         for name, plan in plans(profile.num_layers).items():
             predicted[name] = simulate_plan(plan, pipeline_costs(plan, profile,
@@ -198,6 +207,8 @@ def main(argv):
             # Horovod's alltoall is a collective: a transfer starts when both ranks entered it.
             rendezvous[name] = simulate_plan(plan, pipeline_costs(plan, profile, topology),
                                              rendezvous=True).iteration_ms
+            # ... and one background thread per rank performs its collectives one at a time.
+            horovod[name] = simulate_horovod(plan, pipeline_costs(plan, profile, topology))
             paths[name] = os.path.join(tmp, f"{name}.json")
             plan.save(paths[name])
         measured = {name: [] for name in SCHEDULES}
@@ -206,8 +217,8 @@ def main(argv):
             for name in SCHEDULES:
                 loads.append(os.getloadavg()[0])
                 measured[name].append(measure_step(paths[name]))
+        med = {name: statistics.median(v) for name, v in measured.items()}
     fused, split = split_against_fused()
-    med = {name: statistics.median(v) for name, v in measured.items()}
     print(f"\nMLP {FLAGS.depth} x Dense({FLAGS.width}), global batch {FLAGS.batch}, "
           f"M = {FLAGS.micro_batches}, 2 ranks (horovodrun), 1 intra-op thread each; "
           f"load average {min(loads):.1f}..{max(loads):.1f}")
@@ -221,7 +232,9 @@ def main(argv):
     for how, prediction in (("", predicted),
                             (" with dapple's transfer cost as the link", with_runtime_link),
                             (" with rendezvous transfers (a transfer waits for its receive)",
-                             rendezvous)):
+                             rendezvous),
+                            (" with Horovod's transfers (rendezvous, one at a time per rank)",
+                             horovod)):
         for name in SCHEDULES[1:]:
             p, m = prediction[name] / prediction["1f1b"], med[name] / med["1f1b"]
             print(f"{name}, predicted{how}: ratio to 1f1b {p:.3f} ({prediction[name]:.1f} / "

@@ -15,19 +15,16 @@ Model (decisions a newcomer needs):
   (`planner.lowering.needs`). Compute takes the cost model's time; a split backward's I and W
   split the backward as the profile measured it (`dapple.profile` does), half and half for a
   graph.txt profile, which has only B.
-* A send costs its position nothing: the transfer starts on its link when the link is free;
-  transfers on one link run one at a time, first ready first served (ties: first produced).
-  A receive completes when its transfer arrives. A link joins two positions; it is full
-  duplex by default: each direction is a channel of its own (activations s -> s+1 and gradients
-  s+1 -> s; with interleaving, all transfers from one position to another share a channel).
-  `link_duplex="half"` makes both directions share one channel, which is what eq. 1 assumes
-  when it models a boundary as a stage of its own with F = send forward and B = send backward.
-  `link_duplex="serial"`: a position takes part in one transfer at a time over all its links,
-  as under horovodrun, where a process's one background thread performs its collectives one
-  after another (Horovod's `RunLoopOnce`), whichever process set and direction.
-  `rendezvous=True`: a transfer also waits until its receiver has reached the receive (the
-  receive is posted), as a collective such as Horovod's alltoall does: both sides must enter it;
-  by default data travels as soon as it is sent and waits at the receiver.
+* A send costs its position nothing. Its transfer runs when what it occupies is free, one at a
+  time, first ready first served (ties: first produced); the receive completes when it arrives.
+  `link_duplex` says what a transfer occupies. "full" (default): its direction of the link
+  (with interleaving, all transfers from one position to another). "half": the link, both
+  directions, as eq. 1 models a boundary (a stage with F = send forward, B = send backward).
+  "serial": both its positions, all their links: a horovodrun rank's one background thread
+  performs its collectives one after another (Horovod's `RunLoopOnce`). `rendezvous=True`: a
+  transfer also waits until its receiver has reached the receive, as a collective (Horovod's
+  alltoall) does; by default data travels as soon as it is sent. Under horovodrun: "serial"
+  with rendezvous (`benchmarks/schedule_step_time.py` compares them with measured steps).
 * A chunk's allreduce (the ALLREDUCE action after its last weight gradient) occupies its
   position for the cost model's time; allreduces of different positions run on different
   device groups.
@@ -43,9 +40,8 @@ Model (decisions a newcomer needs):
   (iteration / (k x pipelines); AvgPipe's N pipelines consume N batches a step). An UPDATE
   takes no time (the optimizer's apply is not modelled, as in the single-batch schedules);
   each ALLREDUCE of an update takes the stage's allreduce time.
-* Deterministic: events are committed in order of start time with fixed tie-breaks, and a
-  duration never depends on anything random. The simulation is exact for this model (a
-  max-plus system), not sampled.
+* Deterministic: events are committed in order of start time with fixed tie-breaks; the
+  simulation is exact for this model (a max-plus system), not sampled.
 
 A schedule that cannot finish raises `ScheduleError` (from `planner.replay`) naming every
 stuck action and what it waits for.
@@ -184,8 +180,7 @@ def simulate_plan(plan, costs: PipelineCosts, link_duplex: str = "full",
         raise ValueError(f"costs describe {costs.num_stages} stages but the plan has "
                          f"{plan.num_stages} (chunks, with interleaving); compute them for this "
                          f"plan (planner.cost_model.pipeline_costs)")
-    result = simulate(plan_schedule(plan), costs, link_duplex=link_duplex,
-                      rendezvous=rendezvous)
+    result = simulate(plan_schedule(plan), costs, link_duplex=link_duplex, rendezvous=rendezvous)
     if plan.schedule == AVGPIPE:
         result.pipelines = plan.stages[0].replicas
     return result
