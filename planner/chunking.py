@@ -68,7 +68,7 @@ def interleave_plan(plan: Plan, profile: Profile, topology, virtual_stages: int)
               for c, (first, last) in enumerate(cuts)]
     return Plan(stages=stages, micro_batches=plan.micro_batches,
                 global_batch_size=plan.global_batch_size, schedule=INTERLEAVED,
-                virtual_stages=v, recompute=plan.recompute)
+                virtual_stages=v, recompute=plan.recompute, transfers=plan.transfers)
 
 
 def interleaved_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int,

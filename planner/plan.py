@@ -119,6 +119,7 @@ class Plan:
     batches: Optional[int] = None               # relaxed schedules: global batches in one run
     advance: Optional[int] = None               # "avgpipe": forwards ahead of 1F1B's warm-up
     vertical_sync: Optional[bool] = None        # "pipedream": every stage reads stage 0's version
+    transfers: str = "async"    # how its estimate moves boundary tensors: one of TRANSFERS
 
     # ---- derived views -------------------------------------------------------------
     @property
@@ -181,6 +182,9 @@ class Plan:
                             f"version {PLAN_VERSION}); re-create the plan with `dapple plan`")
         if not self.stages:
             raise PlanError("plan has no stages")
+        if self.transfers not in TRANSFERS:
+            raise PlanError(f"'transfers' must be one of {TRANSFERS}, got {self.transfers!r}: "
+                            f"\"async\" for one process's devices, \"horovod\" under horovodrun")
         self._validate_schedule()
         S = self.num_positions
         expected_first = 0
@@ -285,8 +289,10 @@ class Plan:
             if value is not None:
                 schedule[key] = value
         d["schedule"] = schedule
+        if d["transfers"] == "async":       # the default, left out
+            d["transfers"] = None
         order = ["version", "stages", "micro_batches", "global_batch_size", "schedule",
-                 "recompute", "estimate", "topology", "profile"]
+                 "transfers", "recompute", "estimate", "topology", "profile"]
         return {k: d[k] for k in order if d[k] is not None}
 
     def to_json(self, indent: int = 2) -> str:
@@ -360,6 +366,9 @@ def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int
 
 
 SCHEDULE_PARAMETERS = ("warmup", "virtual_stages", "batches", "advance", "vertical_sync")
+# "async": a transfer goes when sent, each direction its own channel (one process's devices);
+# "horovod": as under horovodrun (planner.simulator: serial links, rendezvous).
+TRANSFERS = ("async", "horovod")
 
 
 def _schedule_fields(d: Dict[str, Any]) -> Dict[str, Any]:

@@ -26,25 +26,21 @@ Model (decisions a newcomer needs):
   alltoall) does; by default data travels as soon as it is sent. Under horovodrun: "serial"
   with rendezvous (`benchmarks/schedule_step_time.py` compares them with measured steps).
 * A chunk's allreduce (the ALLREDUCE action after its last weight gradient) occupies its
-  position for the cost model's time; allreduces of different positions run on different
-  device groups.
+  position for the cost model's time; those of different positions do not wait for each other.
 * A micro-batch's activations are *held* on a chunk from the start of its forward to the end
   of its backward (of I for a split backward); from then until the end of its W it *awaits W*,
   keeping only what W reads (`planner.schedule_memory`). At equal times a release counts
   before an acquisition (the position runs one action at a time).
-* Statistics are per position ("stage" in the results): busy time is forward + backward
-  compute; idle time is the rest of the iteration minus the allreduces; bubble fraction is
-  idle / iteration.
+* Statistics are per position ("stage" in the results): busy is compute; idle is the rest
+  of the iteration minus the allreduces; bubble fraction is idle / iteration.
 * A schedule over k global batches (`planner.multi_batch`) is one run: the iteration is the
   whole run, its bubble fraction the run's; `batch_ms` is the time per global batch consumed
   (iteration / (k x pipelines); AvgPipe's N pipelines consume N batches a step). An UPDATE
   takes no time (the optimizer's apply is not modelled, as in the single-batch schedules);
   each ALLREDUCE of an update takes the stage's allreduce time.
 * Deterministic: events are committed in order of start time with fixed tie-breaks; the
-  simulation is exact for this model (a max-plus system), not sampled.
-
-A schedule that cannot finish raises `ScheduleError` (from `planner.replay`) naming every
-stuck action and what it waits for.
+  simulation is exact for this model (a max-plus system), not sampled. A schedule that cannot
+  finish raises `ScheduleError` (from `planner.replay`) naming every stuck action.
 """
 from __future__ import annotations
 
@@ -173,9 +169,13 @@ class SimulationResult:
 
 
 # ---------------------------------------------------------------------------------------------
-def simulate_plan(plan, costs: PipelineCosts, link_duplex: str = "full",
-                  rendezvous: bool = False) -> SimulationResult:
-    """Simulate `plan` (a `planner.plan.Plan`) with per-task durations `costs`."""
+def simulate_plan(plan, costs: PipelineCosts, link_duplex: Optional[str] = None,
+                  rendezvous: Optional[bool] = None) -> SimulationResult:
+    """Simulate `plan` (a `planner.plan.Plan`) with per-task durations `costs`; transfers as
+    `plan.transfers` says ("horovod": serial, rendezvous) unless given."""
+    horovod = plan.transfers == "horovod"
+    link_duplex = link_duplex or ("serial" if horovod else "full")
+    rendezvous = horovod if rendezvous is None else rendezvous
     if costs.num_stages != plan.num_stages:
         raise ValueError(f"costs describe {costs.num_stages} stages but the plan has "
                          f"{plan.num_stages} (chunks, with interleaving); compute them for this "

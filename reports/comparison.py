@@ -94,7 +94,8 @@ def single_device_ms(profile, topology, global_batch_size: int) -> float:
     return best
 
 
-def held_comparison(plan: Plan, costs, link_duplex: str = "full") -> Dict[str, SimulationResult]:
+def held_comparison(plan: Plan, costs, link_duplex: Optional[str] = None
+                    ) -> Dict[str, SimulationResult]:
     """{label: simulation} for GPipe and early backward on the same stages and micro-batches
     (the paper's Fig. 3c), and the plan's own schedule when it is neither (an interleaved plan's
     chunks are not stages of the other two: it is shown alone)."""

@@ -25,6 +25,14 @@ def test_the_schedule_is_an_object_with_its_parameters():
     assert Plan.from_json(plan.to_json()) == plan
 
 
+def test_transfers_are_written_only_when_planned_for_horovodrun():
+    plan = straight_plan([3], 6, 4, 64)
+    assert plan.transfers == "async" and "transfers" not in plan.to_dict()
+    plan.transfers = "horovod"
+    assert json.loads(plan.to_json())["transfers"] == "horovod"
+    assert Plan.from_json(plan.to_json()) == plan
+
+
 def test_version_1_plans_still_load():
     # A version 1 file, as dapple wrote it before the schedule became an object.
     v1 = {"version": 1, "stages": [{"layers": [0, 2], "devices": [0]},
@@ -55,6 +63,7 @@ def test_shapes_in_the_papers_notation():
     (lambda d: d.pop("version"), "no 'version'"),
     (lambda d: d.update(version=99), "version 99 is not supported"),
     (lambda d: d.update(colour="red"), "unknown field"),
+    (lambda d: d.update(transfers="mpi"), "'transfers' must be one of .* got 'mpi'"),
 ])
 def test_hand_edited_plan_errors_name_the_problem(edit, message):
     data = straight_plan([3], 6, 4, 64, replicas=[2, 1]).to_dict()

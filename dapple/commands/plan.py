@@ -42,6 +42,11 @@ flags.DEFINE_string("report", None,
                     "also write a strategy report with pictures: plan table, timelines and "
                     "speedup bars against the best DP plan, a straight pipeline and PipeDream "
                     "(.html, self-contained, or .md with PNGs next to it; needs matplotlib)")
+flags.DEFINE_enum("transfers", "async", ["async", "horovod"],
+                  "how the runtime will move tensors between stages, for the simulated "
+                  "estimates and --schedule=auto: async (one process's devices: a transfer "
+                  "goes when sent) or horovod (under horovodrun: a collective both ranks "
+                  "enter, one at a time per rank); kept in the plan")
 flags.DEFINE_enum("plan_space", "paper", ["paper", "full"],
                   "paper: data parallelism, two-stage plans and the straight pipeline (the shapes "
                   "the DAPPLE paper reports; searched deeper only if none fits); full: every "
@@ -192,7 +197,9 @@ def _plan(profile, topo) -> None:
 
 def _scheduled(plan, profile, topo):
     """(the plan under --schedule, every schedule compared on it)."""
+    import dataclasses
     from planner.schedule_choice import choose_schedule
+    plan = dataclasses.replace(plan, transfers=FLAGS.transfers)
     return choose_schedule(plan, profile, topo, FLAGS.schedule or "1f1b", FLAGS.virtual_stages,
                            FLAGS.batches)
 

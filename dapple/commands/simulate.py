@@ -54,19 +54,25 @@ flags.DEFINE_integer("batches", None,
                      "runs without a flush (default: the plan's, else 4)")
 flags.DEFINE_integer("virtual_stages", None,
                      "chunks per device group for --schedule=interleaved (default 2)")
-flags.DEFINE_enum("link_duplex", "full", ["full", "half", "serial"],
+flags.DEFINE_enum("link_duplex", None, ["full", "half", "serial"],
                   "full: activations and gradients cross a boundary on separate channels; "
                   "half: they share one (eq. 1's reading of a boundary as a stage); serial: "
                   "a device takes part in one transfer at a time over all its links (Horovod "
                   "runs a process's collectives one after another; with --rendezvous, the "
-                  "runtime under horovodrun)")
-flags.DEFINE_bool("rendezvous", False,
+                  "runtime under horovodrun). Default: the plan's transfers (full; serial "
+                  "for \"transfers\": \"horovod\")")
+flags.DEFINE_bool("rendezvous", None,
                   "a transfer also waits until its receiver reached the receive, as a "
-                  "collective does (Horovod's alltoall, the runtime under horovodrun)")
+                  "collective does (Horovod's alltoall, the runtime under horovodrun). "
+                  "Default: the plan's transfers (on for \"transfers\": \"horovod\")")
 
 
 LINKS = {"full": "links full duplex", "half": "links half duplex",
          "serial": "one transfer at a time per device"}
+
+
+def rendezvous(plan) -> bool:
+    return FLAGS.rendezvous if FLAGS.rendezvous is not None else plan.transfers == "horovod"
 
 
 class UsageError(Exception):
@@ -149,7 +155,7 @@ def format_text(plan, result) -> str:
              f"micro-batches, schedule {plan.schedule}{v}, warm-up K = {plan.warmup_depths()}",
              f"iteration {result.iteration_ms:.3f} ms, bubble fraction "
              f"{result.bubble_fraction:.3f} ({LINKS[result.link_duplex]}"
-             f"{', rendezvous transfers' if FLAGS.rendezvous else ''})"]
+             f"{', rendezvous transfers' if rendezvous(plan) else ''})"]
     if result.batches > 1 or result.pipelines > 1:
         lines.append(f"{result.batches} global batches x {result.pipelines} pipeline(s) in the "
                      f"run: {result.batch_ms:.3f} ms per global batch; weight copies "
@@ -179,7 +185,7 @@ def run() -> int:
     plan, options = rescheduled(Plan.load(FLAGS.plan).validate())
     costs = costs_for(plan)
     result = simulate_plan(plan, costs, link_duplex=FLAGS.link_duplex,
-                           rendezvous=FLAGS.rendezvous)
+                           rendezvous=rendezvous(plan))
     # Pictures first: the printed results may go to a pipe that closes early (| head).
     if FLAGS.output:
         from reports.timeline import save_figure, timeline_figure

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
+from planner.cost_model import pipeline_costs
 from planner.plan import Plan
 from planner.plan_space import plan_dapple
 from planner.schedule_choice import choose_schedule
+from planner.simulator import simulate_plan
 from tests.planner.test_schedule_choice import toy_profile
 from topology import parse_topology
 
@@ -103,6 +105,27 @@ def test_plan_under_each_schedule_equals_the_library(tmp_path, schedule, virtual
     assert (got.schedule, got.virtual_stages) == (want.schedule, want.virtual_stages)
     assert [s.layers for s in got.stages] == [s.layers for s in want.stages]
     assert got.estimate.latency_ms == pytest.approx(want.estimate.latency_ms)
+
+
+def test_plan_for_horovodrun_simulates_horovods_transfers(tmp_path):
+    # The toy model on 2 hosts over 1 Gbps: each interleaved chunk boundary crosses the network.
+    path, profile = toy_files(tmp_path)
+    args = [f"--profile={path}", "--topology=2x2,net=1Gbps", "--global_batch_size=64",
+            "--schedule=interleaved", "--format=json"]
+    plans = {}
+    for transfers in ("async", "horovod"):
+        done = dapple("plan", *args, f"--transfers={transfers}")
+        assert done.returncode == 0, done.stderr
+        plans[transfers] = Plan.from_json(done.stdout)
+    assert (plans["async"].transfers, plans["horovod"].transfers) == ("async", "horovod")
+    topo = parse_topology("2x2,net=1Gbps")
+    costs = pipeline_costs(plans["horovod"], profile, topo)
+    # The interleaved estimate is the simulated iteration, with the plan's transfer model.
+    assert plans["horovod"].estimate.latency_ms == pytest.approx(simulate_plan(
+        plans["horovod"], costs, link_duplex="serial", rendezvous=True).iteration_ms)
+    assert plans["async"].estimate.latency_ms == pytest.approx(simulate_plan(
+        plans["async"], costs, link_duplex="full", rendezvous=False).iteration_ms)
+    assert plans["horovod"].estimate.latency_ms > plans["async"].estimate.latency_ms
 
 
 def test_plan_report_shows_the_schedules_side_by_side(tmp_path):

@@ -162,6 +162,30 @@ def test_serial_links_give_a_position_one_transfer_at_a_time():
     assert timeline(serial, 0)[-1] == ("B", 1, 15, 16)
 
 
+def test_horovod_transfers_are_serial_and_rendezvous():
+    # The serial example above with rendezvous too (a transfer starts when its receiver has
+    # posted the receive, i.e. finished the action before it):
+    #   sF0 0->1 [1,3]; s1 F0[3,4], posts RECV_F1 at 4; at 4 sF1 0->1 (sent at 2) goes first,
+    #   [4,6], then sF0 1->2 [6,8]; s1 F1[6,7], posts RECV_B0 at 7; s2 F0[8,9] B0[9,10],
+    #   posts RECV_F1 at 10; at 10 sF1 1->2 (sent at 7) [10,12], then sB0 2->1 [12,13];
+    #   s2 F1[12,13] B1[13,14]; s1 B0[13,14]; at 14 sB0 1->0 (stage 1 sends first) [14,15],
+    #   sB1 2->1 [15,16]; s1 B1[16,17]; sB1 1->0 [17,18]; s0 B0[15,16] B1[18,19] -> 19 ms.
+    costs = uniform_costs(3, 1.0, 1.0, send_forward=2.0, send_backward=1.0)
+    result = simulate(pipeline_schedule(3, 2, "A"), costs, link_duplex="serial",
+                      rendezvous=True)
+    assert result.iteration_ms == 19
+    assert timeline(result, 0) == [("F", 0, 0, 1), ("F", 1, 1, 2), ("B", 0, 15, 16),
+                                   ("B", 1, 18, 19)]
+    assert timeline(result, 1) == [("F", 0, 3, 4), ("F", 1, 6, 7), ("B", 0, 13, 14),
+                                   ("B", 1, 16, 17)]
+    # A plan made for horovodrun is simulated so by default; others as before.
+    plan = straight_plan([1, 2], num_layers=3, micro_batches=2)
+    assert simulate_plan(plan, costs).iteration_ms == 14
+    plan.transfers = "horovod"
+    assert simulate_plan(plan, costs).iteration_ms == 19
+    assert simulate_plan(plan, costs, link_duplex="full", rendezvous=False).iteration_ms == 14
+
+
 def test_allreduce_of_last_stage_overlaps_the_drain_of_earlier_stages():
     # p=3, m=2, F=1, B=1, no transfers. Compute ends at (m+p-1)(F+B) = 8 on stage 0; the last
     # stage's last backward ends (p-1)*B = 2 earlier, at 6. Its 1.5 ms allreduce ends at 7.5,
