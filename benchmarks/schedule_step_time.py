@@ -109,13 +109,6 @@ def dapple_transfer_ms(size: int) -> float:
     return float(out.strip().splitlines()[-1].split()[4])
 
 
-def simulate_horovod(plan, costs) -> float:
-    """The step as under horovodrun: a transfer starts when both ranks entered its collective,
-    and a rank's one Horovod background thread performs them one at a time."""
-    from planner.simulator import simulate_plan
-    return simulate_plan(plan, costs, link_duplex="serial", rendezvous=True).iteration_ms
-
-
 def horovodrun(args) -> list:
     return [venv_bin("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + args
 
@@ -200,15 +193,16 @@ def main(argv):
         with_runtime_link, rendezvous, horovod = {}, {}, {}
         predicted, paths = {}, {}
         for name, plan in plans(profile.num_layers).items():
-            predicted[name] = simulate_plan(plan, pipeline_costs(plan, profile,
-                                                                 topology)).iteration_ms
+            costs = pipeline_costs(plan, profile, topology)
+            predicted[name] = simulate_plan(plan, costs).iteration_ms
             with_runtime_link[name] = simulate_plan(plan, pipeline_costs(
                 plan, profile, runtime_link)).iteration_ms
             # Horovod's alltoall is a collective: a transfer starts when both ranks entered it.
-            rendezvous[name] = simulate_plan(plan, pipeline_costs(plan, profile, topology),
-                                             rendezvous=True).iteration_ms
-            # ... and one background thread per rank performs its collectives one at a time.
-            horovod[name] = simulate_horovod(plan, pipeline_costs(plan, profile, topology))
+            rendezvous[name] = simulate_plan(plan, costs, rendezvous=True).iteration_ms
+            # ... and one background thread per rank performs its collectives one at a time:
+            # what the planner simulates for a plan made with --transfers=horovod.
+            horovod[name] = simulate_plan(dataclasses.replace(plan, transfers="horovod"),
+                                          costs).iteration_ms
             paths[name] = os.path.join(tmp, f"{name}.json")
             plan.save(paths[name])
         measured = {name: [] for name in SCHEDULES}

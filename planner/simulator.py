@@ -23,8 +23,8 @@ Model (decisions a newcomer needs):
   "serial": both its positions, all their links: a horovodrun rank's one background thread
   performs its collectives one after another (Horovod's `RunLoopOnce`). `rendezvous=True`: a
   transfer also waits until its receiver has reached the receive, as a collective (Horovod's
-  alltoall) does; by default data travels as soon as it is sent. Under horovodrun: "serial"
-  with rendezvous (`benchmarks/schedule_step_time.py` compares them with measured steps).
+  alltoall) does; by default data travels as soon as it is sent. A plan's `transfers` picks
+  ("horovod": "serial" with rendezvous; `benchmarks/schedule_step_time.py` measures it).
 * A chunk's allreduce (the ALLREDUCE action after its last weight gradient) occupies its
   position for the cost model's time; those of different positions do not wait for each other.
 * A micro-batch's activations are *held* on a chunk from the start of its forward to the end
@@ -110,6 +110,7 @@ class SimulationResult:
     events: List[TimelineEvent]
     schedule: Optional[Schedule] = None          # lowered: what ran
     link_duplex: str = "full"
+    rendezvous: bool = False
     batches: int = 1            # consecutive global batches in the run (per pipeline)
     pipelines: int = 1          # AvgPipe: pipelines running the same lists, each its own batch
 
@@ -148,8 +149,7 @@ class SimulationResult:
                 e.kind in (SEND_FORWARD_KIND, SEND_BACKWARD_KIND)]
 
     def held_over_time(self, stage: int) -> List[Tuple[float, int]]:
-        """Step function of micro-batches held on position `stage`: [(time, count from then
-        on)]."""
+        """Micro-batches held on position `stage`: [(time, count from then on)]."""
         return [(t, int(round(c))) for t, c in _held_steps(self.events, stage)]
 
     def to_dict(self, with_timeline: bool = False) -> Dict:
@@ -171,8 +171,7 @@ class SimulationResult:
 # ---------------------------------------------------------------------------------------------
 def simulate_plan(plan, costs: PipelineCosts, link_duplex: Optional[str] = None,
                   rendezvous: Optional[bool] = None) -> SimulationResult:
-    """Simulate `plan` (a `planner.plan.Plan`) with per-task durations `costs`; transfers as
-    `plan.transfers` says ("horovod": serial, rendezvous) unless given."""
+    """`plan` run with task durations `costs`; transfers as given, else `plan.transfers`."""
     horovod = plan.transfers == "horovod"
     link_duplex = link_duplex or ("serial" if horovod else "full")
     rendezvous = horovod if rendezvous is None else rendezvous
@@ -318,8 +317,9 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
             peak_awaiting_weight_micro_batches=int(round(_peak(events, p, [0.0] * C,
                                                                [1.0] * C))),
             chunks=chunks, weight_copies=copies[p], staleness=stale[p]))
-    return SimulationResult(iteration_ms=iteration, stages=stats, events=events,
-                            schedule=lowered, link_duplex=link_duplex, batches=schedule.batches)
+    return SimulationResult(iteration_ms=iteration, stages=stats, events=events, schedule=lowered,
+                            link_duplex=link_duplex, rendezvous=rendezvous,
+                            batches=schedule.batches)
 
 
 def _receive_posted(lowered: Schedule, placement, position, position_free,

@@ -71,10 +71,6 @@ LINKS = {"full": "links full duplex", "half": "links half duplex",
          "serial": "one transfer at a time per device"}
 
 
-def rendezvous(plan) -> bool:
-    return FLAGS.rendezvous if FLAGS.rendezvous is not None else plan.transfers == "horovod"
-
-
 class UsageError(Exception):
     pass
 
@@ -155,7 +151,7 @@ def format_text(plan, result) -> str:
              f"micro-batches, schedule {plan.schedule}{v}, warm-up K = {plan.warmup_depths()}",
              f"iteration {result.iteration_ms:.3f} ms, bubble fraction "
              f"{result.bubble_fraction:.3f} ({LINKS[result.link_duplex]}"
-             f"{', rendezvous transfers' if rendezvous(plan) else ''})"]
+             f"{', rendezvous transfers' if result.rendezvous else ''})"]
     if result.batches > 1 or result.pipelines > 1:
         lines.append(f"{result.batches} global batches x {result.pipelines} pipeline(s) in the "
                      f"run: {result.batch_ms:.3f} ms per global batch; weight copies "
@@ -185,7 +181,7 @@ def run() -> int:
     plan, options = rescheduled(Plan.load(FLAGS.plan).validate())
     costs = costs_for(plan)
     result = simulate_plan(plan, costs, link_duplex=FLAGS.link_duplex,
-                           rendezvous=rendezvous(plan))
+                           rendezvous=FLAGS.rendezvous)
     # Pictures first: the printed results may go to a pipe that closes early (| head).
     if FLAGS.output:
         from reports.timeline import save_figure, timeline_figure

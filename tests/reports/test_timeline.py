@@ -117,38 +117,41 @@ def test_simulate_command_prints_json_and_draws(tmp_path):
     assert os.path.getsize(timeline_path) > 1000 and os.path.getsize(held_path) > 1000
 
 
-def test_simulate_command_rendezvous_follows_the_hand_timeline(tmp_path):
-    # tests/planner/test_simulator.py's hand example (F=1, B=2, sends 0.5, allreduce 3 and 1,
-    # M=2, A): 13 ms; with rendezvous, send F1 waits for stage 1's receive at 4.5: 13.5 ms.
+# tests/planner/test_simulator.py's hand examples through the command line.
+# Two stages (F=1, B=2, sends 0.5, allreduce 3 and 1, M=2, A): 13 ms; with rendezvous, send F1
+# waits for stage 1's receive at 4.5: 13.5 ms.
+TWO_STAGES = ([1], {"forward_ms": [1, 1], "backward_ms": [2, 2], "send_forward_ms": [0.5],
+                    "send_backward_ms": [0.5], "allreduce_ms": [3, 1], "activation_bytes": [5, 5]})
+# Three stages (M=2, A, F=B=1, send forward 2, backward 1): 14 ms on full-duplex links, 16 ms
+# with one transfer per device at a time, 19 ms with rendezvous too (a plan for horovodrun).
+THREE_STAGES = ([1, 2], {"forward_ms": [1, 1, 1], "backward_ms": [1, 1, 1],
+                         "send_forward_ms": [2, 2], "send_backward_ms": [1, 1],
+                         "allreduce_ms": [0, 0, 0], "activation_bytes": [5, 5, 5]})
+
+
+@pytest.mark.parametrize("example,transfers,flags,plain_ms,flagged_ms,says", [
+    (TWO_STAGES, "async", ["--rendezvous"], 13, 13.5, ["rendezvous transfers"]),
+    (THREE_STAGES, "async", ["--link_duplex=serial"], 14, 16,
+     ["one transfer at a time per device"]),
+    (THREE_STAGES, "horovod", ["--link_duplex=full", "--norendezvous"], 19, 14,
+     ["one transfer at a time per device", "rendezvous transfers"]),
+])
+def test_simulate_command_follows_the_hand_timelines(tmp_path, example, transfers, flags,
+                                                     plain_ms, flagged_ms, says):
+    boundaries, costs = example
     plan_path, costs_path = str(tmp_path / "plan.json"), str(tmp_path / "costs.json")
-    straight_plan([1], num_layers=2, micro_batches=2).save(plan_path)
+    plan = straight_plan(boundaries, num_layers=len(boundaries) + 1, micro_batches=2)
+    plan.transfers = transfers
+    plan.save(plan_path)
     with open(costs_path, "w") as f:
-        json.dump({"forward_ms": [1, 1], "backward_ms": [2, 2], "send_forward_ms": [0.5],
-                   "send_backward_ms": [0.5], "allreduce_ms": [3, 1],
-                   "activation_bytes": [5, 5]}, f)
-    for extra, want in (([], 13), (["--rendezvous"], 13.5)):
+        json.dump(costs, f)
+    for extra, want in (([], plain_ms), (flags, flagged_ms)):
         done = run_cli(f"--plan={plan_path}", f"--costs={costs_path}", "--format=json", *extra)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["iteration_ms"] == want
-    text = run_cli(f"--plan={plan_path}", f"--costs={costs_path}", "--rendezvous").stdout
-    assert "rendezvous transfers" in text
-
-
-def test_simulate_command_serial_links_follow_the_hand_timeline(tmp_path):
-    # tests/planner/test_simulator.py's serial example (3 stages, M=2, A, F=B=1, send forward
-    # 2, backward 1): 14 ms on full-duplex links, 16 ms with one transfer per device at a time.
-    plan_path, costs_path = str(tmp_path / "plan.json"), str(tmp_path / "costs.json")
-    straight_plan([1, 2], num_layers=3, micro_batches=2).save(plan_path)
-    with open(costs_path, "w") as f:
-        json.dump({"forward_ms": [1, 1, 1], "backward_ms": [1, 1, 1],
-                   "send_forward_ms": [2, 2], "send_backward_ms": [1, 1],
-                   "allreduce_ms": [0, 0, 0], "activation_bytes": [5, 5, 5]}, f)
-    for extra, want in (([], 14), (["--link_duplex=serial"], 16)):
-        done = run_cli(f"--plan={plan_path}", f"--costs={costs_path}", "--format=json", *extra)
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["iteration_ms"] == want
-    text = run_cli(f"--plan={plan_path}", f"--costs={costs_path}", "--link_duplex=serial").stdout
-    assert "one transfer at a time per device" in text
+    text = run_cli(f"--plan={plan_path}", f"--costs={costs_path}",
+                   *(flags if transfers == "async" else [])).stdout
+    assert all(words in text for words in says)
 
 
 def test_simulate_command_explains_missing_inputs(tmp_path):
