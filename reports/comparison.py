@@ -94,8 +94,8 @@ def single_device_ms(profile, topology, global_batch_size: int) -> float:
     return best
 
 
-def held_comparison(plan: Plan, costs, link_duplex: Optional[str] = None
-                    ) -> Dict[str, SimulationResult]:
+def held_comparison(plan: Plan, costs, link_duplex: Optional[str] = None,
+                    rendezvous: Optional[bool] = None) -> Dict[str, SimulationResult]:
     """{label: simulation} for GPipe and early backward on the same stages and micro-batches
     (the paper's Fig. 3c), and the plan's own schedule when it is neither (an interleaved plan's
     chunks are not stages of the other two: it is shown alone)."""
@@ -106,10 +106,11 @@ def held_comparison(plan: Plan, costs, link_duplex: Optional[str] = None
         early = dataclasses.replace(plan, schedule=early_policy,
                                     warmup=plan.warmup if own else None)
         gpipe = dataclasses.replace(plan, schedule=GPIPE, warmup=None)
-        out["GPipe"] = simulate_plan(gpipe, costs, link_duplex)
-        out[f"early backward ({early_policy})"] = simulate_plan(early, costs, link_duplex)
+        out["GPipe"] = simulate_plan(gpipe, costs, link_duplex, rendezvous)
+        out[f"early backward ({early_policy})"] = simulate_plan(early, costs, link_duplex,
+                                                                rendezvous)
     if plan.schedule != GPIPE and plan.schedule not in EARLY_BACKWARD:
-        out[plan.schedule] = simulate_plan(plan, costs, link_duplex)
+        out[plan.schedule] = simulate_plan(plan, costs, link_duplex, rendezvous)
     return out
 
 

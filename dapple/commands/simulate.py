@@ -192,7 +192,7 @@ def run() -> int:
     if FLAGS.held_output:
         from reports.comparison import held_comparison
         from reports.timeline import held_activations_figure, held_stages, save_figure
-        held = held_comparison(plan, costs, FLAGS.link_duplex)
+        held = held_comparison(plan, costs, FLAGS.link_duplex, FLAGS.rendezvous)
         save_figure(held_activations_figure(held, stages=held_stages(plan),
                                             title=f"activations held, plan {plan.shape()}, "
                                                   f"{plan.micro_batches} micro-batches"),

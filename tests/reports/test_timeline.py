@@ -154,6 +154,17 @@ def test_simulate_command_follows_the_hand_timelines(tmp_path, example, transfer
     assert all(words in text for words in says)
 
 
+def test_held_comparison_simulates_with_the_transfers_asked_for():
+    # TWO_STAGES's plan (policy A): early backward 13 ms, 13.5 with rendezvous, as above.
+    from reports.comparison import held_comparison
+    boundaries, costs = TWO_STAGES
+    plan = straight_plan(boundaries, num_layers=2, micro_batches=2, schedule="A")
+    costs = PipelineCosts(**costs)
+    for rendezvous, want in ((None, 13), (True, 13.5)):
+        held = held_comparison(plan, costs, rendezvous=rendezvous)
+        assert held["early backward (A)"].iteration_ms == want
+
+
 def test_simulate_command_explains_missing_inputs(tmp_path):
     plan_path = str(tmp_path / "plan.json")
     straight_plan([1], num_layers=2, micro_batches=2).save(plan_path)
