@@ -12,12 +12,19 @@ and the stage's replicas (Chan et al.'s pairwise formula, exact for any split), 
 update with the layer's momentum: `moving = momentum * moving_before_step + (1 - momentum) *
 value`, where value is the mean, and the variance with Keras's convention for that layer (the
 fused kernel, used for 4-D and 5-D inputs on the channel axis, updates with the unbiased
-variance; the non-fused path with the biased one). The units' own updates still run (they are
-Keras's, inside the layer); the step reads the variables before the first unit and assigns the
-combined update after the last, which TensorFlow orders by the variables' program order.
+variance; the non-fused path with the biased one). The step reads the variables before the
+first unit and assigns the combined update after the last.
+
+Keras's own update still runs inside every training call of the layer, but into scratch
+variables of the unit's device (`ScratchStatistics`), not the layer's: a function call that
+writes a variable is ordered after every earlier call that writes it (`tf.function`'s automatic
+control dependencies), so writing the layer's own statistics would run every forward of the
+step one after another, across devices too (measured: four replicas' lanes, in parallel
+otherwise, ran in turn).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -200,22 +207,64 @@ class StatisticsRecorder:
         self.by_node.setdefault(id(node), []).append(slice_statistics(layer, inputs))
 
 
-def _normalization_layers(stages, units) -> List:
+def normalization_layers(nodes) -> List:
+    """The BatchNormalization layers that `nodes` call, once each, in call order."""
     seen, out = set(), []
-    for s in sorted({s for s, _ in units}):
-        for node in stages[s].nodes:
-            if is_batch_normalization(node.layer) and id(node.layer) not in seen:
-                seen.add(id(node.layer))
-                out.append(node.layer)
+    for node in nodes:
+        if is_batch_normalization(node.layer) and id(node.layer) not in seen:
+            seen.add(id(node.layer))
+            out.append(node.layer)
     return out
+
+
+class ScratchStatistics:
+    """Per device, a pair of variables shaped like each layer's moving statistics, for Keras's
+    per-call updates to write instead of the layer's own (see the module's docstring)."""
+
+    def __init__(self, layers: Sequence):
+        self.layers = list(layers)
+        self._by_device: Dict[str, List[tf.Variable]] = {}
+
+    def make(self, device: str) -> None:
+        """Create `device`'s pairs (eagerly: a `tf.function` that creates variables traces
+        twice)."""
+        if device in self._by_device or not self.layers:
+            return
+        with tf.init_scope(), tf.device(device):
+            self._by_device[device] = [
+                tf.Variable(tf.zeros_like(v), trainable=False, name="dapple_scratch")
+                for layer in self.layers for v in (layer.moving_mean, layer.moving_variance)]
+
+    def on(self, device: str) -> List[tf.Variable]:
+        return self._by_device.get(device, [])
+
+    @contextlib.contextmanager
+    def redirect(self, scratch: Sequence[tf.Variable], nodes, training: bool):
+        """While tracing a stage's calls (`nodes`, in training if `training`): the
+        `moving_mean` and `moving_variance` of every layer whose calls all update are
+        `scratch`'s pairs (a frozen layer, or a call fixed to inference, reads its own). Set
+        past Keras's attribute tracking, so the layers' weights and checkpoints never see
+        them, and put back on exit."""
+        saved = [(layer, layer.moving_mean, layer.moving_variance) for layer in self.layers]
+        try:
+            for i, layer in enumerate(self.layers if scratch and training is True else ()):
+                if layer.trainable and all(n.call_kwargs.get("training", True) is True
+                                           for n in nodes if n.layer is layer):
+                    object.__setattr__(layer, "moving_mean", scratch[2 * i])
+                    object.__setattr__(layer, "moving_variance", scratch[2 * i + 1])
+            yield
+        finally:
+            for layer, mean, variance in saved:
+                object.__setattr__(layer, "moving_mean", mean)
+                object.__setattr__(layer, "moving_variance", variance)
 
 
 def read_moving_statistics(stages, units) -> Dict[int, Tuple[tf.Tensor, tf.Tensor]]:
     """The moving statistics of the BatchNormalization layers of `units`' stages before any
-    unit runs (each call's own Keras update follows in program order, and is overwritten by
-    the step's one update)."""
+    unit runs."""
     return {id(layer): (tf.identity(layer.moving_mean), tf.identity(layer.moving_variance))
-            for layer in _normalization_layers(stages, units)}
+            for layer in normalization_layers(
+                [n for s in sorted({s for s, _ in units}) for n in stages[s].nodes])}
 
 
 def update_moving_statistics(stages, replicas: Sequence[int], recorders, moving_before,

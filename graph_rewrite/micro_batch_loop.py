@@ -78,7 +78,7 @@ def run_lane(step, state: StepState, unit: Unit) -> None:
     weights = [lane_rows(w) for w in state.sample_weights] if labelled else None
     sums, loss, predictions, statistics = step.lane_loops[stage](
         inputs, labels, weights, state.loss_scale, state.training, state.backward,
-        state.global_batch)
+        state.global_batch, step.functions[stage].scratch.on(step.device(*unit)))
 
     if loss is not None:
         state.loss_terms.append(loss)
@@ -113,22 +113,25 @@ class LaneLoop:
         self._lane = tf.function(self._loop, experimental_attributes={"_noinline": True})
 
     def __call__(self, inputs, labels, weights, loss_scale, training: bool, backward: bool,
-                 global_rows: int):
-        return self._lane(inputs, labels, weights, loss_scale, training, backward, global_rows)
+                 global_rows: int, scratch=()):
+        return self._lane(inputs, labels, weights, loss_scale, training, backward, global_rows,
+                          list(scratch))
 
-    def _one(self, inputs, labels, weights, sums, loss_scale, training, backward, global_rows):
+    def _one(self, inputs, labels, weights, sums, loss_scale, training, backward, global_rows,
+             scratch):
         """Micro-batch j: its forward (with `backward`, and its gradients added to `sums`)."""
         rows = int(next(iter(inputs.values())).shape[0])
         with tf.GradientTape() as tape:
             outputs, term, statistics = self.function.inline(inputs, training, labels, weights,
-                                                             rows, global_rows)
+                                                             rows, global_rows, scratch)
         if backward:
             _, grads = stage_gradients(self.graph, tape, inputs, outputs, term, None,
                                        loss_scale=loss_scale)
             sums = [a + g for a, g in zip(sums, grads)]
         return sums, outputs, term, statistics
 
-    def _loop(self, inputs, labels, weights, loss_scale, training, backward, global_rows):
+    def _loop(self, inputs, labels, weights, loss_scale, training, backward, global_rows,
+              scratch):
         M = int(next(iter(inputs.values())).shape[0])
         output_ids = self.function.output_ids
         sums = [tf.zeros(v.shape, v.dtype) for v in self.graph.trainable_variables
@@ -138,7 +141,7 @@ class LaneLoop:
             pick = lambda t: None if t is None else t[j]   # noqa: E731
             return (tf.nest.map_structure(pick, inputs), tf.nest.map_structure(pick, labels),
                     tf.nest.map_structure(pick, weights), sums, loss_scale, training, backward,
-                    global_rows)
+                    global_rows, scratch)
 
         # One trace gives the results' structure; the loop body's call reuses it.
         _, outputs, term, statistics = self._micro_batch.get_concrete_function(

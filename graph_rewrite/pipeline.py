@@ -29,8 +29,9 @@ simulator replays):
   so the traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF
   names the gradient ops a tape builds `gradient_tape/<forward op name>`: those belong to B{m}.
 * Loops (opt-in): a one-stage plan's lanes as loops (`graph_rewrite.micro_batch_loop`).
-* Training state. BatchNormalization calls normalize with their slice's statistics; their
-  moving statistics move once per step, from the whole global batch
+* Training state. BatchNormalization calls normalize with their slice's statistics, as in
+  GPipe and the DAPPLE paper (gradients equal the plain model's run slice by slice, "ghost
+  batches"); their moving statistics move once per step, from the whole global batch
   (`graph_rewrite.batch_statistics`).
 
 Gradients equal the plain model's because each slice's loss term is its share of the global
@@ -38,9 +39,6 @@ batch loss (`losses.PipelineLoss`) and everything else is exact re-association o
 regularization penalties (`kernel_regularizer` and the like) are added once per step, by the
 first unit (replica 0, micro-batch 0) of the stage that owns the weights. Losses that depend on
 activations (activity regularizers, `add_loss`) are refused by `dapple.PipelinedModel`.
-Batch-dependent layers (BatchNormalization in training mode) normalize with micro-batch
-statistics, as in GPipe and the DAPPLE paper: such models' gradients equal the plain model's
-run slice by slice ("ghost batches"), not on the whole batch.
 """
 from __future__ import annotations
 
@@ -98,17 +96,18 @@ class PipelineStep:
         self.order = replay(self.schedule).order          # lowered actions, dependencies first
         self.input_ids = model_input_ids(model)
         self.output_ids = model_output_ids(model)
-        last = len(self.stages) - 1
-        self.functions = [StageFunction(g, loss, self.output_ids, g.index == last)
+        self.functions = [StageFunction(g, loss, self.output_ids, g is self.stages[-1])
                           for g in self.stages]
         self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
         self._penalties = weight_penalties_by_stage(self.stages)
         self._accumulate = Accumulator()
         self._combine_statistics = bstats.CallCombiner()
+        self.transport = transport if transport is not None else LocalTransport(self.replicas)
         with tf.init_scope():
             # Made here, not in the step: a tf.function that creates a variable traces twice.
             self._constants = tf.Variable([1.0, 0.0], trainable=False, name="dapple_one_zero")
-        self.transport = transport if transport is not None else LocalTransport(self.replicas)
+        for s, r in self.transport.local_units():   # where Keras's BatchNormalization updates go
+            self.functions[s].scratch.make(self.device(s, r))
         self._dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
                           BACKWARD_INPUT: self._backward, BACKWARD_WEIGHT: self._backward_weight,
                           SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
@@ -229,10 +228,11 @@ class PipelineStep:
         if last and state.labels is not None:
             labels = [y[lo:hi] for y in state.labels]
             weights = [None if w is None else w[lo:hi] for w in state.sample_weights]
-        call = self.functions[stage].inline if inline else self.functions[stage]
+        function = self.functions[stage]
+        call = function.inline if inline else function
         loss_rows, penalized = self._loss_share(state, unit, m)
         outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
-                                         loss_rows)
+                                         loss_rows, function.scratch.on(self.device(*unit)))
         if state.labels is not None and penalized:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).

@@ -16,7 +16,9 @@ in; so one function serves every replica.
 The function returns, beside the stage's outputs and (on the last stage) the micro-batch's
 loss term, the statistics of every BatchNormalization call (`graph_rewrite.batch_statistics`),
 keyed by the call's node; their row counts are static and kept in `statistics_rows` when the
-function is traced.
+function is traced. Keras's own per-call updates of those layers' moving statistics write the
+calling device's scratch variables, passed with each call (`batch_statistics.ScratchStatistics`),
+so calls on different devices share no written variable and may run at the same time.
 """
 from __future__ import annotations
 
@@ -41,23 +43,28 @@ class StageFunction:
         self.last = last
         self.statistics_rows: Dict[str, int] = {}
         self.nodes = {str(id(n)): n for n in graph.nodes}
+        self.scratch = bstats.ScratchStatistics(bstats.normalization_layers(graph.nodes))
         self._function = tf.function(self._forward, experimental_attributes={"_noinline": True})
 
     def __call__(self, inputs: Tensors, training: bool, labels=None, weights=None,
-                 rows: int = 0, global_rows: int = 0
+                 rows: int = 0, global_rows: int = 0, scratch=()
                  ) -> Tuple[Tensors, Optional[tf.Tensor], Statistics]:
-        """(outputs by id, loss term or None, BatchNormalization statistics by node key)."""
-        return self._function(inputs, training, labels, weights, rows, global_rows)
+        """(outputs by id, loss term or None, BatchNormalization statistics by node key);
+        `scratch`: the calling device's `self.scratch.on(device)`."""
+        return self._function(inputs, training, labels, weights, rows, global_rows,
+                              list(scratch))
 
     def inline(self, inputs: Tensors, training: bool, labels=None, weights=None, rows: int = 0,
-               global_rows: int = 0) -> Tuple[Tensors, Optional[tf.Tensor], Statistics]:
+               global_rows: int = 0, scratch=()
+               ) -> Tuple[Tensors, Optional[tf.Tensor], Statistics]:
         """The same, with the stage's ops built into the calling graph (a split backward needs
         to see them: `graph_rewrite.split_backward`)."""
-        return self._forward(inputs, training, labels, weights, rows, global_rows)
+        return self._forward(inputs, training, labels, weights, rows, global_rows, scratch)
 
-    def _forward(self, inputs, training, labels, weights, rows, global_rows):
+    def _forward(self, inputs, training, labels, weights, rows, global_rows, scratch):
         recorder = bstats.StatisticsRecorder() if training else None
-        outs = self.graph.call(inputs, training=training, observe=recorder)
+        with self.scratch.redirect(scratch, self.graph.nodes, training):
+            outs = self.graph.call(inputs, training=training, observe=recorder)
         # A relayed tensor must be a new tensor so the tape sees output != input.
         outs = {tid: (tf.identity(t) if tid in inputs else t) for tid, t in outs.items()}
         term = None

@@ -134,3 +134,53 @@ def test_batch_normalization_options_that_cannot_be_pipelined_are_named(option):
     model = tf.keras.Model(x, tf.keras.layers.Dense(2)(h))
     with pytest.raises(UnsupportedLayerError, match="odd_bn"):
         dapple.PipelinedModel(model, straight_plan([1], 2, 2, 8))
+
+
+
+def _waits_for(op):
+    """Every op `op` waits for, through data and control edges."""
+    seen, todo = set(), [op]
+    while todo:
+        for parent in [t.op for t in todo.pop().inputs] + list(op.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["unrolled", "loops"])
+def test_forwards_on_different_devices_are_not_ordered_by_the_moving_statistics(loop):
+    # Keras updates a BatchNormalization layer's moving statistics inside every training call;
+    # had the calls written the layer's own variables, TensorFlow would order every call after
+    # the previous one, whatever its device (the replicas then ran one after another).
+    model = conv_batchnorm()
+    plan = straight_plan([], len(layer_order(model)), 2, BATCH, replicas=[2])
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)
+    pm.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=LOSS)
+    x, y = next(batches(model, 1))
+    pm.train_step(x, y)
+    assert_ran_as_loops(pm, loop)
+    graph = pm._train_fn.get_concrete_function(x, y, None).graph
+    calls = [op for op in graph.get_operations()
+             if op.type == "StatefulPartitionedCall" and op.name.startswith("stage0/replica")]
+    on = {op: op.name.split("/")[1] for op in calls}
+    assert set(on.values()) == {"replica0", "replica1"}
+    for op in calls:
+        waited = [other.name for other in _waits_for(op) if on.get(other, on[op]) != on[op]]
+        assert not waited, f"{op.name} waits for {waited}"
+
+
+def test_a_call_fixed_to_inference_reads_the_layers_own_statistics():
+    # A call the model fixes to training=False normalizes with the layer's moving statistics,
+    # which must stay the layer's own (not the scratch pair Keras's updates are sent to).
+    def fixed_bn(seed=0):
+        tf.keras.utils.set_random_seed(seed)
+        x = tf.keras.Input((4,))
+        h = tf.keras.layers.BatchNormalization(name="fixed", moving_mean_initializer="ones",
+                                               moving_variance_initializer=tf.constant_initializer(
+                                                   4.0))(x, training=False)
+        h = tf.keras.layers.BatchNormalization(name="bn")(tf.keras.layers.Dense(4)(h))
+        return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
+    model, reference = train_both(fixed_bn, [], [1], 1, lr=0.1)
+    for got, want in zip(model.weights, reference.weights):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5, rtol=1e-5)
