@@ -13,7 +13,9 @@ The lane is a function of its own, not inlined (`_noinline`): lowering a while l
 what its body calls, so a loop in the step's graph put a copy of the stage into that graph per
 lane (measured on ResNet-50 at 4 replicas: 21 000 nodes instead of 5 000, and a first call
 twice as slow as the unrolled step's at M = 1). The forward is built inline in the body, under
-one tape, so no forward/backward function pair is made per call either.
+one tape, so no forward/backward function pair is made per call either. The loop's own code is
+not converted by AutoGraph (it builds ops, and converting it cost 1 to 2 s per trace); the body's
+function is, so the model's layers are converted as in Keras's own train step.
 
 What the loop carries: the gradient sums (from zero), the loss sum, and arrays of the
 predictions and BatchNormalization statistics, which the step then reads as the unrolled
@@ -110,7 +112,8 @@ class LaneLoop:
         self.function = function            # the stage's `StageFunction`
         self.graph = function.graph
         self._micro_batch = tf.function(self._one)
-        self._lane = tf.function(self._loop, experimental_attributes={"_noinline": True})
+        self._lane = tf.function(self._loop, autograph=False,
+                                 experimental_attributes={"_noinline": True})
 
     def __call__(self, inputs, labels, weights, loss_scale, training: bool, backward: bool,
                  global_rows: int, scratch=()):

@@ -87,3 +87,34 @@ def test_looped_batch_normalization_gradients_equal_the_plain_model_slice_by_sli
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(got, want)) < 1e-5
     assert_ran_as_loops(pm)
 
+
+
+class Doubler(tf.keras.layers.Layer):
+    """Python control flow on a tensor: runs only if Keras converts `call` (AutoGraph)."""
+
+    def call(self, x):
+        if tf.reduce_sum(x) > 0.0:
+            return x * 2.0
+        return -x
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["unrolled", "loops"])
+def test_a_layer_with_python_control_flow_runs_as_in_keras(loop):
+    # The loop's own code is not converted by AutoGraph (seconds per trace); the layers inside
+    # still are, as Keras converts them in its own train step.
+    def branchy(seed=0):
+        tf.keras.utils.set_random_seed(seed)
+        x = tf.keras.Input((4,))
+        h = Doubler(name="doubler")(tf.keras.layers.Dense(4, name="d")(x))
+        return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
+    model, reference = branchy(), branchy()
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    plan = straight_plan([], len(layer_order(model)), 2, 8, replicas=[2])
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)
+    pm.compile(optimizer="sgd", loss=loss)
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(8, 4).astype("float32"), rng.randint(0, 3, 8).astype("int32")
+    got = pm.gradients(x, y)
+    _, want = ghost_batch_loss_and_grads(reference, loss, x, y, 2)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(got, want)) < 1e-5
+    assert_ran_as_loops(pm, loop)
