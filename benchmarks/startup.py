@@ -2,7 +2,7 @@
 
     python benchmarks/startup.py [--baseline_rev=ae11530] [--replicas=4]
         [--micro_batches=1,2,4,8] [--rows_per_unit=2] [--steps=5] [--repeats=1] [--threads=0]
-        [--current_loop]
+        [--current_unrolled]
 
 The case of issue #12: Keras ResNet50 (weights=None, 32x32x3 inputs, 10 classes) under a
 data-parallel plan (1 stage, R replicas on R logical CPU devices), M micro-batches, global batch
@@ -11,9 +11,10 @@ first call = wall time of the first `train_step` (tracing, graph optimization, f
 `.numpy()`); steady = median of `--steps` later steps (ms); graph nodes = nodes of the traced
 step function and its library functions.
 
-"current" is the tree this script lies in (with `--current_loop`, its lanes built as loops:
-`PipelinedModel(..., micro_batch_loop=True)`; `--baseline_rev=HEAD` then compares that with the
-default unrolled step of the same tree); "baseline" is `--baseline_rev`, checked out into a
+"current" is the tree this script lies in, with its defaults (a data-parallel plan's lanes run
+as loops from M = 2), or with `--current_unrolled` its step unrolled (`PipelinedModel(...,
+micro_batch_loop=False)`: `--baseline_rev=HEAD --current_unrolled` compares the two ways of the
+same tree); "baseline" is `--baseline_rev`, checked out into a
 temporary `git worktree` (removed at the end); empty skips it. Every measurement runs in a fresh
 subprocess (this script with `--worker`) so no tracing cache carries over; the two
 implementations alternate config by config so machine noise hits both alike, `--repeats` times
@@ -45,7 +46,8 @@ flags.DEFINE_integer("steps", 5, "timed steps after the first call (median kept)
 flags.DEFINE_integer("repeats", 1, "fresh processes per (implementation, M) (median kept)")
 flags.DEFINE_integer("threads", 0, "TF_NUM_INTRAOP_THREADS for the workers (0: TF default)")
 flags.DEFINE_integer("timeout", 1800, "seconds a worker may take")
-flags.DEFINE_bool("current_loop", False, "build current's lanes as loops (micro_batch_loop)")
+flags.DEFINE_bool("current_unrolled", False,
+                  "build current's lanes unrolled (micro_batch_loop=False)")
 # Worker mode (internal): one measurement against the implementation in --impl_root.
 flags.DEFINE_bool("worker", False, "internal: measure one config and print a RESULT line")
 flags.DEFINE_string("impl_root", "", "internal: repository root whose dapple the worker uses")
@@ -65,7 +67,7 @@ def graph_nodes(fn, *args) -> int:
         return -1
 
 
-def measure(root: str, M: int, loop: bool) -> dict:
+def measure(root: str, M: int, unrolled: bool) -> dict:
     # The script's own folder is sys.path[0]; the implementation must win over it and over
     # the editable install, so it goes first, and we check where dapple came from.
     sys.path.insert(0, root)
@@ -85,7 +87,7 @@ def measure(root: str, M: int, loop: bool) -> dict:
     model = tf.keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
     batch = FLAGS.rows_per_unit * FLAGS.replicas * M
     plan = straight_plan([], len(layer_order(model)), M, batch, replicas=[FLAGS.replicas])
-    pm = PipelinedModel(model, plan, micro_batch_loop=True) if loop else \
+    pm = PipelinedModel(model, plan, micro_batch_loop=False) if unrolled else \
         PipelinedModel(model, plan)
     pm.compile(tf.keras.optimizers.SGD(0.01), tf.keras.losses.SparseCategoricalCrossentropy())
     rng = np.random.RandomState(0)
@@ -106,7 +108,7 @@ def measure(root: str, M: int, loop: bool) -> dict:
 
 def worker_main() -> None:
     try:
-        result = measure(FLAGS.impl_root, int(FLAGS.micro_batches[0]), FLAGS.current_loop)
+        result = measure(FLAGS.impl_root, int(FLAGS.micro_batches[0]), FLAGS.current_unrolled)
     except Exception as e:  # the parent prints it in the table row
         result = dict(error=f"{type(e).__name__}: {e}".splitlines()[0][:200])
     print(RESULT + json.dumps(result), flush=True)
@@ -118,14 +120,14 @@ def git(*args: str) -> str:
                           capture_output=True).stdout.strip()
 
 
-def run_worker(root: str, M: int, loop: bool = False) -> dict:
+def run_worker(root: str, M: int, unrolled: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
     if FLAGS.threads > 0:
         env["TF_NUM_INTRAOP_THREADS"] = str(FLAGS.threads)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--impl_root={root}",
            f"--micro_batches={M}", f"--replicas={FLAGS.replicas}",
            f"--rows_per_unit={FLAGS.rows_per_unit}", f"--steps={FLAGS.steps}"] + \
-        (["--current_loop"] if loop else [])
+        (["--current_unrolled"] if unrolled else [])
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, text=True, capture_output=True,
                               timeout=FLAGS.timeout)
@@ -217,14 +219,14 @@ def main(argv):
             roots["baseline"] = worktree
             print(f"baseline: {FLAGS.baseline_rev} = {sha}, worktree {worktree}")
         roots["current"] = CURRENT_ROOT
-        if FLAGS.current_loop:
-            print("current: lanes built as loops (micro_batch_loop=True)")
+        if FLAGS.current_unrolled:
+            print("current: lanes unrolled (micro_batch_loop=False)")
         runs = {i: {M: [] for M in Ms} for i in roots}
         for _ in range(FLAGS.repeats):
             for M in Ms:
                 for impl, root in roots.items():   # baseline first, then current: alternating
                     start = time.perf_counter()
-                    r = run_worker(root, M, FLAGS.current_loop and impl == "current")
+                    r = run_worker(root, M, FLAGS.current_unrolled and impl == "current")
                     runs[impl][M].append(r)
                     print(f"  {impl} {FLAGS.replicas}x{M}: "
                           f"{r.get('error') or 'ok'} ({time.perf_counter() - start:.0f} s)",

@@ -25,9 +25,9 @@ Where the step runs is a `Runtime` (`dapple.runtime`) chosen once, here: every u
 process (`dapple.local_runtime`), or one unit per Horovod rank under horovodrun
 (`dapple.horovod_runtime`). This class runs the same actions on either.
 
-`micro_batch_loop=True` (opt-in) builds a data-parallel plan's lanes as loops over their
-micro-batches (`graph_rewrite.micro_batch_loop`): the first call no longer grows with M, and
-the steady step was 5 to 14% slower here (docs/runtime.md, "Start-up").
+A data-parallel plan's lanes run as loops over their micro-batches
+(`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M;
+`micro_batch_loop=False` unrolls them as every other plan's (docs/runtime.md, "Start-up").
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def _make_runtime(runtime: Optional[str], model: tf.keras.Model, plan: Plan,
 
 class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
-                 runtime: Optional[str] = None, micro_batch_loop: bool = False):
+                 runtime: Optional[str] = None, micro_batch_loop: bool = True):
         require_keras2_model(model, "PipelinedModel")
         self.model = model
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan

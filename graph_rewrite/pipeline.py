@@ -28,7 +28,7 @@ simulator replays):
   a receive does. Each action is built under the name scope `stage{s}/replica{r}/{kind}{m}`
   so the traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF
   names the gradient ops a tape builds `gradient_tape/<forward op name>`: those belong to B{m}.
-* Loops (opt-in): a one-stage plan's lanes as loops (`graph_rewrite.micro_batch_loop`).
+* Loops: with `micro_batch_loop`, a one-stage plan's lanes as loops (`micro_batch_loop.py`).
 * Training state. BatchNormalization calls normalize with their slice's statistics, as in
   GPipe and the DAPPLE paper (gradients equal the plain model's run slice by slice, "ghost
   batches"); their moving statistics move once per step, from the whole global batch
@@ -82,7 +82,7 @@ class StepResult:
 
 class PipelineStep:
     """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
-    micro_batch_loop = False    # opt-in: data-parallel lanes as loops (`micro_batch_loop`)
+    micro_batch_loop = False    # data-parallel lanes as loops (`micro_batch_loop`)
 
     def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                  devices: Sequence[str], transport=None):
