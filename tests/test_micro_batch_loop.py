@@ -1,4 +1,4 @@
-"""A data-parallel plan's lanes as loops over their micro-batches (opt-in:
+"""A data-parallel plan's lanes as loops over their micro-batches (the default:
 `graph_rewrite.micro_batch_loop`): the step's graph does not grow with M, and what the loop
 computes is what plain Keras computes. The references: the traced graph's own ops (counted), the
 plain model's `fit`, `evaluate` and `predict`, and the plain model run slice by slice; the
@@ -118,3 +118,14 @@ def test_a_layer_with_python_control_flow_runs_as_in_keras(loop):
     _, want = ghost_batch_loss_and_grads(reference, loss, x, y, 2)
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(got, want)) < 1e-5
     assert_ran_as_loops(pm, loop)
+
+
+@pytest.mark.parametrize("cuts,m,looped", [([], 2, True), ([], 1, False), ([2], 2, False)],
+                         ids=["data-parallel", "one-micro-batch", "two-stages"])
+def test_by_default_a_data_parallel_plan_loops_and_others_unroll(cuts, m, looped):
+    model = mlp_with_skip()
+    plan = straight_plan(cuts, 5, m, 8 * m, replicas=[2] * (len(cuts) + 1))
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    pm.train_step(*data_for(model, 8 * m, seed=0))
+    assert_ran_as_loops(pm, looped)
