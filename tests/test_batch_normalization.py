@@ -136,12 +136,12 @@ def test_batch_normalization_options_that_cannot_be_pipelined_are_named(option):
         dapple.PipelinedModel(model, straight_plan([1], 2, 2, 8))
 
 
-
 def _waits_for(op):
     """Every op `op` waits for, through data and control edges."""
     seen, todo = set(), [op]
     while todo:
-        for parent in [t.op for t in todo.pop().inputs] + list(op.control_inputs):
+        node = todo.pop()
+        for parent in [t.op for t in node.inputs] + list(node.control_inputs):
             if parent not in seen:
                 seen.add(parent)
                 todo.append(parent)

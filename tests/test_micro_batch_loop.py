@@ -88,7 +88,6 @@ def test_looped_batch_normalization_gradients_equal_the_plain_model_slice_by_sli
     assert_ran_as_loops(pm)
 
 
-
 class Doubler(tf.keras.layers.Layer):
     """Python control flow on a tensor: runs only if Keras converts `call` (AutoGraph)."""
 
