@@ -4,6 +4,7 @@ import json
 import pytest
 
 from topology import TopologyError, local_topology, parse_topology
+from topology.units import parse_bandwidth
 from topology.model import Topology
 
 
@@ -64,3 +65,26 @@ def test_bad_json_file(tmp_path):
     path.write_text('{"devices_per_host": [8, 8], "inter_host_bandwidth": 0}')
     with pytest.raises(TopologyError, match="t.json.*positive"):
         parse_topology(str(path))
+
+
+# Bytes per second by hand: a bit is 1/8 byte; k/K, M, G, T are 1e3, 1e6, 1e9, 1e12.
+@pytest.mark.parametrize("text, bytes_per_second", [
+    ("1Gbps", 125e6), ("1Gb/s", 125e6), ("1Gbit/s", 125e6), ("1Gbits/s", 125e6),
+    ("1GBps", 1e9), ("1GB/s", 1e9), ("1Gbyte/s", 1e9), ("1Gbytes/s", 1e9),
+    ("200Mbps", 25e6), ("200Mb/s", 25e6), ("200MBps", 200e6), ("200MB/s", 200e6),
+    ("100kbps", 12.5e3), ("100Kbps", 12.5e3), ("100kB/s", 100e3), ("100KBps", 100e3),
+    ("2Tbps", 250e9), ("2TB/s", 2e12), ("800bps", 100), ("800B/s", 800), ("800Bps", 800),
+    ("1.5 Gbps", 187.5e6), ("130GB/s", 130e9), ("25Gbps", 3.125e9),
+])
+def test_bandwidth_units_b_is_a_bit_and_B_a_byte(text, bytes_per_second):
+    assert parse_bandwidth(text) == pytest.approx(bytes_per_second)
+    assert parse_topology(f"2x2,net={text}").inter_host_bandwidth == pytest.approx(
+        bytes_per_second)
+
+
+@pytest.mark.parametrize("text", ["1gbps", "1GBPS", "1gb/s", "200mbps", "200mbit", "1Gbit",
+                                  "1G", "1Gibps", "1GiB/s", "1Gb", "1GB", "25", "1Gbp/s"])
+def test_ambiguous_bandwidth_units_are_refused_with_the_spellings(text):
+    with pytest.raises(TopologyError, match=r"unknown bandwidth unit.*b is a bit and B a byte.*"
+                                            r"Gbps, Gb/s.*GB/s"):
+        parse_bandwidth(text)
