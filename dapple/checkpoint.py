@@ -43,3 +43,27 @@ def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
         os.replace(os.path.join(tmpdir, "checkpoint"), os.path.join(parent, "checkpoint"))
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def save_model_atomically(model: tf.keras.Model, path: str, save_format=None) -> None:
+    """`model.save(path)` (architecture, weights, optimizer) with no partial result at `path`.
+
+    One file (`.h5`, `.keras`): written beside and renamed into place. A SavedModel directory:
+    written beside, then swapped in by two renames (the old one is removed after)."""
+    path = os.fspath(path)
+    if path.endswith((".h5", ".hdf5", ".keras")):
+        fmt = save_format or ("h5" if path.endswith((".h5", ".hdf5")) else None)
+        write_atomically(path, lambda tmp: model.save(tmp, save_format=fmt))
+        return
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmpdir = tempfile.mkdtemp(dir=parent, prefix=".dapple-model-")
+    try:
+        new = os.path.join(tmpdir, "new")
+        model.save(new, save_format=save_format or "tf")
+        old = os.path.join(tmpdir, "old")
+        if os.path.exists(path):
+            os.replace(path, old)
+        os.replace(new, path)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)

@@ -17,6 +17,24 @@ def rows(x) -> int:
     return int(n)
 
 
+def elements(ds: tf.data.Dataset, limit=None):
+    """The dataset's elements, at most `limit`, without asking past its end when its length is
+    known: a read past the end has TensorFlow log "Local rendezvous is aborting ... End of
+    sequence" on every call."""
+    known = int(ds.cardinality())
+    if known >= 0:
+        limit = known if limit is None else min(limit, known)
+    it = iter(ds)
+    count = 0
+    while limit is None or count < limit:
+        try:
+            element = next(it)
+        except StopIteration:
+            return
+        count += 1
+        yield element
+
+
 def unpack_validation_data(data):
     """(x, y, sample_weight) from Keras's forms of `validation_data`."""
     if isinstance(data, tf.data.Dataset):

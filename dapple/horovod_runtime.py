@@ -31,6 +31,7 @@ Horovod is initialized (or with `runtime="horovod"`). Every rank runs the same u
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
@@ -53,6 +54,9 @@ from graph_rewrite.model_graph import cut_model
 from graph_rewrite.pipeline import StepResult
 from graph_rewrite.relaxed_step import relaxed
 from planner.plan import Plan
+
+
+LOG_RANKS = "DAPPLE_LOG_RANKS"     # "all": every rank logs warnings, not only rank 0
 
 
 def _world_size_from_env() -> Optional[int]:
@@ -90,6 +94,10 @@ class HorovodRuntime(Runtime):
         self.stage, self.replica = self.layout.unit(self.rank)
         self.who = f"rank {self.rank} (stage {self.stage}, replica {self.replica})"
         _install_failure_report(self.who)
+        if self.rank != 0 and os.environ.get(LOG_RANKS) != "all":
+            # One rank speaks: the others' warnings repeat rank 0's (errors still show).
+            logging.getLogger().setLevel(logging.ERROR)
+            tf.get_logger().setLevel(logging.ERROR)
         self.device = devices[0] if devices else rank_device(hvd.local_rank())
         # Every plan device id of this process's step names this rank's one device.
         self.devices = [self.device] * plan.num_devices
@@ -195,6 +203,20 @@ class HorovodRuntime(Runtime):
                 variables = graph.variables
                 if variables:
                     hvd.broadcast_variables(variables, root_rank=self.layout.rank(s, 0))
+
+    @property
+    def processes(self) -> int:
+        return hvd.size()
+
+    def from_writer(self, values: List[int]) -> List[int]:
+        with self.watchdog.step("agreeing with rank 0 on the callbacks' decisions"):
+            got = hvd.broadcast(tf.constant([int(v) for v in values], tf.int64), 0,
+                                name="dapple.from_writer")
+        return [int(v) for v in got.numpy()]
+
+    def broadcast_model(self, model: tf.keras.Model) -> None:
+        with self.watchdog.step("broadcasting rank 0's weights"):
+            hvd.broadcast_variables(model.variables, root_rank=0)
 
     def save_weights(self, model: tf.keras.Model, path: str) -> None:
         """The plain model's Keras checkpoint, with every stage's variables, written once by

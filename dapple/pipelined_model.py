@@ -38,8 +38,9 @@ from typing import List, Optional, Union
 import numpy as np
 import tensorflow as tf
 
+from dapple.callbacks import FitCallbacks
 from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
-from dapple.data import global_batches, padded_batches, rows, unpack_validation_data
+from dapple.data import elements, global_batches, padded_batches, rows, unpack_validation_data
 from dapple.eager_build import build_metrics
 from dapple.keras2 import require_keras2_model
 from dapple.local_runtime import LocalRuntime
@@ -162,6 +163,41 @@ class PipelinedModel:
                                 else ""))
         check_even(n, self.plan.micro_batches, [s.replicas for s in self.plan.stages])
 
+    def _check_dataset(self, ds, what: str) -> None:
+        """A dataset's batches against the plan's global batch, before its first element."""
+        if not isinstance(ds, tf.data.Dataset):
+            return
+        spec = ds.element_spec
+        x_spec = spec[0] if isinstance(spec, tuple) else spec
+        first = tf.nest.flatten(x_spec)[0]
+        model_input = tf.nest.flatten(self.model.input)[0]
+        batch = self.plan.global_batch_size
+        if first.shape.rank is not None and first.shape.rank == model_input.shape.rank - 1:
+            raise ValueError(
+                f"{what} is not batched: its elements have shape {first.shape}, the model's "
+                f"input {model_input.shape}. Batch it with "
+                f".batch({batch or 'global_batch_size'}, drop_remainder=True)")
+        if first.shape.rank and first.shape[0] is None:
+            raise ValueError(
+                f"{what} yields batches of unknown size, so a last partial batch would fail "
+                f"only when reached: batch it with "
+                f".batch({batch or 'global_batch_size'}, drop_remainder=True)")
+        if first.shape.rank:
+            self._check_batch(int(first.shape[0]), where=f" of {what}")
+
+    def _check_rows(self, x, y, what: str) -> None:
+        """Arrays (or a dataset) that `evaluate` runs in whole global batches."""
+        if isinstance(x, tf.data.Dataset):
+            self._check_dataset(x, what)
+            return
+        batch = self.plan.global_batch_size
+        n = rows(x)
+        if batch and (n < batch or n % batch):
+            raise ValueError(
+                f"{what} has {n} rows, and evaluation runs whole global batches of {batch} "
+                f"(the plan's global_batch_size): pass a multiple of {batch} rows"
+                + (f", e.g. the first {n - n % batch}" if n >= batch else ""))
+
     def _has_metrics(self) -> bool:
         cm = self.model.compiled_metrics
         return bool(getattr(cm, "_user_metrics", None) or getattr(cm, "_user_weighted_metrics",
@@ -260,51 +296,46 @@ class PipelinedModel:
         """
         self._require_compiled()
         ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
+        self._check_dataset(ds, "fit's data")
+        if validation_data is not None:     # checked now, not after a whole epoch of training
+            vx, vy, vsw = unpack_validation_data(validation_data)
+            self._check_rows(vx, vy, "validation_data")
         steps = steps_per_epoch
         if steps is None:
             card = int(ds.cardinality())
             steps = card if card >= 0 else None
-        if verbose == "auto":
-            verbose = 1
-        callbacks = list(callbacks or [])
-        if verbose and not any(isinstance(c, tf.keras.callbacks.ProgbarLogger) for c in callbacks):
-            # Our "loss" is already a running mean; Keras's progress bar must not average it
-            # again (it learns that from model.metrics, which only a Keras train step fills).
-            callbacks.insert(0, tf.keras.callbacks.ProgbarLogger(
-                count_mode="steps", stateful_metrics=["loss"]))
-        cbs = tf.keras.callbacks.CallbackList(callbacks, add_history=True,
-                                              add_progbar=verbose != 0, model=self.model,
-                                              verbose=verbose, epochs=epochs, steps=steps)
-        self.model.stop_training = False
+        hooks = FitCallbacks(self.model, self.runtime, list(callbacks or []),
+                             1 if verbose == "auto" else verbose, epochs, steps,
+                             ["loss"] + [m.name for m in self.model.compiled_metrics.metrics])
         loss_mean = tf.keras.metrics.Mean()
-        cbs.on_train_begin()
+        initial_epoch = hooks.train_begin(initial_epoch, steps)
         logs = {}
         for epoch in range(initial_epoch, epochs):
             loss_mean.reset_state()
             for m in self.model.compiled_metrics.metrics:
                 m.reset_state()
-            cbs.on_epoch_begin(epoch)
+            hooks.epoch_begin(epoch)
             r = self._relaxed
             for step, last, (bx, by, bsw) in executions(
                     ds, steps, lambda b: self._unpack(b, need_y=True),
                     r.steps_per_execution * r.pipelines if r else 1, r.pipelines if r else 1):
-                cbs.on_train_batch_begin(step)
+                hooks.batch_begin(step)
                 loss_mean.update_state(self._train(bx, by, bsw), sample_weight=last - step + 1)
                 logs = self._metric_logs(loss_mean)
-                cbs.on_train_batch_end(last, logs)
-                if self.model.stop_training:
+                hooks.batch_end(last, logs)
+                if hooks.stop_training:
                     break
             epoch_logs = dict(logs)
             if validation_data is not None:
-                vx, vy, vsw = unpack_validation_data(validation_data)
                 val = self.evaluate(vx, vy, sample_weight=vsw, return_dict=True)
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
-            cbs.on_epoch_end(epoch, epoch_logs)
+            hooks.epoch_end(epoch, epoch_logs)
             logs = epoch_logs
-            if self.model.stop_training:
+            if hooks.stop_training:
                 break
-        cbs.on_train_end(logs)
-        return self.model.history
+        hooks.train_end(logs)
+        self.model.history = hooks.history
+        return hooks.history
 
     def predict(self, x, batch_size=None, verbose=0):
         """Forward through the pipeline (no backward) in global batches; numpy outputs.
@@ -326,7 +357,8 @@ class PipelinedModel:
         if isinstance(x, tf.data.Dataset):
             if batch_size is not None:
                 raise ValueError("do not pass batch_size with a tf.data.Dataset")
-            batches = ((self._unpack(b, need_y=False)[0], None) for b in x)
+            self._check_dataset(x, "predict's data")
+            batches = ((self._unpack(b, need_y=False)[0], None) for b in elements(x))
         else:
             batches = padded_batches(x, self._batch_size(batch_size))
         outs = None
@@ -356,7 +388,9 @@ class PipelinedModel:
         loss_mean = tf.keras.metrics.Mean()
         for m in self.model.compiled_metrics.metrics:
             m.reset_state()
-        for batch in self._dataset(x, y, batch_size, False, "evaluate", sample_weight):
+        ds = self._dataset(x, y, batch_size, False, "evaluate", sample_weight)
+        self._check_dataset(ds, "evaluate's data")
+        for batch in elements(ds):
             bx, by, bsw = self._unpack(batch, need_y=True)
             build_metrics(self.model, by)
             loss_mean.update_state(eval_fn(bx, by, bsw))

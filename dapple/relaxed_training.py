@@ -27,6 +27,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 import tensorflow as tf
 
+from dapple.data import elements
 from dapple.eager_build import build_metrics, build_optimizer
 from graph_rewrite.batch_statistics import is_batch_normalization
 from graph_rewrite.model_graph import cut_model
@@ -138,9 +139,7 @@ def executions(ds, steps: Optional[int], unpack: Callable, group: int,
         return tuple(None if parts[0][i] is None else tf.nest.map_structure(
             lambda *ts: tf.concat(ts, axis=0), *[p[i] for p in parts]) for i in range(3))
 
-    for batch in ds:
-        if steps is not None and seen >= steps:
-            break
+    for batch in elements(ds, steps):
         pending.append(unpack(batch))
         seen += 1
         if len(pending) == group:

@@ -60,6 +60,23 @@ class Runtime(abc.ABC):
     def gather_weights(self) -> None:
         """Make this process's copy of every model variable current."""
 
+    @property
+    def processes(self) -> int:
+        """How many processes run the step (1 locally)."""
+        return 1
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this process writes the files (checkpoints, logs): the first one."""
+        return self.rank == 0
+
+    def from_writer(self, values: List[int]) -> List[int]:
+        """The writing process's `values` (small integers), on every process."""
+        return [int(v) for v in values]
+
+    def broadcast_model(self, model: tf.keras.Model) -> None:
+        """Every process's copy of `model`'s variables becomes the writing process's."""
+
     @abc.abstractmethod
     def save_weights(self, model: tf.keras.Model, path: str) -> None:
         """The plain model's checkpoint with every stage's variables, written once."""
