@@ -89,6 +89,7 @@ def require_keras2_model(model, where: str) -> None:
     import tensorflow as tf
 
     if isinstance(model, tf.keras.Model):
+        _refuse_other_keras_inside(model, where)
         return
     found = keras_of(model)
     if found and not found[1].startswith(("1.", "2.")):
@@ -98,3 +99,35 @@ def require_keras2_model(model, where: str) -> None:
             f"{ONE_LINE_FIX}")
     raise TypeError(f"{where}: dapple needs a tf.keras.Model (Keras 2), got "
                     f"{type(model).__module__}.{type(model).__name__}")
+
+
+def _refuse_other_keras_inside(model, where: str) -> None:
+    """A Keras 3 layer called inside a Keras 2 model is traced into TensorFlow-op layers that
+    capture its variables untracked: those weights would never train. Refuse it by name."""
+    own = keras_of(model)
+    for layer in model.submodules:
+        found = keras_of(layer)
+        if found and own and found[0] != own[0]:
+            raise TypeError(f"{where}: layer {layer.name!r} of model {model.name!r} is a "
+                            f"{found[0]} {found[1]} layer inside a {own[0]} model; build every "
+                            f"layer with one Keras ({own[0]})")
+        for node in getattr(layer, "_inbound_nodes", []):
+            for arg in _flat_arguments(node):
+                found = keras_of(arg)
+                if found and own and found[0] != own[0]:
+                    owner = str(getattr(arg, "path", None) or getattr(arg, "name", "?"))
+                    raise TypeError(
+                        f"{where}: model {model.name!r} computes with {found[0]} {found[1]}'s "
+                        f"variable {owner!r} (in its layer {layer.name!r}): a {found[0]} layer "
+                        f"({owner.split('/')[0]!r}) was called inside this {own[0]} model, and "
+                        f"its weights would never train. Build every layer with one Keras "
+                        f"({own[0]}: `tf.keras.layers` after `import dapple`)")
+
+
+def _flat_arguments(node) -> list:
+    import tensorflow as tf
+
+    try:
+        return tf.nest.flatten((node.call_args, node.call_kwargs))
+    except (AttributeError, TypeError, ValueError):
+        return []

@@ -122,6 +122,21 @@ def test_a_keras3_model_gets_one_clear_error(tmp_path):
     assert "Traceback" not in cli.stderr
 
 
+@pytest.mark.skipif(keras3_version() is None, reason="`import keras` is not Keras 3 here "
+                    "(TensorFlow 2.15's keras 2.15)")
+def test_a_keras3_layer_inside_a_keras2_model_is_refused_by_name():
+    """Called on Keras 2 tensors, a Keras 3 layer becomes TensorFlow-op layers that capture its
+    variables untracked: they would never train."""
+    import keras
+    x = tf.keras.Input((4,))
+    h = tf.keras.layers.Dense(5, name="mine")(x)
+    model = tf.keras.Model(x, keras.layers.Dense(3, name="theirs")(h), name="mixed")
+    with pytest.raises(TypeError, match=r"PipelinedModel: model 'mixed' computes with keras "
+                                        r".*'s variable 'theirs/.*a keras layer \('theirs'\) "
+                                        r"was called inside this tf_keras model.*never train"):
+        dapple.PipelinedModel(model, straight_plan([1], len(model.layers), 1, 8))
+
+
 SEEDED_DENSE = ("import tensorflow as tf\n"
                 "tf.keras.utils.set_random_seed(7)\n"
                 "dense = tf.keras.layers.Dense(3)\n"

@@ -399,3 +399,25 @@ def test_embedding_gradients_accumulate_over_micro_batches():
     for g, w in zip(grads, want):
         np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w),
                                    rtol=1e-5, atol=1e-6)
+
+
+def dropout_model():
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((6,))
+    h = tf.keras.layers.Dense(8, activation="relu", name="d1")(x)
+    h = tf.keras.layers.Dropout(0.5, name="drop")(h)
+    h = tf.keras.layers.Dense(4, name="d2")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(2, name="out")(h), name="dropout_model")
+
+
+def test_verify_runs_random_layers_at_rate_zero_unless_asked_to_keep_them(tmp_path):
+    plan = straight_plan([2], 4, 4, 16)
+    proc = run_verify(plan, "tests.test_keras_api:dropout_model", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 layer(s) that draw random numbers in training (e.g. 'drop') run at rate 0" \
+        in proc.stdout and "OK" in proc.stdout
+    proc = run_verify(plan, "tests.test_keras_api:dropout_model", tmp_path,
+                      "--random_layers=train")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "draw random numbers in training (e.g. 'drop')" in proc.stderr
+    assert "--random_layers=inference checks the rest" in proc.stderr

@@ -11,7 +11,9 @@ BatchNormalization in training mode normalizes each micro-batch slice on its own
 as in GPipe and DAPPLE. For such models the reference is the plain model run slice by slice
 ("ghost batches" of the plan's slice size, each slice's loss weighted by its share), and the
 command says so; it can do that when every stage with such layers has the same slice size.
-Layers that draw random numbers in training (Dropout) differ by design; the command names them.
+Layers that draw random numbers in training (Dropout and its kin) draw other masks in every run,
+so by default (`--random_layers=inference`) they run as in inference (rate 0) on both sides and
+the command says so; `--random_layers=train` keeps them drawing, and names them if that fails.
 
 With `--timing` it then holds the cost model to measurement (`dapple.timing`): it prints the
 plan's step time predicted by the formula (`planner.cost_model.evaluate`), simulated
@@ -41,6 +43,9 @@ flags.DEFINE_string("model_args", None, "JSON object of keyword arguments for th
 flags.DEFINE_integer("batch_size", None, "global batch (default: the plan's global_batch_size)")
 flags.DEFINE_float("tolerance", 1e-5, "largest allowed absolute gradient difference")
 flags.DEFINE_integer("seed", 0, "seed of the random data")
+flags.DEFINE_enum("random_layers", "inference", ["inference", "train"],
+                  "layers that draw random numbers (Dropout): 'inference' runs them at rate 0 on "
+                  "both sides, so their masks cannot differ; 'train' keeps them drawing")
 flags.DEFINE_bool("timing", False, "also print predicted, simulated and measured step times")
 flags.DEFINE_string("profile", None, "with --timing: the model's profile (dapple profile JSON); "
                     "default: profile here")
@@ -80,6 +85,12 @@ def main(argv):
         if plan.global_batch_size is not None and batch != plan.global_batch_size:
             return fail(f"--batch_size={batch} differs from the plan's global_batch_size "
                         f"{plan.global_batch_size}")
+        if FLAGS.random_layers == "inference":
+            quiet = _random_layers_at_rate_zero(model)
+            if quiet:
+                print(f"random layers: {len(quiet)} layer(s) that draw random numbers in training "
+                      f"(e.g. {quiet[0]!r}) run at rate 0 on both sides "
+                      f"(--random_layers=train keeps them)")
         pm = PipelinedModel(model, plan)
     except (OSError, ValueError, PlanError) as e:
         return fail(str(e))
@@ -118,13 +129,26 @@ def main(argv):
         print("OK: the pipelined gradients equal the plain model's")
         return _timing(pm, model, plan, x, y, batch) if FLAGS.timing else 0
     print("FAILED: the pipelined gradients differ from the plain model's", file=sys.stderr)
-    random = [l.name for l in model._flatten_layers(include_self=False)
-              if getattr(l, "_random_generator", None) is not None and getattr(l, "rate", 1)]
+    from graph_rewrite.model_graph import draws_random_numbers
+    random = [l.name for l in model.submodules if draws_random_numbers(l)]
     if random:
         print(f"note: {len(random)} layer(s) draw random numbers in training (e.g. "
               f"{random[0]!r}): their masks differ between any two runs, so gradients differ "
-              f"by design", file=sys.stderr)
+              f"by design; --random_layers=inference checks the rest", file=sys.stderr)
     return 1
+
+
+def _random_layers_at_rate_zero(model) -> list:
+    """Sets every random layer's rate to 0 (this command built the model for itself); returns
+    their names."""
+    from graph_rewrite.model_graph import draws_random_numbers
+
+    names = []
+    for layer in model.submodules:
+        if draws_random_numbers(layer):
+            layer.rate = 0.0
+            names.append(layer.name)
+    return names
 
 
 def _reference_slices(pm, batch):
