@@ -421,3 +421,24 @@ def test_verify_runs_random_layers_at_rate_zero_unless_asked_to_keep_them(tmp_pa
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "draw random numbers in training (e.g. 'drop')" in proc.stderr
     assert "--random_layers=inference checks the rest" in proc.stderr
+
+
+def test_fit_evaluate_predict_read_no_dataset_past_its_end():
+    """Reading a dataset past its end has TensorFlow log 'Local rendezvous is aborting ... End
+    of sequence' (at its default log level) on every fit."""
+    script = (
+        "import dapple, numpy as np, tensorflow as tf\n"
+        "from planner.plan import straight_plan\n"
+        "from tests.models import data_for, mlp_with_skip\n"
+        "m = mlp_with_skip(seed=1); x, y = data_for(m, 32, seed=1)\n"
+        "pm = dapple.PipelinedModel(m, straight_plan([2], 5, 2, 16))\n"
+        "pm.compile('sgd', tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))\n"
+        "pm.fit(x, y, epochs=2, verbose=0, validation_data=(x, y))\n"
+        "ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)\n"
+        "pm.fit(ds, epochs=1, verbose=0); pm.evaluate(ds); pm.predict(ds.map(lambda a, b: a))\n"
+        "print('done')\n")
+    env = dict(os.environ, DAPPLE_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="0")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
+    assert "Local rendezvous is aborting" not in proc.stderr, proc.stderr[-3000:]
