@@ -35,6 +35,35 @@ def elements(ds: tf.data.Dataset, limit=None):
         yield element
 
 
+def dataset_batch_rows(ds, model, global_batch, what: str):
+    """The rows of `ds`'s batches as its element spec states them (None: not a dataset, or a
+    scalar first input); raises what to change when it is unbatched or of unknown size."""
+    if not isinstance(ds, tf.data.Dataset):
+        return None
+    spec = ds.element_spec
+    first = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)[0]
+    model_input = tf.nest.flatten(model.input)[0]
+    fix = f".batch({global_batch or 'global_batch_size'}, drop_remainder=True)"
+    if first.shape.rank is not None and first.shape.rank == model_input.shape.rank - 1:
+        raise ValueError(f"{what} is not batched: its elements have shape {first.shape}, the "
+                         f"model's input {model_input.shape}. Batch it with {fix}")
+    if not first.shape.rank:
+        return None
+    if first.shape[0] is None:
+        raise ValueError(f"{what} yields batches of unknown size, so a last partial batch would "
+                         f"fail only when reached: batch it with {fix}")
+    return int(first.shape[0])
+
+
+def check_whole_batches(n: int, global_batch, what: str) -> None:
+    """`n` rows that evaluation runs in whole global batches."""
+    if global_batch and (n < global_batch or n % global_batch):
+        raise ValueError(
+            f"{what} has {n} rows, and evaluation runs whole global batches of {global_batch} "
+            f"(the plan's global_batch_size): pass a multiple of {global_batch} rows"
+            + (f", e.g. the first {n - n % global_batch}" if n >= global_batch else ""))
+
+
 def unpack_validation_data(data):
     """(x, y, sample_weight) from Keras's forms of `validation_data`."""
     if isinstance(data, tf.data.Dataset):

@@ -40,7 +40,8 @@ import tensorflow as tf
 
 from dapple.callbacks import FitCallbacks
 from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
-from dapple.data import elements, global_batches, padded_batches, rows, unpack_validation_data
+from dapple.data import (check_whole_batches, dataset_batch_rows, elements, global_batches,
+                         padded_batches, rows, unpack_validation_data)
 from dapple.eager_build import build_metrics
 from dapple.keras2 import require_keras2_model
 from dapple.local_runtime import LocalRuntime
@@ -165,38 +166,16 @@ class PipelinedModel:
 
     def _check_dataset(self, ds, what: str) -> None:
         """A dataset's batches against the plan's global batch, before its first element."""
-        if not isinstance(ds, tf.data.Dataset):
-            return
-        spec = ds.element_spec
-        x_spec = spec[0] if isinstance(spec, tuple) else spec
-        first = tf.nest.flatten(x_spec)[0]
-        model_input = tf.nest.flatten(self.model.input)[0]
-        batch = self.plan.global_batch_size
-        if first.shape.rank is not None and first.shape.rank == model_input.shape.rank - 1:
-            raise ValueError(
-                f"{what} is not batched: its elements have shape {first.shape}, the model's "
-                f"input {model_input.shape}. Batch it with "
-                f".batch({batch or 'global_batch_size'}, drop_remainder=True)")
-        if first.shape.rank and first.shape[0] is None:
-            raise ValueError(
-                f"{what} yields batches of unknown size, so a last partial batch would fail "
-                f"only when reached: batch it with "
-                f".batch({batch or 'global_batch_size'}, drop_remainder=True)")
-        if first.shape.rank:
-            self._check_batch(int(first.shape[0]), where=f" of {what}")
+        rows_per_batch = dataset_batch_rows(ds, self.model, self.plan.global_batch_size, what)
+        if rows_per_batch is not None:
+            self._check_batch(rows_per_batch, where=f" of {what}")
 
-    def _check_rows(self, x, y, what: str) -> None:
+    def _check_rows(self, x, what: str) -> None:
         """Arrays (or a dataset) that `evaluate` runs in whole global batches."""
         if isinstance(x, tf.data.Dataset):
             self._check_dataset(x, what)
-            return
-        batch = self.plan.global_batch_size
-        n = rows(x)
-        if batch and (n < batch or n % batch):
-            raise ValueError(
-                f"{what} has {n} rows, and evaluation runs whole global batches of {batch} "
-                f"(the plan's global_batch_size): pass a multiple of {batch} rows"
-                + (f", e.g. the first {n - n % batch}" if n >= batch else ""))
+        else:
+            check_whole_batches(rows(x), self.plan.global_batch_size, what)
 
     def _has_metrics(self) -> bool:
         cm = self.model.compiled_metrics
@@ -299,7 +278,7 @@ class PipelinedModel:
         self._check_dataset(ds, "fit's data")
         if validation_data is not None:     # checked now, not after a whole epoch of training
             vx, vy, vsw = unpack_validation_data(validation_data)
-            self._check_rows(vx, vy, "validation_data")
+            self._check_rows(vx, "validation_data")
         steps = steps_per_epoch
         if steps is None:
             card = int(ds.cardinality())

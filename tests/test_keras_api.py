@@ -311,6 +311,13 @@ def test_model_with_add_loss_is_refused():
         PipelinedModel(model, straight_plan([1], n, 1, 4))
 
 
+def run_python(script, **env):
+    """`python -c script` in a fresh process at the repository's root, with 8 CPU devices."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=dict(os.environ, DAPPLE_NUM_CPU_DEVICES="8", **env), cwd=ROOT,
+                          timeout=300)
+
+
 def test_tensorflow_initialized_before_dapple_gives_a_clear_error():
     script = (
         "import tensorflow as tf\n"
@@ -319,9 +326,7 @@ def test_tensorflow_initialized_before_dapple_gives_a_clear_error():
         "from planner.plan import straight_plan\n"
         "i = tf.keras.Input((3,)); o = tf.keras.layers.Dense(2)(tf.keras.layers.Dense(3)(i))\n"
         "dapple.PipelinedModel(tf.keras.Model(i, o), straight_plan([1], 2, 1, 4))\n")
-    env = dict(os.environ, DAPPLE_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = run_python(script, TF_CPP_MIN_LOG_LEVEL="3")
     assert proc.returncode != 0
     assert "DeviceError" in proc.stderr
     assert "needs 2 devices" in proc.stderr
@@ -437,8 +442,6 @@ def test_fit_evaluate_predict_read_no_dataset_past_its_end():
         "ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)\n"
         "pm.fit(ds, epochs=1, verbose=0); pm.evaluate(ds); pm.predict(ds.map(lambda a, b: a))\n"
         "print('done')\n")
-    env = dict(os.environ, DAPPLE_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="0")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
+    proc = run_python(script, TF_CPP_MIN_LOG_LEVEL="0")
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
     assert "Local rendezvous is aborting" not in proc.stderr, proc.stderr[-3000:]
