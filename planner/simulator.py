@@ -38,22 +38,21 @@ Model (decisions a newcomer needs):
   (iteration / (k x pipelines); AvgPipe's N pipelines consume N batches a step). An UPDATE
   takes no time (the optimizer's apply is not modelled, as in the single-batch schedules);
   each ALLREDUCE of an update takes the stage's allreduce time.
-* Deterministic: events are committed in order of start time with fixed tie-breaks; the
-  simulation is exact for this model (a max-plus system), not sampled. A schedule that cannot
-  finish raises `ScheduleError` (from `planner.replay`) naming every stuck action.
+* Deterministic: events are committed in order of start time with fixed tie-breaks
+  (`planner.event_loop`, whose cost grows with the number of actions only); the simulation
+  is exact for this model (a max-plus system), not sampled. A schedule that cannot finish
+  raises `ScheduleError` (from `planner.replay`) naming every stuck action.
 """
 from __future__ import annotations
 
-import heapq
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
-from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
-                             RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, UPDATE,
-                             Action, Schedule, ScheduleError)
+from planner.actions import ALLREDUCE, Schedule, ScheduleError
+from planner.action_graph import action_graph
 from planner.costs import PipelineCosts
-from planner.lowering import Located, needs
+from planner.event_loop import run
 from planner.multi_batch import AVGPIPE
-from planner.replay import replay
+from planner.replay import checked_lowering, replay
 from planner.schedule import plan_schedule
 from planner.simulation_result import (  # noqa: F401  (the names users import from here)
     ALLREDUCE_KIND, BACKWARD_INPUT_KIND, BACKWARD_KIND, BACKWARD_WEIGHT_KIND, FORWARD_KIND,
@@ -62,8 +61,6 @@ from planner.simulation_result import (  # noqa: F401  (the names users import f
 from planner.weight_versions import staleness, weight_copies
 
 LINK_DUPLEX_MODES = ("full", "half", "serial")
-_EVENT_KIND = {FORWARD: FORWARD_KIND, BACKWARD: BACKWARD_KIND, BACKWARD_INPUT: BACKWARD_INPUT_KIND,
-               BACKWARD_WEIGHT: BACKWARD_WEIGHT_KIND, ALLREDUCE: ALLREDUCE_KIND}
 
 
 def simulate_plan(plan, costs: PipelineCosts, link_duplex: Optional[str] = None,
@@ -94,102 +91,15 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     if costs.num_stages != C:
         raise ValueError(f"costs describe {costs.num_stages} stages, schedule has {C} chunks")
     _check_costs(costs)
-    lowered = replay(schedule).schedule      # checks every action once and no deadlock
+    lowered = checked_lowering(schedule)
     P, placement = lowered.num_positions, lowered.placement
-
-    position = [0] * P
-    position_free = [0.0] * P
-    finished: Dict[Located, float] = {}
-    busy_until: Dict[Tuple, float] = {}     # per channel, or per position when "serial"
-    # Per link channel: heap of (ready_ms, sequence, send action, position).
-    link_queue: Dict[Tuple, List] = {}
-    events: List[TimelineEvent] = []
-    sequence = 0
-
-    def channel(sender: int, receiver: int) -> Tuple:
-        return (min(sender, receiver), max(sender, receiver)) if link_duplex == "half" \
-            else (sender, receiver)
-
-    def occupied(ch: Tuple) -> Tuple:
-        """What a transfer on channel `ch` keeps busy: the channel, or both its positions."""
-        return tuple((p,) for p in ch) if link_duplex == "serial" else (ch,)
-
-    ready_known: Dict[int, float] = {}    # position -> when its next action's inputs are done
-
-    def ready_at(p: int, action: Action) -> Optional[float]:
-        """When `action` may start as far as its inputs go; None while one is not done (a
-        known time never changes, so it is kept until the position moves on)."""
-        if p in ready_known:
-            return ready_known[p]
-        times = [finished.get(n) for n in needs(lowered, p, action)]
-        if any(t is None for t in times):
-            return None
-        ready_known[p] = max(times, default=0.0)
-        return ready_known[p]
-
-    while True:
-        best = None   # (key, payload)
-        for p in range(P):
-            if position[p] >= len(lowered.lists[p]):
-                continue
-            action = lowered.lists[p][position[p]]
-            ready = ready_at(p, action)
-            if ready is None:
-                continue
-            key = (max(position_free[p], ready), ready, 0, p)
-            if best is None or key < best[0]:
-                best = (key, ("action", p, action))
-        for ch, queue in link_queue.items():
-            if queue:
-                ready, seq, send, _ = queue[0]
-                if rendezvous:
-                    posted = _receive_posted(lowered, placement, position, position_free, send)
-                    if posted is None:
-                        continue
-                    ready = max(ready, posted)
-                free = max(busy_until.get(r, 0.0) for r in occupied(ch))
-                key = (max(free, ready), ready, 1, seq)
-                if best is None or key < best[0]:
-                    best = (key, ("transfer", ch))
-        if best is None:
-            break
-        start = best[0][0]
-        if best[1][0] == "action":
-            _, p, action = best[1]
-            c, m = action.chunk, action.micro_batch
-            end = start + _duration(action, costs)
-            position[p] += 1
-            ready_known.pop(p, None)
-            if action.kind in (SEND_FORWARD, SEND_BACKWARD):
-                # The sender goes on at once; the link carries the data when it is free.
-                receiver = placement[c + 1 if action.kind == SEND_FORWARD else c - 1]
-                heapq.heappush(link_queue.setdefault(channel(p, receiver), []),
-                               (start, sequence, action, p))
-                sequence += 1
-                position_free[p] = start
-                continue
-            if action.kind not in (RECV_FORWARD, RECV_BACKWARD, UPDATE) and not (
-                    action.kind == ALLREDUCE and end == start):
-                events.append(TimelineEvent(_EVENT_KIND[action.kind], c, m, start, end, p))
-            finished[(p, action)] = end
-            position_free[p] = end
-        else:
-            ch = best[1][1]
-            _, _, send, p = heapq.heappop(link_queue[ch])
-            forward = send.kind == SEND_FORWARD
-            boundary = send.chunk if forward else send.chunk - 1
-            duration = (costs.send_forward_ms[boundary] if forward
-                        else costs.send_backward_ms[boundary])
-            end = start + duration
-            for r in occupied(ch):
-                busy_until[r] = end
-            events.append(TimelineEvent(SEND_FORWARD_KIND if forward else SEND_BACKWARD_KIND,
-                                        boundary, send.micro_batch, start, end, p))
-            finished[(p, send)] = end           # the receiver's data has arrived
-
+    events, position_free, position = run(action_graph(lowered), costs, link_duplex, rendezvous)
     stuck = [f"{lowered.lists[p][position[p]]} on position {p}" for p in range(P)
              if position[p] < len(lowered.lists[p])]
-    if stuck:       # only rendezvous can stop here: replay() ran the lists to the end
+    if stuck:
+        # Whether a schedule deadlocks does not depend on durations: replay names the stuck
+        # actions and what they wait for. If it runs to the end, rendezvous stopped here.
+        replay(lowered)
         raise ScheduleError(f"transfers waiting for receives that never come: {', '.join(stuck)}")
     iteration = max([e.end_ms for e in events] + [0.0])
     events.sort(key=lambda e: (e.start_ms, _KIND_ORDER[e.kind], e.stage,
@@ -198,52 +108,28 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     awaiting_bytes = list(costs.weight_gradient_bytes) or held_bytes
     stats = []
     copies, stale = weight_copies(lowered), staleness(lowered)
+    at: List[List[TimelineEvent]] = [[] for _ in range(P)]   # each position's, in time order
+    for e in events:
+        if e.kind in _COMPUTE_EVENTS:
+            at[e.position].append(e)
     for p in range(P):
         chunks = [c for c in range(C) if placement[c] == p]
-        busy = sum(e.duration_ms for e in events if e.position == p and
-                   e.kind in _COMPUTE_EVENTS)
+        busy = sum(e.duration_ms for e in at[p])
         allreduce = sum(costs.allreduce_ms[a.chunk] for a in lowered.lists[p]
                         if a.kind == ALLREDUCE)
         idle = max(iteration - busy - allreduce, 0.0)
         stats.append(StageStats(
             stage=p, busy_ms=busy, idle_ms=idle, allreduce_ms=allreduce,
             bubble_fraction=idle / iteration if iteration > 0 else 0.0,
-            peak_held_micro_batches=int(round(_peak(events, p, [1.0] * C, [0.0] * C))),
-            peak_held_bytes=_peak(events, p, held_bytes, awaiting_bytes),
+            peak_held_micro_batches=int(round(_peak(at[p], p, [1.0] * C, [0.0] * C))),
+            peak_held_bytes=_peak(at[p], p, held_bytes, awaiting_bytes),
             end_ms=position_free[p],
-            peak_awaiting_weight_micro_batches=int(round(_peak(events, p, [0.0] * C,
+            peak_awaiting_weight_micro_batches=int(round(_peak(at[p], p, [0.0] * C,
                                                                [1.0] * C))),
             chunks=chunks, weight_copies=copies[p], staleness=stale[p]))
     return SimulationResult(iteration_ms=iteration, stages=stats, events=events, schedule=lowered,
                             link_duplex=link_duplex, rendezvous=rendezvous,
                             batches=schedule.batches)
-
-
-def _receive_posted(lowered: Schedule, placement, position, position_free,
-                    send: Action) -> Optional[float]:
-    """When the receiver of `send` reached its receive, or None if it has not yet."""
-    forward = send.kind == SEND_FORWARD
-    chunk = send.chunk + 1 if forward else send.chunk - 1
-    want = Action(chunk, RECV_FORWARD if forward else RECV_BACKWARD, send.micro_batch)
-    p = placement[chunk]
-    if position[p] < len(lowered.lists[p]) and lowered.lists[p][position[p]] == want:
-        return position_free[p]
-    return None
-
-
-def _duration(action: Action, costs: PipelineCosts) -> float:
-    c = action.chunk
-    if action.kind == FORWARD:
-        return costs.forward_ms[c]
-    if action.kind == BACKWARD:
-        return costs.backward_ms[c]
-    if action.kind in (BACKWARD_INPUT, BACKWARD_WEIGHT):
-        # I as the profile measured it (`input_gradient_ms`), else half of B; W the rest.
-        i = costs.input_gradient_ms[c] if costs.input_gradient_ms else costs.backward_ms[c] / 2
-        return i if action.kind == BACKWARD_INPUT else costs.backward_ms[c] - i
-    if action.kind == ALLREDUCE:
-        return costs.allreduce_ms[c]
-    return 0.0                              # sends and receives: the link's time is the transfer
 
 
 def _check_costs(costs: PipelineCosts) -> None:

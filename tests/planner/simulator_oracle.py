@@ -9,12 +9,13 @@ from typing import Dict, List, Optional, Tuple
 from planner.actions import (ALLREDUCE, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
                              SEND_FORWARD, UPDATE, Action, Schedule, ScheduleError)
 from planner.costs import PipelineCosts
+from planner.event_loop import EVENT_KIND as _EVENT_KIND, _duration
 from planner.lowering import Located, needs
 from planner.replay import replay
 from planner.simulation_result import (_COMPUTE_EVENTS, _KIND_ORDER, SEND_BACKWARD_KIND,
                                        SEND_FORWARD_KIND, SimulationResult, StageStats,
                                        TimelineEvent, _peak)
-from planner.simulator import LINK_DUPLEX_MODES, _EVENT_KIND, _check_costs, _duration
+from planner.simulator import LINK_DUPLEX_MODES, _check_costs
 from planner.weight_versions import staleness, weight_copies
 
 
