@@ -2,19 +2,20 @@
 with the numbers of the actions it reads (`planner.lowering.needs`) and, for a send, of the
 receive it feeds. The simulator's inner loop runs on these instead of building and hashing
 `Action`s for every input it checks. Built once per lowered schedule: the planner simulates
-one schedule with several sets of durations (`lowered_schedule` reuses the lowered lists).
+one schedule with several sets of durations, and `planner.schedule.build_schedule` returns
+the same schedule for the same parameters.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Tuple
 
 from planner.actions import (RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action,
                              Schedule)
+from planner.identity_cache import cached_by_identity
 from planner.lowering import Located, needs
 
 MISSING = -1            # an input that no list holds (the schedule cannot finish)
-_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,14 +28,9 @@ class ActionGraph:
     receive: Tuple[int, ...]                # by number: the receive a send feeds, else -1
 
 
-_graphs: Dict[int, ActionGraph] = {}        # id(lowered schedule) -> its graph
-
-
+@cached_by_identity(64)
 def action_graph(lowered: Schedule) -> ActionGraph:
     """The numbered graph of `lowered`, remembered for the last few schedules."""
-    graph = _graphs.get(id(lowered))
-    if graph is not None and graph.schedule is lowered:
-        return graph
     first, actions, number = [], [], {}
     for p, lst in enumerate(lowered.lists):
         first.append(len(actions))
@@ -57,9 +53,5 @@ def action_graph(lowered: Schedule) -> ActionGraph:
             else:
                 receiver.append(-1)
                 receive.append(MISSING)
-    graph = ActionGraph(lowered, tuple(first), tuple(actions), tuple(inputs), tuple(receiver),
-                        tuple(receive))
-    if len(_graphs) >= _CACHE_SIZE:
-        _graphs.pop(next(iter(_graphs)))
-    _graphs[id(lowered)] = graph
-    return graph
+    return ActionGraph(lowered, tuple(first), tuple(actions), tuple(inputs), tuple(receiver),
+                       tuple(receive))

@@ -84,12 +84,16 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
         i = head[p]
         if i >= first[p + 1]:
             return
+        ready = 0.0
         for n in inputs[i]:
-            if n == MISSING or finished[n] is None:
+            done = finished[n] if n != MISSING else None
+            if done is None:
                 waiting.setdefault(n, []).append(p)
                 return
-        ready = max([finished[n] for n in inputs[i]], default=0.0)
-        candidates.set(p, (max(position_free[p], ready), ready, 0, p))
+            if done > ready:
+                ready = done
+        free = position_free[p]
+        candidates.set(p, (free if free > ready else ready, ready, 0, p))
 
     def offer_transfer(ch: Tuple) -> None:
         """Queue (or re-key) the next transfer on channel `ch`, if it may go."""

@@ -64,8 +64,7 @@ def check_compute(schedule: Schedule) -> None:
 
 def _check_updates(schedule: Schedule, c: int, lst, mine) -> None:
     updates = [a.micro_batch for a in lst if a.chunk == c and a.kind == UPDATE]
-    any_updates = any(a.kind == UPDATE for l in schedule.lists for a in l)
-    if updates != list(range(len(updates))) or (any_updates and not updates):
+    if updates != list(range(len(updates))) or (not updates and _updates(schedule)):
         raise ScheduleError(f"position {schedule.placement[c]}: chunk {c} must run UPDATE "
                             f"0, 1, 2, ... in this order (every chunk updates, or none); it "
                             f"runs {updates}")
@@ -80,6 +79,11 @@ def _check_updates(schedule: Schedule, c: int, lst, mine) -> None:
     if wrong:
         raise ScheduleError(f"position {schedule.placement[c]}: {wrong} must read the weight "
                             f"version their forwards read (weight stashing)")
+
+
+def _updates(schedule: Schedule) -> bool:
+    """Whether any list applies weight updates (a multi-batch schedule)."""
+    return any(a.kind == UPDATE for lst in schedule.lists for a in lst)
 
 
 def _backward_kind(schedule: Schedule, chunk: int) -> str:

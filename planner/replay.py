@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Set
 
 from planner.actions import Schedule, ScheduleError
+from planner.identity_cache import cached_by_identity
 from planner.lowering import Located, check_compute, lower, needs
 from planner.schedule_memory import peak_counts
 
@@ -72,6 +73,7 @@ def replay(schedule: Schedule) -> Replay:
     return Replay(lowered, order, *peak_counts(lowered))
 
 
+@cached_by_identity(64)
 def checked_lowering(schedule: Schedule) -> Schedule:
     """`schedule` lowered (unless it is lowered already), each action once in its list; whether
     it runs to the end is `replay`'s to say."""
