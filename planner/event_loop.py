@@ -57,7 +57,7 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
         ) -> Tuple[List[TimelineEvent], List[float], List[int]]:
     """(timeline events in commit order, when each position is done, how far each position
     got in its list) of the lowered schedule numbered in `graph`."""
-    P, lists, first = graph.schedule.num_positions, graph.schedule.lists, graph.first
+    P, first = graph.schedule.num_positions, graph.first
     actions, inputs, receiver, receive = graph.actions, graph.inputs, graph.receiver, graph.receive
     duration = [_duration(a, costs) for a in actions]
     head = list(first[:P])                  # per position, the number of its next action

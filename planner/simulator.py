@@ -83,6 +83,14 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
              link_duplex: str = "full", rendezvous: bool = False) -> SimulationResult:
     """Run the lowered `schedule` (`planner.lowering.lower`) with the durations in `costs`
     (one entry per chunk)."""
+    check_inputs(schedule, costs, link_duplex)
+    lowered = checked_lowering(schedule)
+    events, position_free, position = run(action_graph(lowered), costs, link_duplex, rendezvous)
+    return timed_result(schedule, lowered, costs, events, position_free, position, link_duplex,
+                        rendezvous)
+
+
+def check_inputs(schedule: Schedule, costs: PipelineCosts, link_duplex: str) -> None:
     if link_duplex not in LINK_DUPLEX_MODES:
         raise ValueError(f"link_duplex must be one of {LINK_DUPLEX_MODES}, got {link_duplex!r}")
     C = schedule.num_chunks
@@ -91,9 +99,14 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     if costs.num_stages != C:
         raise ValueError(f"costs describe {costs.num_stages} stages, schedule has {C} chunks")
     _check_costs(costs)
-    lowered = checked_lowering(schedule)
-    P, placement = lowered.num_positions, lowered.placement
-    events, position_free, position = run(action_graph(lowered), costs, link_duplex, rendezvous)
+
+
+def timed_result(schedule: Schedule, lowered: Schedule, costs: PipelineCosts,
+                 events: List[TimelineEvent], position_free: List[float], position: List[int],
+                 link_duplex: str, rendezvous: bool) -> SimulationResult:
+    """The result of a run that stopped with each position `position[p]` actions into its
+    list; a ScheduleError naming the stuck actions if one did not reach the end."""
+    C, P, placement = schedule.num_chunks, lowered.num_positions, lowered.placement
     stuck = [f"{lowered.lists[p][position[p]]} on position {p}" for p in range(P)
              if position[p] < len(lowered.lists[p])]
     if stuck:

@@ -1,36 +1,28 @@
-"""The simulator as it was before its event queue (one scan of every position and link per
-committed event), kept only as the oracle `test_simulator_equivalence.py` compares the event
-queue with: same timelines, same statistics, bit for bit."""
+"""The simulator's loop as it was before its event queue (one scan of every position and link
+per committed event), kept only as the oracle `test_simulator_equivalence.py` compares the
+event queue with: same timelines, same statistics, bit for bit. Input checks and the result's
+statistics are the simulator's own (`check_inputs`, `timed_result`)."""
 from __future__ import annotations
 
 import heapq
 from typing import Dict, List, Optional, Tuple
 
 from planner.actions import (ALLREDUCE, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
-                             SEND_FORWARD, UPDATE, Action, Schedule, ScheduleError)
+                             SEND_FORWARD, UPDATE, Action, Schedule)
 from planner.costs import PipelineCosts
 from planner.event_loop import EVENT_KIND as _EVENT_KIND, _duration
 from planner.lowering import Located, needs
 from planner.replay import replay
-from planner.simulation_result import (_COMPUTE_EVENTS, _KIND_ORDER, SEND_BACKWARD_KIND,
-                                       SEND_FORWARD_KIND, SimulationResult, StageStats,
-                                       TimelineEvent, _peak)
-from planner.simulator import LINK_DUPLEX_MODES, _check_costs
-from planner.weight_versions import staleness, weight_copies
+from planner.simulation_result import (SEND_BACKWARD_KIND, SEND_FORWARD_KIND,
+                                       SimulationResult, TimelineEvent)
+from planner.simulator import check_inputs, timed_result
 
 
 def reference_simulate(schedule: Schedule, costs: PipelineCosts,
-             link_duplex: str = "full", rendezvous: bool = False) -> SimulationResult:
+                       link_duplex: str = "full", rendezvous: bool = False) -> SimulationResult:
     """Run the lowered `schedule` (`planner.lowering.lower`) with the durations in `costs`
     (one entry per chunk)."""
-    if link_duplex not in LINK_DUPLEX_MODES:
-        raise ValueError(f"link_duplex must be one of {LINK_DUPLEX_MODES}, got {link_duplex!r}")
-    C = schedule.num_chunks
-    if C == 0:
-        raise ValueError("empty schedule: a plan has at least one stage")
-    if costs.num_stages != C:
-        raise ValueError(f"costs describe {costs.num_stages} stages, schedule has {C} chunks")
-    _check_costs(costs)
+    check_inputs(schedule, costs, link_duplex)
     lowered = replay(schedule).schedule      # checks every action once and no deadlock
     P, placement = lowered.num_positions, lowered.placement
 
@@ -124,36 +116,8 @@ def reference_simulate(schedule: Schedule, costs: PipelineCosts,
                                         boundary, send.micro_batch, start, end, p))
             finished[(p, send)] = end           # the receiver's data has arrived
 
-    stuck = [f"{lowered.lists[p][position[p]]} on position {p}" for p in range(P)
-             if position[p] < len(lowered.lists[p])]
-    if stuck:       # only rendezvous can stop here: replay() ran the lists to the end
-        raise ScheduleError(f"transfers waiting for receives that never come: {', '.join(stuck)}")
-    iteration = max([e.end_ms for e in events] + [0.0])
-    events.sort(key=lambda e: (e.start_ms, _KIND_ORDER[e.kind], e.stage,
-                               -1 if e.micro_batch is None else e.micro_batch))
-    held_bytes = list(costs.activation_bytes) or [0.0] * C
-    awaiting_bytes = list(costs.weight_gradient_bytes) or held_bytes
-    stats = []
-    copies, stale = weight_copies(lowered), staleness(lowered)
-    for p in range(P):
-        chunks = [c for c in range(C) if placement[c] == p]
-        busy = sum(e.duration_ms for e in events if e.position == p and
-                   e.kind in _COMPUTE_EVENTS)
-        allreduce = sum(costs.allreduce_ms[a.chunk] for a in lowered.lists[p]
-                        if a.kind == ALLREDUCE)
-        idle = max(iteration - busy - allreduce, 0.0)
-        stats.append(StageStats(
-            stage=p, busy_ms=busy, idle_ms=idle, allreduce_ms=allreduce,
-            bubble_fraction=idle / iteration if iteration > 0 else 0.0,
-            peak_held_micro_batches=int(round(_peak(events, p, [1.0] * C, [0.0] * C))),
-            peak_held_bytes=_peak(events, p, held_bytes, awaiting_bytes),
-            end_ms=position_free[p],
-            peak_awaiting_weight_micro_batches=int(round(_peak(events, p, [0.0] * C,
-                                                               [1.0] * C))),
-            chunks=chunks, weight_copies=copies[p], staleness=stale[p]))
-    return SimulationResult(iteration_ms=iteration, stages=stats, events=events, schedule=lowered,
-                            link_duplex=link_duplex, rendezvous=rendezvous,
-                            batches=schedule.batches)
+    return timed_result(schedule, lowered, costs, events, position_free, position,
+                        link_duplex, rendezvous)
 
 
 def _receive_posted(lowered: Schedule, placement, position, position_free,
