@@ -13,7 +13,7 @@ from typing import Tuple
 from planner.actions import (RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action,
                              Schedule)
 from planner.identity_cache import cached_by_identity
-from planner.lowering import Located, needs
+from planner.lowering import needs
 
 MISSING = -1            # an input that no list holds (the schedule cannot finish)
 
@@ -31,25 +31,26 @@ class ActionGraph:
 @cached_by_identity(64)
 def action_graph(lowered: Schedule) -> ActionGraph:
     """The numbered graph of `lowered`, remembered for the last few schedules."""
+    # Keyed by plain tuples: hashing them is cheaper than hashing (position, Action).
     first, actions, number = [], [], {}
     for p, lst in enumerate(lowered.lists):
         first.append(len(actions))
         for a in lst:
-            number[(p, a)] = len(actions)
+            number[(p, a.chunk, a.kind, a.micro_batch)] = len(actions)
             actions.append(a)
     first.append(len(actions))
     inputs, receiver, receive = [], [], []
     for p in range(lowered.num_positions):
         for a in lowered.lists[p]:
-            inputs.append(tuple(number.get(n, MISSING) for n in needs(lowered, p, a)))
+            inputs.append(tuple([number.get((q, n.chunk, n.kind, n.micro_batch), MISSING)
+                                 for q, n in needs(lowered, p, a)]))
             if a.kind in (SEND_FORWARD, SEND_BACKWARD):
                 forward = a.kind == SEND_FORWARD
                 chunk = a.chunk + 1 if forward else a.chunk - 1
                 to = lowered.placement[chunk]
-                want: Located = (to, Action(chunk, RECV_FORWARD if forward else RECV_BACKWARD,
-                                            a.micro_batch))
                 receiver.append(to)
-                receive.append(number.get(want, MISSING))
+                receive.append(number.get((to, chunk, RECV_FORWARD if forward else RECV_BACKWARD,
+                                           a.micro_batch), MISSING))
             else:
                 receiver.append(-1)
                 receive.append(MISSING)
