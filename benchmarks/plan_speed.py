@@ -1,25 +1,109 @@
-"""Planning time of every profile in ../shared/profiles on configs A, B and C (and BERT-48 on
-128 x 8), printed as a table. Run: python3 benchmarks/plan_speed.py"""
+"""How fast the planner plans, in four tables (seconds, best of --repeat runs; wall clock, and
+for processes also their CPU time, steadier when others share the machine):
+
+* table_v: each Table V cell (benchmarks/simulate_table_v.py's profiles and batches, configs A,
+  B, C) planned in-process with --schedule=auto (search, then schedule choice), and as a
+  `dapple plan --schedule=auto` process (JSON output, and the default text report, which
+  simulates every schedule it lists);
+* bert: BERT-48 on 128x8,net=25Gbps at global batch 8192, the same way;
+* scaling: the simulator's time per action, early backward on 16 stages, M = 8 .. 512 (first
+  run of a schedule, lowering included; and a run of a schedule simulated before);
+* profiles: the search alone on every profile in ../shared/profiles, configs A, B and C.
+
+Run: .venv/bin/python benchmarks/plan_speed.py [--only=table_v,bert,scaling,profiles]
+     [--repeat=3] [--markdown]
+"""
+import argparse
 import glob
 import os
 import re
+import resource
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from planner.profile_readers import load_profile  # noqa: E402
+from benchmarks.simulate_table_v import CONFIGS, TABLE_V  # noqa: E402
+from benchmarks.tables import print_table  # noqa: E402
+from planner.costs import PipelineCosts  # noqa: E402
 from planner.exact_search import SearchStats  # noqa: E402
 from planner.plan_space import plan_dapple  # noqa: E402
-from topology import parse_topology                 # noqa: E402
+from planner.profile_readers import load_profile  # noqa: E402
+from planner.schedule import build_schedule  # noqa: E402
+from planner.schedule_choice import choose_schedule  # noqa: E402
+from planner.simulator import simulate  # noqa: E402
+from topology import parse_topology  # noqa: E402
 
 PROFILES = os.environ.get("DAPPLE_PROFILES", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "profiles"))
 # PipeDream files do not record their batch (profiles README): image models from Input bytes.
 PIPEDREAM_BATCH = {"vgg16": 128, "resnet50": 128, "alexnet": 256, "resnet18": 256,
                    "densenet121": 64, "inception_v3": 128, "gnmt16": 64, "gnmt8": 64}
+DAPPLE = os.path.join(os.path.dirname(sys.executable), "dapple")
+BERT_128X8 = ("BERT-48", "dapple/bert-48-pbs-2.txt", 8192, "128x8,net=25Gbps")
 
 
-def main():
-    print(f"{'profile':32} {'cfg':>8} {'plan':>16} {'seconds':>8} complete")
+def best_of(repeat, run):
+    """(least seconds over `repeat` calls of run(), that call's result)."""
+    best = (float("inf"), None)
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = run()
+        best = min(best, (time.perf_counter() - t, out), key=lambda b: b[0])
+    return best
+
+
+def in_process(profile, topology, gbs):
+    """(search seconds, choice seconds, plan) of one cell; caches cleared by fresh objects."""
+    t = time.perf_counter()
+    plan = plan_dapple(profile, topology, gbs)
+    t1 = time.perf_counter()
+    chosen, _ = choose_schedule(plan, profile, topology, "auto")
+    return t1 - t, time.perf_counter() - t1, chosen
+
+
+def as_process(path, cfg, gbs, *extra):
+    """CPU seconds (user + system) of one `dapple plan --schedule=auto` process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([DAPPLE, "plan", f"--profile={path}", f"--topology={cfg}",
+                    f"--global_batch_size={gbs}", "--schedule=auto", *extra],
+                   check=True, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def cell_rows(cells, repeat):
+    rows = []
+    for model, relative, gbs, cfg in cells:
+        path = os.path.join(PROFILES, relative)
+        profile, topology = load_profile(path), parse_topology(cfg)
+        timings = [in_process(profile, topology, gbs) for _ in range(repeat)]
+        search, choice, plan = min(timings, key=lambda t: t[0] + t[1])
+        json_s, json_cpu = best_of(repeat, lambda: as_process(path, cfg, gbs, "--format=json"))
+        text_s, text_cpu = best_of(repeat, lambda: as_process(path, cfg, gbs))
+        rows.append([model, cfg, plan.shape(), str(plan.micro_batches), plan.schedule,
+                     f"{search:.3f}", f"{choice:.3f}", f"{search + choice:.3f}",
+                     f"{json_s:.2f} ({json_cpu:.2f})", f"{text_s:.2f} ({text_cpu:.2f})"])
+    return ["model", "cfg", "plan", "M", "schedule", "search s", "choice s", "in-process s",
+            "process, json: s (cpu)", "process, text: s (cpu)"], rows
+
+
+def scaling_rows(repeat, stages=16):
+    costs = PipelineCosts([1.0] * stages, [2.0] * stages, [0.1] * (stages - 1),
+                          [0.1] * (stages - 1), [0.5] * stages)
+    rows = []
+    for M in (8, 32, 128, 512):
+        first = time.perf_counter()
+        result = simulate(build_schedule("1f1b", stages, M), costs)
+        first = time.perf_counter() - first
+        again, _ = best_of(repeat, lambda: simulate(build_schedule("1f1b", stages, M), costs))
+        actions = sum(len(lst) for lst in result.schedule.lists)
+        rows.append([str(M), str(actions), f"{1e6 * first / actions:.1f}",
+                     f"{1e6 * again / actions:.1f}"])
+    return ["M", "actions", "first run us/action", "again us/action"], rows
+
+
+def profile_rows():
+    rows = []
     for path in sorted(glob.glob(f"{PROFILES}/*/*.txt")):
         name = os.path.basename(path)[:-4]
         m = re.search(r"-pbs-(\d+)", name)
@@ -30,15 +114,28 @@ def main():
             stats = SearchStats()
             t = time.perf_counter()
             plan = plan_dapple(profile, parse_topology(cfg), gbs, stats=stats)
-            dt = time.perf_counter() - t
-            print(f"{path[len(PROFILES) + 1:]:32} {cfg:>8} {plan.shape()[:16]:>16} {dt:8.2f} "
-                  f"{stats.complete}", flush=True)
-    profile = load_profile(f"{PROFILES}/dapple/bert-48-pbs-2.txt")
-    stats = SearchStats()
-    t = time.perf_counter()
-    plan = plan_dapple(profile, parse_topology("128x8"), 8192, stats=stats)
-    print(f"{'dapple/bert-48 gbs 8192':32} {'128x8':>8} {plan.shape()[:16]:>16} "
-          f"{time.perf_counter() - t:8.2f} {stats.complete}")
+            rows.append([path[len(PROFILES) + 1:], cfg, plan.shape()[:16],
+                         f"{time.perf_counter() - t:.2f}", str(stats.complete)])
+    return ["profile", "cfg", "plan", "search s", "complete"], rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="table_v,bert,scaling,profiles")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    tables = {
+        "table_v": lambda: cell_rows([(model, relative, gbs, cfg) for model, relative, gbs
+                                      in TABLE_V for cfg in CONFIGS], args.repeat),
+        "bert": lambda: cell_rows([BERT_128X8], args.repeat),
+        "scaling": lambda: scaling_rows(args.repeat),
+        "profiles": profile_rows,
+    }
+    for name in args.only.split(","):
+        print(f"\n{name}:")
+        print_table(*tables[name](), markdown=args.markdown)
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -25,9 +25,11 @@ __version__ = "0.1.0"
 
 
 def _invocation_without_tensorflow() -> bool:
-    from dapple.cli import COMMANDS_WITHOUT_TENSORFLOW
-    return (_os.path.basename(_sys.argv[0] if _sys.argv else "") == "dapple"
-            and len(_sys.argv) > 1 and _sys.argv[1] in COMMANDS_WITHOUT_TENSORFLOW)
+    """The `dapple` command, or `python -m dapple.cli` (argv[0] is "-m" while runpy imports
+    this package), running a command that needs no TensorFlow, or printing help."""
+    from dapple.cli import needs_tensorflow
+    return (_os.path.basename(_sys.argv[0] if _sys.argv else "") in ("dapple", "-m")
+            and not needs_tensorflow(_sys.argv[1:]))
 
 
 _HAS_TF = _importlib_util.find_spec("tensorflow") is not None

@@ -6,8 +6,9 @@ flags and a `main(argv)`. Only the chosen command's module is imported, so `dapp
 """
 import importlib
 import sys
+from typing import Sequence
 
-from absl import app
+from absl import app, flags
 
 COMMANDS = {
     "plan": "plan a model on a topology; print or write the Plan and the strategy report",
@@ -24,6 +25,15 @@ COMMANDS = {
 PLANNER_ONLY_COMMANDS = ("plan", "simulate")
 # Commands that never touch TensorFlow: `import dapple` skips setting up its devices for them.
 COMMANDS_WITHOUT_TENSORFLOW = PLANNER_ONLY_COMMANDS + ("emulate",)
+HELP = ("-h", "--help", "help")
+COMMAND_HELP = ("-h", "--help", "--helpshort")     # after a command: its usage and flags
+
+
+def needs_tensorflow(args: Sequence[str]) -> bool:
+    """Whether `dapple <args>` runs a command that uses TensorFlow: not plan, simulate or
+    emulate, and not a request for help (a command module defines flags, nothing more)."""
+    return bool(args) and args[0] in COMMANDS and args[0] not in COMMANDS_WITHOUT_TENSORFLOW \
+        and not any(a in COMMAND_HELP for a in args[1:])
 
 
 def usage() -> str:
@@ -35,7 +45,7 @@ def usage() -> str:
 
 def run(argv=None) -> None:
     argv = list(sys.argv if argv is None else argv)
-    if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+    if len(argv) < 2 or argv[1] in HELP:
         print(usage())
         sys.exit(0 if len(argv) >= 2 else 2)
     command = argv[1]
@@ -50,7 +60,17 @@ def run(argv=None) -> None:
                   f"install dapple with its training extras (see README)", file=sys.stderr)
             sys.exit(2)
         raise
+    if any(a in COMMAND_HELP for a in argv[2:]):
+        print(command_help(module))
+        sys.exit(0)
     app.run(module.main, argv=[f"dapple {command}"] + argv[2:])
+
+
+def command_help(module) -> str:
+    """A command's usage (its module's docstring) and the flags it defines, with their help.
+    (absl's own --help lists the flags of `__main__` only, which defines none.)"""
+    return f"{module.__doc__.strip()}\n\nflags:\n" + \
+        flags.FLAGS.module_help(module.__name__).split("\n", 2)[-1]
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 FORWARD = "F"
@@ -95,6 +95,13 @@ class Action:
                    int(version) if version is not None else None)
 
 
+@lru_cache(maxsize=1 << 16)
+def shared_action(chunk: int, kind: str, micro_batch: Optional[int] = None) -> Action:
+    """`Action(chunk, kind, micro_batch)`, one instance per value: lowering asks for the same
+    actions again and again, and building one checks its fields."""
+    return Action(chunk, kind, micro_batch)
+
+
 def actions(text: str) -> List[Action]:
     """`"0F0 0F1 0B0"` -> the actions, in order."""
     return [Action.parse(t) for t in text.split()]
@@ -118,7 +125,7 @@ class Schedule:
     def num_chunks(self) -> int:
         return len(self.placement)
 
-    @property
+    @cached_property
     def micro_batches(self) -> int:
         """Micro-batches over all the batches the lists run."""
         return len({a.micro_batch for lst in self.lists for a in lst if a.kind == FORWARD})

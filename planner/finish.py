@@ -33,11 +33,7 @@ def finish_plan(plan: Plan, profile: Profile, topology, keep_warmup: bool = Fals
     own warm-up. The plan is validated and costed once (`costs`: this plan's, when the caller
     has them)."""
     costs = costs or PlanCosts(plan, profile, topology)
-    if plan.schedule in EARLY_BACKWARD + (ZERO_BUBBLE_H1, PIPEDREAM, TWO_BW) and (
-            not keep_warmup or plan.warmup is None):
-        plan.warmup = costs.warmup()[1]
-        if plan.schedule in EARLY_BACKWARD:
-            plan.schedule = ONE_F_ONE_B
+    settle_warmup(plan, costs, keep_warmup)
     plan.estimate = costs.estimate()
     plan.topology = topology.to_dict()
     plan.profile = profile.summary()
@@ -45,6 +41,16 @@ def finish_plan(plan: Plan, profile: Profile, topology, keep_warmup: bool = Fals
         for st in plan.stages:
             st.layer_names = profile.layer_names[st.first:st.last + 1]
     return plan
+
+
+def settle_warmup(plan: Plan, costs: PlanCosts, keep_warmup: bool = False) -> None:
+    """`finish_plan`'s first step, alone: an early-backward, zb-h1, pipedream or 2bw plan's
+    K_i (kept when `keep_warmup` and the plan has them; "A" and "B" become "1f1b")."""
+    if plan.schedule in EARLY_BACKWARD + (ZERO_BUBBLE_H1, PIPEDREAM, TWO_BW) and (
+            not keep_warmup or plan.warmup is None):
+        plan.warmup = costs.warmup()[1]
+        if plan.schedule in EARLY_BACKWARD:
+            plan.schedule = ONE_F_ONE_B
 
 
 def with_memory(topology, memory_limit):

@@ -26,7 +26,7 @@ from typing import Dict, List, Tuple
 
 from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
                              RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, UPDATE,
-                             Action, Schedule, ScheduleError)
+                             Action, Schedule, ScheduleError, shared_action)
 
 Located = Tuple[int, Action]            # (position, action)
 
@@ -50,7 +50,7 @@ def check_compute(schedule: Schedule) -> None:
         mine = [a for a in lst if a.chunk == c and a.kind != UPDATE]
         split = any(a.kind in (BACKWARD_INPUT, BACKWARD_WEIGHT) for a in mine)
         kinds = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT) if split else (FORWARD, BACKWARD)
-        expected = {Action(c, k, m) for k in kinds for m in range(M)}
+        expected = {shared_action(c, k, m) for k in kinds for m in range(M)}
         missing = sorted(expected - set(mine))
         repeated = sorted(a for a, n in Counter(mine).items() if n > 1)
         stray = sorted(set(mine) - expected)
@@ -64,8 +64,7 @@ def check_compute(schedule: Schedule) -> None:
 
 def _check_updates(schedule: Schedule, c: int, lst, mine) -> None:
     updates = [a.micro_batch for a in lst if a.chunk == c and a.kind == UPDATE]
-    any_updates = any(a.kind == UPDATE for l in schedule.lists for a in l)
-    if updates != list(range(len(updates))) or (any_updates and not updates):
+    if updates != list(range(len(updates))) or (not updates and _updates(schedule)):
         raise ScheduleError(f"position {schedule.placement[c]}: chunk {c} must run UPDATE "
                             f"0, 1, 2, ... in this order (every chunk updates, or none); it "
                             f"runs {updates}")
@@ -80,6 +79,11 @@ def _check_updates(schedule: Schedule, c: int, lst, mine) -> None:
     if wrong:
         raise ScheduleError(f"position {schedule.placement[c]}: {wrong} must read the weight "
                             f"version their forwards read (weight stashing)")
+
+
+def _updates(schedule: Schedule) -> bool:
+    """Whether any list applies weight updates (a multi-batch schedule)."""
+    return any(a.kind == UPDATE for lst in schedule.lists for a in lst)
 
 
 def _backward_kind(schedule: Schedule, chunk: int) -> str:
@@ -107,20 +111,20 @@ def lower(schedule: Schedule) -> Schedule:
             c, m = a.chunk, a.micro_batch
             backward = a.kind in (BACKWARD, BACKWARD_INPUT)
             if a.kind == FORWARD and c > 0 and crosses(c - 1, c):
-                out.append(Action(c, RECV_FORWARD, m))
+                out.append(shared_action(c, RECV_FORWARD, m))
             if backward and c < C - 1 and crosses(c, c + 1):
-                out.append(Action(c, RECV_BACKWARD, m))
+                out.append(shared_action(c, RECV_BACKWARD, m))
             if a.kind == UPDATE and not schedule.averaging:
-                out.append(Action(c, ALLREDUCE, m))
+                out.append(shared_action(c, ALLREDUCE, m))
             out.append(a)
             if a.kind == UPDATE and schedule.averaging:
-                out.append(Action(c, ALLREDUCE, m))
+                out.append(shared_action(c, ALLREDUCE, m))
             if a.kind == FORWARD and c < C - 1 and crosses(c, c + 1):
-                out.append(Action(c, SEND_FORWARD, m))
+                out.append(shared_action(c, SEND_FORWARD, m))
             if backward and c > 0 and crosses(c - 1, c):
-                out.append(Action(c, SEND_BACKWARD, m))
+                out.append(shared_action(c, SEND_BACKWARD, m))
             if last_gradient.get(c) == i:
-                out.append(Action(c, ALLREDUCE))
+                out.append(shared_action(c, ALLREDUCE))
         lists.append(tuple(out))
     return dataclasses.replace(schedule, lists=tuple(lists))
 
@@ -128,9 +132,9 @@ def lower(schedule: Schedule) -> Schedule:
 def peer(action: Action) -> Action:
     """The send a receive waits for."""
     if action.kind == RECV_FORWARD:
-        return Action(action.chunk - 1, SEND_FORWARD, action.micro_batch)
+        return shared_action(action.chunk - 1, SEND_FORWARD, action.micro_batch)
     if action.kind == RECV_BACKWARD:
-        return Action(action.chunk + 1, SEND_BACKWARD, action.micro_batch)
+        return shared_action(action.chunk + 1, SEND_BACKWARD, action.micro_batch)
     raise ValueError(f"{action} is not a receive")
 
 
@@ -143,39 +147,39 @@ def needs(schedule: Schedule, position: int, action: Action) -> List[Located]:
         # Read locally when the producing chunk runs here, else through this position's receive.
         if placement[chunk] == position:
             return (position, produce)
-        return (position, Action(c, receive_kind, m))
+        return (position, shared_action(c, receive_kind, m))
 
     if kind in (RECV_FORWARD, RECV_BACKWARD):
         sender = peer(action)
         return [(placement[sender.chunk], sender)]
     if kind == FORWARD:
-        out = [produced(c - 1, Action(c - 1, FORWARD, m), RECV_FORWARD)] if c > 0 else []
+        out = [produced(c - 1, shared_action(c - 1, FORWARD, m), RECV_FORWARD)] if c > 0 else []
         if action.version:                  # the update that makes the version it reads
-            out.append((position, Action(c, UPDATE, action.version - 1)))
+            out.append((position, shared_action(c, UPDATE, action.version - 1)))
         return out
     if kind in (BACKWARD, BACKWARD_INPUT):
-        out = [(position, Action(c, FORWARD, m))]
+        out = [(position, shared_action(c, FORWARD, m))]
         if c < C - 1:
-            out.append(produced(c + 1, Action(c + 1, _backward_kind(schedule, c + 1), m),
+            out.append(produced(c + 1, shared_action(c + 1, _backward_kind(schedule, c + 1), m),
                                 RECV_BACKWARD))
         return out
     if kind == BACKWARD_WEIGHT:
-        return [(position, Action(c, BACKWARD_INPUT, m))]
+        return [(position, shared_action(c, BACKWARD_INPUT, m))]
     if kind == SEND_FORWARD:
-        return [(position, Action(c, FORWARD, m))]
+        return [(position, shared_action(c, FORWARD, m))]
     if kind == SEND_BACKWARD:
-        return [(position, Action(c, _backward_kind(schedule, c), m))]
+        return [(position, shared_action(c, _backward_kind(schedule, c), m))]
     if kind == UPDATE:
         out = [(position, g) for g in schedule.update_inputs[(c, m)]]
         if not schedule.averaging:
-            out.append((position, Action(c, ALLREDUCE, m)))
+            out.append((position, shared_action(c, ALLREDUCE, m)))
         elif m > 0:                         # z after the previous step's updates
-            out.append((position, Action(c, ALLREDUCE, m - 1)))
+            out.append((position, shared_action(c, ALLREDUCE, m - 1)))
         return out
     if m is not None:                       # ALLREDUCE of update m
         if schedule.averaging:
-            return [(position, Action(c, UPDATE, m))]
+            return [(position, shared_action(c, UPDATE, m))]
         return [(position, g) for g in schedule.update_inputs[(c, m)]]
     # ALLREDUCE: every weight gradient of the chunk
     gradient = BACKWARD if _backward_kind(schedule, c) == BACKWARD else BACKWARD_WEIGHT
-    return [(position, Action(c, gradient, mb)) for mb in range(schedule.micro_batches)]
+    return [(position, shared_action(c, gradient, mb)) for mb in range(schedule.micro_batches)]

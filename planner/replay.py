@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Set
 
 from planner.actions import Schedule, ScheduleError
+from planner.identity_cache import cached_by_identity
 from planner.lowering import Located, check_compute, lower, needs
 from planner.schedule_memory import peak_counts
 
@@ -35,17 +36,7 @@ class Replay:
 
 def replay(schedule: Schedule) -> Replay:
     """Lower `schedule` (unless it is lowered already) and run all positions together."""
-    if schedule.lowered:
-        check_compute(schedule.compute())
-        lowered = schedule
-    else:
-        lowered = lower(schedule)
-    for p, lst in enumerate(lowered.lists):
-        seen: Set = set()
-        for a in lst:
-            if a in seen:
-                raise ScheduleError(f"position {p}: {a} appears twice")
-            seen.add(a)
+    lowered = checked_lowering(schedule)
     done: Set[Located] = set()
     position = [0] * lowered.num_positions
     order: List[Located] = []
@@ -80,6 +71,23 @@ def replay(schedule: Schedule) -> Replay:
             position[p] += 1
             order.append((p, a))
     return Replay(lowered, order, *peak_counts(lowered))
+
+
+@cached_by_identity(64)
+def checked_lowering(schedule: Schedule) -> Schedule:
+    """`schedule` lowered (unless it is lowered already), each action once in its list; whether
+    it runs to the end is `replay`'s to say."""
+    if schedule.lowered:
+        check_compute(schedule.compute())
+        lowered = schedule
+    else:
+        lowered = lower(schedule)
+    for p, lst in enumerate(lowered.lists):
+        if len(set(lst)) != len(lst):
+            seen: Set = set()
+            twice = next(a for a in lst if a in seen or seen.add(a))
+            raise ScheduleError(f"position {p}: {twice} appears twice")
+    return lowered
 
 
 def _stuck(schedule: Schedule, position: List[int], done: Set[Located]) -> str:

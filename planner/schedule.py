@@ -41,7 +41,8 @@ movement, and the runtime and the simulator both run its output.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+import functools
+from typing import List, Optional, Sequence, Tuple
 
 from planner.actions import (BACKWARD, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
                              ScheduleError, one_chunk_per_position)
@@ -132,7 +133,18 @@ def build_schedule(name: str, num_positions: int, micro_batches: int,
                    advance: Optional[int] = None, vertical_sync: bool = False) -> Schedule:
     """The compute actions of schedule `name` on `num_positions` positions (stages, or for
     "interleaved" devices holding `virtual_stages` chunks each); `batches` global batches of
-    `micro_batches` for the relaxed schedules (default DEFAULT_BATCHES) and "1f1b"."""
+    `micro_batches` for the relaxed schedules (default DEFAULT_BATCHES) and "1f1b". The same
+    parameters give the same (immutable) schedule, so what is derived from it (its lowering,
+    `planner.replay.checked_lowering`) is computed once."""
+    return _built(name, num_positions, micro_batches,
+                  None if warmup is None else tuple(warmup), virtual_stages, batches, advance,
+                  vertical_sync)
+
+
+@functools.lru_cache(maxsize=64)
+def _built(name: str, num_positions: int, micro_batches: int, warmup: Optional[Tuple[int, ...]],
+           virtual_stages: Optional[int], batches: Optional[int], advance: Optional[int],
+           vertical_sync: bool) -> Schedule:
     if name not in NAMES:
         raise ScheduleError(f"unknown schedule {name!r}; use one of "
                             f"{SCHEDULES + RELAXED_SCHEDULES}")

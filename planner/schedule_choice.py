@@ -6,7 +6,9 @@ The search (`planner.plan_space`) plans under early backward ("1f1b"); the other
 from its plan: "gpipe" and "zb-h1" keep the stages, "interleaved" re-cuts the layers into
 chunks (`planner.chunking`). Each is finished (`planner.finish.finish_plan`: estimate, memory),
 then simulated (`planner.simulator`), so all are compared by simulated iterations, the formula
-(eq. 1-3) describing early backward only. Memory per device is the cost model's
+(eq. 1-3) describing early backward only. `auto` skips (neither sizes nor simulates) a
+schedule whose lower bound (`planner.schedule_bounds`) exceeds an iteration it has simulated:
+it could not be chosen, so the choice is the one simulating all would make. Memory per device is the cost model's
 (`PlanCosts.memory`): weights, then the peak of what the schedule's lists hold
 (`planner.schedule_memory`).
 
@@ -19,13 +21,13 @@ at most ADVANCE_STEPS times (`planner.avgpipe.tune_advance`).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from planner.avgpipe import ADVANCE_STEPS, tune_advance
 from planner.chunking import interleave_plan
 from planner.cost_model import PlanCosts
-from planner.finish import finish_plan
+from planner.finish import finish_plan, settle_warmup
+from planner.interleaved import chunk_placement
 from planner.plan import Plan, PlanError
 from planner.profile import Profile
 from planner.multi_batch import (AVGPIPE, DEFAULT_BATCHES, RELAXED_SCHEDULES, UPDATE_RULES,
@@ -33,6 +35,7 @@ from planner.multi_batch import (AVGPIPE, DEFAULT_BATCHES, RELAXED_SCHEDULES, UP
 from planner.schedule import (EARLY_BACKWARD, GPIPE, INTERLEAVED, ONE_F_ONE_B, SCHEDULES,
                               WARMUP_SCHEDULES, ZERO_BUBBLE_H1, ScheduleError,
                               runtime_supported)
+from planner.schedule_bounds import iteration_lower_bound
 from planner.simulator import SimulationResult
 
 AUTO = "auto"
@@ -42,20 +45,82 @@ DEFAULT_VIRTUAL_STAGES = 2
 TIE_ORDER = (ONE_F_ONE_B, GPIPE, ZERO_BUBBLE_H1, INTERLEAVED)
 
 
-@dataclass
 class ScheduleOption:
-    """One schedule for one plan; `plan` None when it cannot be made (`note` says why)."""
-    name: str
-    plan: Optional[Plan] = None
-    simulation: Optional[SimulationResult] = None
-    memory_bytes: List[float] = field(default_factory=list)    # per device group
-    device_memory_bytes: float = 0.0
-    note: str = ""
+    """One schedule for one plan; `plan` None when it cannot be made (`note` says why).
+
+    An option from `schedule_options` computes each part when first asked for, in this order:
+    the plan under the schedule and its costs (and a lower bound on its iteration,
+    `planner.schedule_bounds`), its memory, the finished plan (estimate), the simulation.
+    Choosing asks only for what the choice needs; a report asks for everything."""
+
+    def __init__(self, name: str, plan: Optional[Plan] = None,
+                 simulation: Optional[SimulationResult] = None,
+                 memory_bytes: Sequence[float] = (), device_memory_bytes: float = 0.0,
+                 note: str = "",
+                 make: Optional[Callable[[], Tuple[Plan, PlanCosts]]] = None,
+                 finish: Optional[Callable[[Plan, PlanCosts], Plan]] = None):
+        self.name, self.device_memory_bytes = name, device_memory_bytes
+        self._plan, self._simulation, self._note = plan, simulation, note
+        self._memory: Optional[List[float]] = list(memory_bytes) if make is None else None
+        self._make, self._finish = make, finish
+        self._costs: Optional[PlanCosts] = None
+
+    def _made(self) -> Optional[Plan]:
+        """The plan under this schedule, unfinished (None when it cannot be made)."""
+        if self._make is not None:
+            make, self._make = self._make, None
+            try:
+                self._plan, self._costs = make()
+            except PlanError as e:
+                self._note, self._memory = str(e), []
+        return self._plan
+
+    @property
+    def memory_bytes(self) -> List[float]:
+        """Per device group."""
+        if self._memory is None and self._made() is not None:
+            self._memory = self._costs.memory()[:self._plan.num_positions]
+            if not self.fits:
+                worst = max(range(len(self._memory)), key=self._memory.__getitem__)
+                self._note = (f"needs {self._memory[worst] / 2**30:.2f} GiB per device on "
+                              f"device group {worst}, more than the "
+                              f"{self.device_memory_bytes / 2**30:.2f} GiB available")
+        return self._memory or []
+
+    @property
+    def note(self) -> str:
+        _ = self.memory_bytes       # sizing notes a plan that does not fit
+        return self._note
 
     @property
     def fits(self) -> bool:
-        return self.plan is not None and all(m <= self.device_memory_bytes
-                                              for m in self.memory_bytes)
+        return self._made() is not None and all(m <= self.device_memory_bytes
+                                                for m in self.memory_bytes)
+
+    @property
+    def plan(self) -> Optional[Plan]:
+        """Finished: warm-up, estimate, topology and profile filled."""
+        if self._made() is not None and self._finish is not None:
+            finish, self._finish = self._finish, None
+            self._plan = finish(self._plan, self._costs)
+        return self._plan
+
+    @property
+    def simulation(self) -> Optional[SimulationResult]:
+        if self._simulation is None and self.plan is not None and self._costs is not None:
+            self._simulation = self._costs.simulation()
+        return self._simulation
+
+    @property
+    def lower_bound_ms(self) -> Optional[float]:
+        """No simulated iteration is shorter (None: no bound, e.g. a relaxed schedule)."""
+        plan = self._made()
+        if plan is None or self._costs is None or self.relaxed:
+            return None
+        placement = chunk_placement(plan.num_positions, plan.virtual_stages) \
+            if plan.schedule == INTERLEAVED else range(plan.num_stages)
+        return iteration_lower_bound(self._costs.pipeline, list(placement), plan.micro_batches,
+                                     split_backward=plan.schedule == ZERO_BUBBLE_H1)
 
     @property
     def iteration_ms(self) -> Optional[float]:
@@ -73,6 +138,9 @@ class ScheduleOption:
     @property
     def update_rule(self) -> str:
         return UPDATE_RULES.get(self.name, "every global batch: W(t+1) = W(t) - lr grad f(W(t))")
+
+    def __repr__(self) -> str:
+        return f"ScheduleOption({self.name!r}, fits={self.fits}, note={self.note!r})"
 
 
 def with_schedule(plan: Plan, name: str, batches: Optional[int] = None) -> Plan:
@@ -110,6 +178,13 @@ def schedule_plan(plan: Plan, name: str, profile: Profile, topology,
                   virtual_stages: Optional[int] = None,
                   batches: Optional[int] = None) -> Tuple[Plan, PlanCosts]:
     """(`plan`, one stage per device group, under schedule `name`, finished; its costs)."""
+    variant, costs = _variant(plan, name, profile, topology, virtual_stages, batches)
+    return finish_plan(variant, profile, topology, keep_warmup=True, costs=costs), costs
+
+
+def _variant(plan: Plan, name: str, profile: Profile, topology,
+             virtual_stages: Optional[int], batches: Optional[int]) -> Tuple[Plan, PlanCosts]:
+    """`schedule_plan` before its estimate: the plan under `name`, its warm-up settled."""
     if name == INTERLEAVED:
         if plan.num_positions != plan.num_stages:
             raise PlanError("the plan is interleaved already; plan again to re-cut it")
@@ -125,7 +200,8 @@ def schedule_plan(plan: Plan, name: str, profile: Profile, topology,
         variant.advance = tune_advance(lambda a: _avgpipe_step(variant, a, profile, topology),
                                        variant.micro_batches, ADVANCE_STEPS, start)
     costs = PlanCosts(variant, profile, topology)
-    return finish_plan(variant, profile, topology, keep_warmup=True, costs=costs), costs
+    settle_warmup(variant, costs, keep_warmup=True)
+    return variant, costs
 
 
 def _avgpipe_step(plan: Plan, advance: int, profile: Profile, topology) -> Tuple[float, bool]:
@@ -140,37 +216,38 @@ def schedule_options(plan: Plan, profile: Profile, topology,
                      virtual_stages: Optional[int] = None,
                      names: Sequence[str] = SCHEDULES + RELAXED_SCHEDULES,
                      batches: Optional[int] = None) -> List[ScheduleOption]:
-    """Each schedule of `names` on `plan`'s device groups, simulated and sized (the relaxed
-    ones over `batches` global batches)."""
-    out = []
-    for name in names:
-        option = ScheduleOption(name, device_memory_bytes=topology.device_memory_bytes)
-        try:
-            option.plan, costs = schedule_plan(plan, name, profile, topology, virtual_stages,
-                                               batches if name in RELAXED_SCHEDULES else None)
-        except PlanError as e:
-            option.note = str(e)
-            out.append(option)
-            continue
-        option.memory_bytes = costs.memory()[:option.plan.num_positions]
-        option.simulation = costs.simulation()
-        if not option.fits:
-            worst = max(range(len(option.memory_bytes)), key=option.memory_bytes.__getitem__)
-            option.note = (f"needs {option.memory_bytes[worst] / 2**30:.2f} GiB per device on "
-                           f"device group {worst}, more than the "
-                           f"{topology.device_memory_bytes / 2**30:.2f} GiB available")
-        out.append(option)
-    return out
+    """Each schedule of `names` on `plan`'s device groups (the relaxed ones over `batches`
+    global batches), made, sized and simulated when first asked."""
+    def finish(variant: Plan, costs: PlanCosts) -> Plan:
+        return finish_plan(variant, profile, topology, keep_warmup=True, costs=costs)
+
+    def make(name: str) -> Callable[[], Tuple[Plan, PlanCosts]]:
+        return lambda: _variant(plan, name, profile, topology, virtual_stages,
+                                batches if name in RELAXED_SCHEDULES else None)
+    return [ScheduleOption(name, device_memory_bytes=topology.device_memory_bytes,
+                           make=make(name), finish=finish) for name in names]
 
 
 def fastest(options: Sequence[ScheduleOption]) -> ScheduleOption:
     """The synchronous option with the least simulated iteration among those that fit (ties:
-    TIE_ORDER); never a relaxed one."""
-    fitting = [o for o in options if o.fits and not o.relaxed]
+    TIE_ORDER); never a relaxed one. Options are tried from the least lower bound up; one whose
+    bound exceeds the best iteration so far can neither win nor tie (the margins are far
+    above rounding), so it is neither sized nor simulated."""
+    synchronous = [o for o in options if not o.relaxed]
+    bounds = {id(o): o.lower_bound_ms for o in synchronous}
+    best, fitting = None, []
+    for o in sorted(synchronous, key=lambda o: (bounds[id(o)] is not None,
+                                                 bounds[id(o)] or 0.0)):
+        bound = bounds[id(o)]
+        if best is not None and bound is not None and \
+                bound * (1 - 1e-9) > best * (1 + 1e-9):
+            continue
+        if o.fits:
+            fitting.append(o)
+            best = o.iteration_ms if best is None else min(best, o.iteration_ms)
     if not fitting:
         raise PlanError("no schedule fits in device memory: " +
                         "; ".join(f"{o.name}: {o.note}" for o in options))
-    best = min(o.iteration_ms for o in fitting)
     tied = [o for o in fitting if o.iteration_ms <= best * (1 + 1e-9)]
     return min(tied, key=lambda o: TIE_ORDER.index(o.name))
 
