@@ -19,8 +19,8 @@ Keras's own update still runs inside every training call of the layer, but into 
 variables of the unit's device (`ScratchStatistics`), not the layer's: a function call that
 writes a variable is ordered after every earlier call that writes it (`tf.function`'s automatic
 control dependencies), so writing the layer's own statistics would run every forward of the
-step one after another, across devices too (measured: four replicas' lanes, in parallel
-otherwise, ran in turn).
+step one after another, across devices too (docs/runtime.md shows the four lanes of a
+replicated ResNet-50 running in turn).
 """
 from __future__ import annotations
 

@@ -5,17 +5,17 @@ forwards (evaluation): every backward directly follows its own forward, and noth
 lanes before the allreduce. Unrolled, the step holds a call of the stage's forward and one of
 its backward per micro-batch, and for every call site TensorFlow's graph passes (Grappler's
 function optimizer, the encapsulation pass) process the callee's whole body again: the first
-call of ResNet-50 at 4 replicas x 8 micro-batches took 2.5 times that at 4 x 1. Here a lane is
+call grows with M (docs/runtime.md, "Start-up", has the figures). Here a lane is
 one call of a `LaneLoop`: a `tf.while_loop` whose body is micro-batch j's forward, backward and
 gradient sum, so the step's graph is the same whatever M.
 
 The lane is a function of its own, not inlined (`_noinline`): lowering a while loop inlines
 what its body calls, so a loop in the step's graph put a copy of the stage into that graph per
-lane (measured on ResNet-50 at 4 replicas: 21 000 nodes instead of 5 000, and a first call
-twice as slow as the unrolled step's at M = 1). The forward is built inline in the body, under
-one tape, so no forward/backward function pair is made per call either. The loop's own code is
-not converted by AutoGraph (it builds ops, and converting it cost 1 to 2 s per trace); the body's
-function is, so the model's layers are converted as in Keras's own train step.
+lane, and a slower first call than the unrolled step's. The forward is built inline in the
+body, under one tape, so no forward/backward function pair is made per call either. The loop's
+own code is not converted by AutoGraph (it builds ops; converting it only lengthened every
+trace); the body's function is, so the model's layers are converted as in Keras's own train
+step.
 
 What the loop carries: the gradient sums (from zero), the loss sum, and arrays of the
 predictions and BatchNormalization statistics, which the step then reads as the unrolled
@@ -28,9 +28,8 @@ updates in the list) run unrolled; so does M = 1.
 
 `PipelinedModel` loops by default (`micro_batch_loop=False` unrolls; `PipelineStep` itself
 unrolls unless told). Each lane's function is optimized per device, and the lowered loop is
-about twice an unrolled lane's forward and backward; measured on ResNet-50 at 4 replicas it was
-faster than the unrolled step from M = 2 on, first call and steady step (docs/runtime.md,
-"Start-up").
+larger than an unrolled lane's forward and backward, so it pays from a few micro-batches on
+(docs/runtime.md, "Start-up", measures where).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Several boundary tensors as one byte matrix, so one collective carries them all.
 
-Between processes every collective on the critical path costs a round of coordination (about
-0.9 ms per chained `hvd.alltoall` between two ranks here, against microseconds for the bytes
-of a small tensor), so all tensors that cross one boundary for one micro-batch travel
+Between processes every collective on the critical path costs a round of coordination (far
+more than the bytes of a small tensor: docs/cluster.md, "What a boundary transfer costs"), so
+all tensors that cross one boundary for one micro-batch travel
 together: each tensor's rows are reinterpreted as bytes (`tf.bitcast`, no arithmetic) and the
 tensors put side by side, row by row; splitting by rows (split, concat) works on the matrix as
 on each tensor. Shapes after the batch dimension must be static.

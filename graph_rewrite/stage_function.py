@@ -8,8 +8,8 @@ also derives once per traced forward. The step's graph then grows by a few call 
 micro-batch, not by a copy of the stage.
 
 The calls are not inlined into the step's graph (`_noinline`): inlined, the optimizer would
-rewrite a copy of the stage per micro-batch again (measured: the first call of a 4 x 4
-ResNet-50 step took 16 s inlined, 6 s not), and each call op stays one node the schedule's
+rewrite a copy of the stage per micro-batch again (a first call several times slower:
+docs/runtime.md), and each call op stays one node the schedule's
 control dependencies can order. A call runs on the device of the `tf.device` scope it is made
 in; so one function serves every replica.
 
