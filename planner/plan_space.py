@@ -33,8 +33,8 @@ PLAN_SPACES = ("paper", "full")
 DEFAULT_PLAN_SPACE = "paper"
 # Candidate stages one search evaluates before it settles for the best plan found (its time:
 # docs/planner.md, "Speed"). Far above what small instances need; it bounds the time on deep,
-# uniform models on flat networks, where many near-equal deep pipelines survive the bounds. A candidate costs
-# O(hosts), so beyond BUDGET_HOSTS hosts the budget shrinks in proportion.
+# uniform models on flat networks, where many near-equal deep pipelines survive the bounds. A
+# candidate costs O(hosts), so beyond BUDGET_HOSTS hosts the budget shrinks in proportion.
 DEFAULT_MAX_CANDIDATES = 15000
 BUDGET_HOSTS = 16
 
