@@ -11,6 +11,8 @@ of `--repeats` rounds and the median over rounds is kept:
 
 * plain: `model.train_on_batch` in one process (which keeps both cores busy through inter-op
   parallelism: the fair reference for 2 processes on 2 cores);
+* plain, accumulating M: the same process summing M micro-batches' gradients (one tape each)
+  before one update: what micro-batching alone costs, with no pipeline;
 * tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
 * tensorflow/1f1b-no-copies: the same without working copies (every unit reads the weights on
   the chief, once per micro-batch and again in its backward);
@@ -40,6 +42,8 @@ from benchmarks.step_timing import RESULT, read_step_ms, run_checked  # noqa: E4
 FLAGS = flags.FLAGS
 flags.DEFINE_list("schedules", ["1f1b", "interleaved", "zb-h1"], "schedules on the TF runtime")
 flags.DEFINE_bool("plain_worker", False, "internal: time plain Keras in this process")
+flags.DEFINE_bool("accumulate", False, "internal: the plain worker accumulates gradients over "
+                  "--micro_batches micro-batches (one GradientTape each) before one update")
 flags.DEFINE_bool("horovod", True, "also time 1f1b under horovodrun")
 flags.DEFINE_string("tf_link", "nvlink=2.8GB/s,nvlink_latency=0.1ms",
                     "the link between the 2 processes for the simulator's prediction, in a "
@@ -63,14 +67,35 @@ def plain_worker() -> None:
     rng = np.random.RandomState(0)
     x = rng.randn(FLAGS.batch, FLAGS.width).astype("float32")
     y = rng.randint(0, 10, FLAGS.batch).astype("int32")
+    step = (accumulating_step(model, FLAGS.micro_batches) if FLAGS.accumulate
+            else model.train_on_batch)
     for _ in range(3):
-        model.train_on_batch(x, y)
+        step(x, y)
     times = []
     for _ in range(FLAGS.steps):
         start = time.perf_counter()
-        model.train_on_batch(x, y)
+        step(x, y)
         times.append(1e3 * (time.perf_counter() - start))
     print(RESULT + json.dumps(statistics.median(times)), flush=True)
+
+
+def accumulating_step(model, micro_batches: int):
+    """Plain Keras with gradient accumulation, as a user would write it: the cost of
+    micro-batching alone, without any pipeline."""
+    import tensorflow as tf
+    rows = FLAGS.batch // micro_batches
+
+    @tf.function
+    def step(x, y):
+        total = None
+        for m in range(micro_batches):
+            with tf.GradientTape() as tape:
+                logits = model(x[m * rows:(m + 1) * rows], training=True)
+                loss = model.loss(y[m * rows:(m + 1) * rows], logits) / micro_batches
+            grads = tape.gradient(loss, model.trainable_variables)
+            total = grads if total is None else [a + g for a, g in zip(total, grads)]
+        model.optimizer.apply_gradients(zip(total, model.trainable_variables))
+    return lambda x, y: step(tf.constant(x), tf.constant(y))
 
 
 def sizes() -> list:
@@ -79,8 +104,9 @@ def sizes() -> list:
 
 
 def measure(kind: str, plan_path: str = "", extra_env=None) -> float:
-    if kind == "plain":
-        cmd = [sys.executable, os.path.abspath(__file__), "--plain_worker"] + sizes()
+    if kind.startswith("plain"):
+        cmd = [sys.executable, os.path.abspath(__file__), "--plain_worker"] + sizes() + (
+            ["--accumulate"] if kind == "plain-accumulating" else [])
     else:
         worker = [sys.executable, os.path.join(HERE, "schedule_step_time.py"),
                   f"--worker_plan={plan_path}"] + sizes()
@@ -123,7 +149,8 @@ def main(argv):
     print("command: python benchmarks/tf_runtime_step.py " + " ".join(
         sizes() + [f"--repeats={FLAGS.repeats}", f"--schedules={','.join(FLAGS.schedules)}"]))
     every = sst.plans(FLAGS.depth + 1)
-    jobs = [("plain", "plain", None)] + [(f"tensorflow/{s}", "tensorflow", s)
+    jobs = [("plain", "plain", None),
+            (f"plain, accumulating {FLAGS.micro_batches}", "plain-accumulating", None)] + [(f"tensorflow/{s}", "tensorflow", s)
                                          for s in FLAGS.schedules]
     if FLAGS.without_copies:
         jobs.append(("tensorflow/1f1b-no-copies", "tensorflow", "1f1b"))
@@ -145,8 +172,10 @@ def main(argv):
     predicted = predicted_ms({s: every[s] for s in FLAGS.schedules})
     print("\nmedian step, ms: " + ", ".join(f"{k} {v:.1f}" for k, v in ms.items()))
     if "tensorflow/1f1b" in ms:
+        accumulating = ms[f"plain, accumulating {FLAGS.micro_batches}"]
         print(f"tensorflow 1f1b / plain: {ms['tensorflow/1f1b'] / ms['plain']:.3f} "
-              f"(target <= 1.25)")
+              f"(target <= 1.25); / plain accumulating {FLAGS.micro_batches} micro-batches "
+              f"(the cost of micro-batching alone): {ms['tensorflow/1f1b'] / accumulating:.3f}")
         if "horovod/1f1b" in ms:
             print(f"horovod 1f1b / tensorflow 1f1b: "
                   f"{ms['horovod/1f1b'] / ms['tensorflow/1f1b']:.3f} (target >= 1.6)")

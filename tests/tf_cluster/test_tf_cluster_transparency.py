@@ -77,3 +77,21 @@ def test_training_semantics_equal_plain_keras(tmp_path, case, processes):
         assert rep["weight_diff"] < TOLERANCE, rep
         assert rep.get("embedding_moved", 1.0) > 1e-3, rep
         assert rep.get("clip_changed_weights", 1.0) > 1e-3, rep
+
+
+@pytest.mark.horovod
+def test_fit_evaluate_predict_equal_plain_keras(tmp_path):
+    """A user's unchanged script (`tests/horovod/scripts/fit_rank.py`: fit with accuracy,
+    sample weights and validation data, evaluate, predict on the plan in $DAPPLE_PLAN) on a
+    1:2 plan over 3 processes gives what plain Keras gives."""
+    from planner.plan import straight_plan
+    path = str(tmp_path / "plan.json")
+    straight_plan([3], 5, 2, 12, replicas=[1, 2]).save(path)
+    result = tf_launch(path, ["fit_rank.py"])
+    assert result.returncode == 0, result.output[-4000:]
+    (rep,) = [json.loads(t) for t in result.results().values()]
+    assert rep["history_keys"] == ["accuracy", "loss", "val_accuracy", "val_loss"], rep
+    assert rep["weight_diff"] < TOLERANCE and rep["history_diff"] < TOLERANCE, rep
+    assert rep["eval_diff"] < TOLERANCE and rep["predict_diff"] < TOLERANCE, rep
+    assert rep["predict_rows"] == 17, rep
+    no_server_left(result)
