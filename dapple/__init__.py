@@ -37,8 +37,10 @@ if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "dapple":
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # the CLI's own output stays readable
 _keras2.select_before_tensorflow()
 if _HAS_TF and not _invocation_without_tensorflow():
-    from dapple.devices import configure_local_devices as _configure_local_devices
-    _configure_local_devices()
+    from dapple.tf_cluster.cluster import connect_from_environment as _connect
+    if not _connect():      # under `dapple launch --runtime=tensorflow`: before any model
+        from dapple.devices import configure_local_devices as _configure_local_devices
+        _configure_local_devices()
     _keras2.check_tf_keras()
     from dapple import seed_workaround as _seed_workaround
     _seed_workaround.install()

@@ -84,7 +84,7 @@ def hosts_for_plan(plan: Plan, hosts: Optional[Hosts] = None) -> Hosts:
     except ScheduleError as e:
         raise LaunchError(str(e)) from None
     n = plan.num_devices
-    used = sorted(d for s in plan.stages for d in s.devices)
+    used = sorted({d for s in plan.stages for d in s.devices})   # interleaved: repeated
     if used != list(range(n)):
         raise LaunchError(f"the plan uses device ids {used}; under horovodrun rank r runs device "
                           f"r, so a plan for {n} processes must use devices 0..{n - 1}")

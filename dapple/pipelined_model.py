@@ -21,9 +21,10 @@ The plan is checked against the model before anything runs: its layer count, its
 (when the plan has them), and the model signature of the profile it was made from (when
 present). The global batch must be the plan's, and must divide into micro-batches x replicas.
 
-Where the step runs is a `Runtime` (`dapple.runtime`) chosen once, here: every unit in this
-process (`dapple.local_runtime`), or one unit per Horovod rank under horovodrun
-(`dapple.horovod_runtime`). This class runs the same actions on either.
+Where the step runs is a `Runtime` (`dapple.runtime`) chosen once, when it is made
+(`dapple.runtime_choice`): every unit in this process (`dapple.local_runtime`), one unit per
+Horovod rank under horovodrun (`dapple.horovod_runtime`), or every unit from this process on
+a TensorFlow cluster's tasks (`dapple.tf_cluster`). This class runs the same actions on all.
 
 A data-parallel plan's lanes run as loops over their micro-batches
 (`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M;
@@ -32,7 +33,6 @@ A data-parallel plan's lanes run as loops over their micro-batches
 from __future__ import annotations
 
 import os
-import sys
 from typing import List, Optional, Union
 
 import numpy as np
@@ -44,39 +44,14 @@ from dapple.data import (check_whole_batches, dataset_batch_rows, elements, glob
                          padded_batches, rows, unpack_validation_data)
 from dapple.eager_build import build_metrics
 from dapple.keras2 import require_keras2_model
-from dapple.local_runtime import LocalRuntime
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime import Runtime, loss_scale
+from dapple.runtime_choice import make_runtime
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan
 from planner.schedule import require_runtime_support
 from planner.slicing import check_even
-
-
-RUNTIMES = ("local", "horovod")
-
-
-def _use_horovod(runtime: Optional[str]) -> bool:
-    """`runtime="horovod"`/"local" decides; by default Horovod when horovodrun started this
-    process or the user initialized Horovod (see `dapple.horovod_runtime`)."""
-    if runtime not in (None,) + RUNTIMES:
-        raise ValueError(f"runtime must be one of {RUNTIMES} (or None to detect), got {runtime!r}")
-    if runtime is not None:
-        return runtime == "horovod"
-    if any(k in os.environ for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
-        return True
-    hvd = sys.modules.get("horovod.tensorflow")
-    return hvd is not None and hvd.is_initialized()
-
-
-def _make_runtime(runtime: Optional[str], model: tf.keras.Model, plan: Plan,
-                  devices) -> Runtime:
-    if _use_horovod(runtime):
-        # Imported only when chosen: it needs Horovod, which a local run may not have.
-        from dapple.horovod_runtime import HorovodRuntime
-        return HorovodRuntime(model, plan, devices)
-    return LocalRuntime(plan, devices)
 
 
 class PipelinedModel:
@@ -90,7 +65,7 @@ class PipelinedModel:
         check_supported_model(model)
         check_recompute(self.plan, model)
         require_runtime_support(self.plan)
-        self.runtime = _make_runtime(runtime, model, self.plan, devices)
+        self.runtime = make_runtime(runtime, model, self.plan, devices)
         self.micro_batch_loop = micro_batch_loop
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None     # relaxed plans: their synchronous step

@@ -80,7 +80,7 @@ def run_lane(step, state: StepState, unit: Unit) -> None:
     weights = [lane_rows(w) for w in state.sample_weights] if labelled else None
     sums, loss, predictions, statistics = step.lane_loops[stage](
         inputs, labels, weights, state.loss_scale, state.training, state.backward,
-        state.global_batch, step.functions[stage].scratch.on(step.device(*unit)))
+        state.global_batch, step.functions[stage].on(step.device(*unit)))
 
     if loss is not None:
         state.loss_terms.append(loss)
@@ -118,7 +118,7 @@ class LaneLoop:
     def __call__(self, inputs, labels, weights, loss_scale, training: bool, backward: bool,
                  global_rows: int, scratch=()):
         return self._lane(inputs, labels, weights, loss_scale, training, backward, global_rows,
-                          list(scratch))
+                          [list(s) for s in scratch])
 
     def _one(self, inputs, labels, weights, sums, loss_scale, training, backward, global_rows,
              scratch):
@@ -128,8 +128,9 @@ class LaneLoop:
             outputs, term, statistics = self.function.inline(inputs, training, labels, weights,
                                                              rows, global_rows, scratch)
         if backward:
+            copies = scratch[1] if scratch else []      # the device's working copies, if any
             _, grads = stage_gradients(self.graph, tape, inputs, outputs, term, None,
-                                       loss_scale=loss_scale)
+                                       loss_scale=loss_scale, variables=copies or None)
             sums = [a + g for a, g in zip(sums, grads)]
         return sums, outputs, term, statistics
 

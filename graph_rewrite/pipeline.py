@@ -5,20 +5,18 @@ executor over the plan's lowered schedule (`planner.lowering`: the same action l
 simulator replays):
 
 * Units. Every (stage s, replica r) is a unit; it runs stage s's action list on its rows of
-  every micro-batch, on the replica's device. The executor takes the actions in
-  `planner.replay` order (which respects every data dependency) and dispatches each to one
-  method per kind (`_forward`, `_backward`, `_send_forward`, ...) over an explicit
-  `StepState`.
+  every micro-batch, on the replica's device. The executor takes the actions in `planner.replay`
+  order (which respects every data dependency) and dispatches each to one method per kind
+  (`_forward`, `_backward`, `_send_forward`, ...) over an explicit `StepState`.
 * Forward and backward. A forward calls the stage's traced-once function
   (`graph_rewrite.stage_function`) on its rows under its own `tf.GradientTape`; the backward
   asks that tape for the gradients of the stage's outputs (weighted by the gradients that came
   back from stage s+1) with respect to its inputs and the stage's variables. With `recompute`,
   the forward keeps only its inputs and the backward calls the function again under a tape.
   A split backward (zb-h1's I and W) runs its stage inline: `graph_rewrite.split_backward`.
-* Boundaries. A `Transport` moves boundary tensors forward and their gradients backward. The
-  local transport (`graph_rewrite.local_transport`: one process, many devices) slices and
-  concatenates row ranges on the receiving device: split, concat, both, or nothing when replica
-  counts are equal. `graph_rewrite.horovod_transport` moves them between processes.
+* Boundaries. A `Transport` moves boundary tensors forward and their gradients backward: the
+  local one (`graph_rewrite.local_transport`) slices and concatenates row ranges on the
+  receiving device; `graph_rewrite.horovod_transport` moves them between processes.
 * Update. Each unit's variable gradients are accumulated over micro-batches; ALLREDUCE sums
   them across the stage's replicas (locally an add on the stage's first device), and they are
   handed back aligned with `model.trainable_variables` for one `apply_gradients`.
@@ -29,16 +27,15 @@ simulator replays):
   so the traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF
   names the gradient ops a tape builds `gradient_tape/<forward op name>`: those belong to B{m}.
 * Loops: with `micro_batch_loop`, a one-stage plan's lanes as loops (`micro_batch_loop.py`).
+  A unit reads the working copies of its device if a runtime made them (`working_copies.py`).
 * Training state. BatchNormalization calls normalize with their slice's statistics, as in
-  GPipe and the DAPPLE paper (gradients equal the plain model's run slice by slice, "ghost
-  batches"); their moving statistics move once per step, from the whole global batch
-  (`graph_rewrite.batch_statistics`).
+  GPipe and DAPPLE ("ghost batches"); their moving statistics move once per step, from the
+  whole global batch (`graph_rewrite.batch_statistics`).
 
-Gradients equal the plain model's because each slice's loss term is its share of the global
-batch loss (`losses.PipelineLoss`) and everything else is exact re-association of sums. Weight
-regularization penalties (`kernel_regularizer` and the like) are added once per step, by the
-first unit (replica 0, micro-batch 0) of the stage that owns the weights. Losses that depend on
-activations (activity regularizers, `add_loss`) are refused by `dapple.PipelinedModel`.
+Gradients equal the plain model's: each slice's loss term is its share of the global batch
+loss (`losses.PipelineLoss`), the rest is exact re-association of sums. Weight penalties
+(`kernel_regularizer`...) are added once per step, by the first unit of the stage that owns the
+weights; losses from activations (`add_loss`) are refused by `dapple.PipelinedModel`.
 """
 from __future__ import annotations
 
@@ -96,10 +93,11 @@ class PipelineStep:
         self.order = replay(self.schedule).order          # lowered actions, dependencies first
         self.input_ids = model_input_ids(model)
         self.output_ids = model_output_ids(model)
-        self.functions = [StageFunction(g, loss, self.output_ids, g is self.stages[-1])
-                          for g in self.stages]
-        self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
         self._penalties = weight_penalties_by_stage(self.stages)
+        self.functions = [StageFunction(g, loss, self.output_ids, g is self.stages[-1],
+                                        bool(self._penalties[s]))
+                          for s, g in enumerate(self.stages)]
+        self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
         self._accumulate = Accumulator()
         self._combine_statistics = bstats.CallCombiner()
         self.transport = transport if transport is not None else LocalTransport(self.replicas)
@@ -111,8 +109,7 @@ class PipelineStep:
         self._dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
                           BACKWARD_INPUT: self._backward, BACKWARD_WEIGHT: self._backward_weight,
                           SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
-                          SEND_BACKWARD: self._send_backward,
-                          RECV_BACKWARD: self._receive_backward}
+                          SEND_BACKWARD: self._send_backward, RECV_BACKWARD: self._receive_backward}
 
     # ---- placement and rows ---------------------------------------------------------------
     def device(self, stage: int, replica: int) -> str:
@@ -122,6 +119,9 @@ class PipelineStep:
         """(position, replica): the device whose actions run in schedule order, whichever of
         its chunks they compute (an interleaved position holds several)."""
         return self.schedule.placement[chunk], replica
+
+    def unit_variables(self, unit: Unit) -> List[tf.Variable]:   # its device's copies, if any
+        return self.functions[unit[0]].copies.variables_on(self.device(*unit))
 
     def rows(self, stage: int, replica: int, micro_batch: int,
              global_batch: int) -> Tuple[int, int]:
@@ -232,7 +232,7 @@ class PipelineStep:
         call = function.inline if inline else function
         loss_rows, penalized = self._loss_share(state, unit, m)
         outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
-                                         loss_rows, function.scratch.on(self.device(*unit)))
+                                         loss_rows, function.on(self.device(*unit)))
         if state.labels is not None and penalized:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).
@@ -281,8 +281,8 @@ class PipelineStep:
             outputs, term, statistics = self._call_stage(state, unit, m, inputs, inline=split)
         uses = []
         if split:
-            uses = find_weight_uses(graph.get_operations()[first:],
-                                    self.stages[stage].trainable_variables, graph)
+            uses = find_weight_uses(graph.get_operations()[first:], self.unit_variables(unit),
+                                    graph)
         if record:
             self._record_statistics(state, unit, statistics)
         return Stashed(inputs, outputs, tape, term, self._untargeted(stage, outputs, statistics),
@@ -311,7 +311,8 @@ class PipelineStep:
             state.awaiting_weight[(unit, m)] = (stashed.tape, stashed.uses, pending)
             state.input_gradients[(unit, m)] = grads_in
             return list(grads_in.values()) + pending
-        grads_in, var_grads = stage_gradients(*args, **extra)
+        grads_in, var_grads = stage_gradients(*args, **extra,
+                                              variables=self.unit_variables(unit))
         state.input_gradients[(unit, m)] = grads_in
         state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
         return [g for g in list(grads_in.values()) + var_grads if g is not None]
@@ -319,7 +320,7 @@ class PipelineStep:
     def _backward_weight(self, state: StepState, unit: Unit, action: Action) -> List[tf.Tensor]:
         """W of a split backward: the weight gradients from what its I left."""
         tape, uses, pending = state.awaiting_weight.pop((unit, action.micro_batch))
-        var_grads = weight_pass(tape, uses, pending, self.stages[unit[0]].trainable_variables)
+        var_grads = weight_pass(tape, uses, pending, self.unit_variables(unit))
         state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
         return var_grads
 
@@ -380,9 +381,8 @@ class PipelineStep:
 
     def _allreduce(self, state: StepState, stage: int, replicas: List[int], action) -> None:
         """The stage's accumulated gradients summed over its replicas (`action`: ALLREDUCE)."""
-        per_replica = {r: state.accumulated[(stage, r)] for r in replicas}
-        state.reduced[stage] = self.transport.sum_replicas(stage, per_replica,
-                                                           self.device(stage, 0))
+        state.reduced[stage] = self.transport.sum_replicas(
+            stage, {r: state.accumulated[(stage, r)] for r in replicas}, self.device(stage, 0))
 
     # ---- BatchNormalization state ------------------------------------------------------------
     def _update_moving_statistics(self, recorders, moving_before) -> None:
@@ -394,7 +394,7 @@ class PipelineStep:
             combine_calls=self._combine_statistics)
 
     def _read_constants(self) -> Tuple[tf.Tensor, tf.Tensor]:
-        """1.0 and 0.0, read from a variable once per step: a constant input would make the
-        graph optimizer specialize (copy and re-optimize) the backward function per call."""
+        """1.0 and 0.0, read from a variable once per step: as constants, the graph optimizer
+        would specialize (copy and re-optimize) the backward function per call."""
         both = self._constants.read_value()
         return both[0], both[1]

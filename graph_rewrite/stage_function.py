@@ -30,13 +30,14 @@ from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.local_transport import Tensors
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
+from graph_rewrite.working_copies import WorkingCopies
 
 Statistics = Dict[str, Tuple[tf.Tensor, tf.Tensor]]     # node key -> (mean, m2)
 
 
 class StageFunction:
     def __init__(self, graph: StageGraph, loss: Optional[PipelineLoss],
-                 output_ids: Sequence[str], last: bool):
+                 output_ids: Sequence[str], last: bool, penalized: bool = False):
         self.graph = graph
         self.loss = loss
         self.output_ids = list(output_ids)
@@ -44,15 +45,22 @@ class StageFunction:
         self.statistics_rows: Dict[str, int] = {}
         self.nodes = {str(id(n)): n for n in graph.nodes}
         self.scratch = bstats.ScratchStatistics(bstats.normalization_layers(graph.nodes))
+        # Made per device only when a runtime asks (`graph_rewrite.working_copies`).
+        self.copies = WorkingCopies(graph.called_layers, graph.trainable_variables, penalized)
         self._function = tf.function(self._forward, experimental_attributes={"_noinline": True})
 
     def __call__(self, inputs: Tensors, training: bool, labels=None, weights=None,
                  rows: int = 0, global_rows: int = 0, scratch=()
                  ) -> Tuple[Tensors, Optional[tf.Tensor], Statistics]:
         """(outputs by id, loss term or None, BatchNormalization statistics by node key);
-        `scratch`: the calling device's `self.scratch.on(device)`."""
+        `scratch`: the calling device's `self.on(device)`."""
         return self._function(inputs, training, labels, weights, rows, global_rows,
-                              list(scratch))
+                              [list(s) for s in scratch])
+
+    def on(self, device: str):
+        """What a call on `device` passes as `scratch`: its BatchNormalization scratch pairs
+        and its working copies (either may be empty)."""
+        return [self.scratch.on(device), self.copies.on(device)]
 
     def inline(self, inputs: Tensors, training: bool, labels=None, weights=None, rows: int = 0,
                global_rows: int = 0, scratch=()
@@ -63,7 +71,9 @@ class StageFunction:
 
     def _forward(self, inputs, training, labels, weights, rows, global_rows, scratch):
         recorder = bstats.StatisticsRecorder() if training else None
-        with self.scratch.redirect(scratch, self.graph.nodes, training):
+        statistics_scratch, copies = scratch if scratch else ((), ())
+        with self.scratch.redirect(statistics_scratch, self.graph.nodes, training), \
+                self.copies.redirect(copies):
             outs = self.graph.call(inputs, training=training, observe=recorder)
         # A relayed tensor must be a new tensor so the tape sees output != input.
         outs = {tid: (tf.identity(t) if tid in inputs else t) for tid, t in outs.items()}

@@ -26,9 +26,9 @@ def watch_inputs(tape: tf.GradientTape, inputs: Tensors, stage: int) -> None:
 def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
                     upstream: Optional[Tensors], loss_scale: Optional[tf.Tensor] = None,
                     one: Optional[tf.Tensor] = None, zero=None,
-                    untargeted: Sequence[tf.Tensor] = ()):
+                    untargeted: Sequence[tf.Tensor] = (), variables=None):
     """A unit's backward from its forward's tape: (gradients of its float inputs by id,
-    gradients of the stage's trainable variables). The last stage differentiates its loss
+    gradients of the stage's trainable variables, or of `variables`: their working copies). The last stage differentiates its loss
     term (`upstream` None); the others their float outputs weighted by `upstream`, plus
     their weight-regularization term when they have one. `loss_scale` multiplies the
     gradient of the loss (mixed precision); `one`, when given, is the 1.0 the gradient of a term
@@ -38,7 +38,7 @@ def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, 
     optimizer would fold into a copy of the backward function for every call."""
     targets, output_gradients, float_in = backward_targets(
         graph, inputs, outputs, term, upstream, loss_scale, one, zero, untargeted)
-    variables = graph.trainable_variables
+    variables = graph.trainable_variables if variables is None else list(variables)
     sources = [inputs[tid] for tid in float_in] + variables
     grads = tape.gradient(targets, sources, output_gradients=output_gradients,
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)

@@ -367,8 +367,10 @@ def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int
 
 SCHEDULE_PARAMETERS = ("warmup", "virtual_stages", "batches", "advance", "vertical_sync")
 # "async": a transfer goes when sent, each direction its own channel (one process's devices);
-# "horovod": as under horovodrun (planner.simulator: serial links, rendezvous).
-TRANSFERS = ("async", "horovod")
+# "horovod": as under horovodrun (planner.simulator: serial links, rendezvous);
+# "tensorflow": TensorFlow's Send/Recv between processes (`dapple launch --runtime=tensorflow`):
+# buffered and full duplex as "async", over the topology's (measured) links.
+TRANSFERS = ("async", "horovod", "tensorflow")
 
 
 def _schedule_fields(d: Dict[str, Any]) -> Dict[str, Any]:

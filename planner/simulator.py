@@ -24,7 +24,7 @@ Model (decisions a newcomer needs):
   performs its collectives one after another (Horovod's `RunLoopOnce`). `rendezvous=True`: a
   transfer also waits until its receiver has reached the receive, as a collective (Horovod's
   alltoall) does; by default data travels as soon as it is sent. A plan's `transfers` picks
-  ("horovod": "serial" with rendezvous; `benchmarks/schedule_step_time.py` measures it).
+  ("horovod": "serial", rendezvous; "tensorflow", buffered Send/Recv, is "full" as "async").
 * A chunk's allreduce (the ALLREDUCE action after its last weight gradient) occupies its
   position for the cost model's time; those of different positions do not wait for each other.
 * A micro-batch's activations are *held* on a chunk from the start of its forward to the end

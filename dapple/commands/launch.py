@@ -1,9 +1,11 @@
-"""`dapple launch`: run a training script under horovodrun, one process per plan device.
+"""`dapple launch`: run a training script with one process per plan device.
 
     dapple launch --plan=plan.json [--hosts=h1:8,h2:8] -- python train.py --epochs=3
 
-Prints the horovodrun command (with the environment it adds), then runs it and exits with its
-status. `-np` and `-H` come from the plan (see `dapple.launch`); `--dry_run` only prints.
+`--runtime=horovod` (the default): prints the horovodrun command (with the environment it
+adds), then runs it and exits with its status. `-np` and `-H` come from the plan (see
+`dapple.launch`); `--dry_run` only prints. `--runtime=tensorflow`: a `tf.distribute.Server` per
+slot and the script once, as the chief (`dapple.tf_cluster.launch`).
 """
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ import sys
 from absl import flags
 
 FLAGS = flags.FLAGS
+flags.DEFINE_enum("runtime", "horovod", ["horovod", "tensorflow"], "horovodrun ranks, or "
+                  "TensorFlow servers driven by one chief (docs/cluster.md)")
+flags.DEFINE_integer("port", None, "--runtime=tensorflow: task ports are port + slot (default: "
+                     "free ports here, 2222 + slot on other hosts)")
 flags.DEFINE_string("plan", None, "plan JSON file (its device count gives -np)")
 flags.DEFINE_string("hosts", None, "host:slots,host:slots in device order (default: localhost "
                     "for a plan made for one host)")
@@ -35,6 +41,8 @@ def main(argv):
             raise launch.LaunchError("--plan=plan.json is required")
         plan = launch.load_plan(FLAGS.plan)
         hosts = launch.parse_hosts(FLAGS.hosts) if FLAGS.hosts else None
+        if FLAGS.runtime == "tensorflow":
+            return _tensorflow(plan, program, hosts)
         command = launch.horovodrun_command(
             plan, program, hosts=hosts,
             horovodrun=FLAGS.horovodrun or launch.default_horovodrun(),
@@ -47,3 +55,14 @@ def main(argv):
     except launch.LaunchError as e:
         print(f"dapple launch: {e}", file=sys.stderr)
         return 2
+
+
+def _tensorflow(plan, program, hosts) -> int:
+    import os
+    from dapple.tf_cluster import launch as tf_launch
+    if FLAGS.dry_run:
+        raise tf_launch.LaunchError("--dry_run prints horovodrun's command; "
+                                    "--runtime=tensorflow runs no single command")
+    env = {"DAPPLE_PLAN": os.path.abspath(FLAGS.plan)}
+    return tf_launch.run(plan, program, hosts, env, port=FLAGS.port,
+                         say=lambda m: print(f"dapple launch: {m}", file=sys.stderr, flush=True))

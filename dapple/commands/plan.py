@@ -42,11 +42,13 @@ flags.DEFINE_string("report", None,
                     "also write a strategy report with pictures: plan table, timelines and "
                     "speedup bars against the best DP plan, a straight pipeline and PipeDream "
                     "(.html, self-contained, or .md with PNGs next to it; needs matplotlib)")
-flags.DEFINE_enum("transfers", "async", ["async", "horovod"],
+flags.DEFINE_enum("transfers", "async", ["async", "horovod", "tensorflow"],
                   "how the runtime will move tensors between stages, for the simulated "
                   "estimates and --schedule=auto: async (one process's devices: a transfer "
-                  "goes when sent) or horovod (under horovodrun: a collective both ranks "
-                  "enter, one at a time per rank); kept in the plan")
+                  "goes when sent), horovod (under horovodrun: a collective both ranks "
+                  "enter, one at a time per rank) or tensorflow (`dapple launch "
+                  "--runtime=tensorflow`: buffered Send/Recv, full duplex, over the "
+                  "topology's links); kept in the plan")
 flags.DEFINE_enum("plan_space", "paper", ["paper", "full"],
                   "paper: data parallelism, two-stage plans and the straight pipeline (the shapes "
                   "the DAPPLE paper reports; searched deeper only if none fits); full: every "

@@ -1,0 +1,196 @@
+"""A pipeline over TensorFlow's distributed runtime against one plain Keras process and against
+the Horovod runtime, measured side by side in one run (issue #27).
+
+    python benchmarks/tf_runtime_step.py [--width=1024] [--depth=8] [--batch=256]
+        [--micro_batches=8] [--steps=10] [--repeats=3] [--schedules=1f1b,interleaved,zb-h1]
+
+The model and plans are `benchmarks/schedule_step_time.py`'s (an MLP of `depth` Dense(width),
+2 stages cut in the middle; interleaved: v = 2). Every measurement is its own job, one intra-op
+thread per process, median of `--steps` steps after 3 warm-up steps; the jobs alternate in each
+of `--repeats` rounds and the median over rounds is kept:
+
+* plain: `model.train_on_batch` in one process (which keeps both cores busy through inter-op
+  parallelism: the fair reference for 2 processes on 2 cores);
+* plain, accumulating M: the same process summing M micro-batches' gradients (one tape each)
+  before one update: what micro-batching alone costs, with no pipeline;
+* tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
+* tensorflow/1f1b-no-copies: the same without working copies (every unit reads the weights on
+  the chief, once per micro-batch and again in its backward);
+* horovod/1f1b: `horovodrun -np 2` (HOROVOD_CYCLE_TIME=0.1, as schedule_step_time.py).
+
+Prints every figure, then the ratios: tensorflow 1f1b / plain, horovod / tensorflow (1f1b),
+and each schedule's step over 1f1b's, measured and simulated with this runtime's transfer
+model (`transfers: "tensorflow"`; the model profiled at the micro-batch size, `--tf_link`). The machine may be shared: read the load average printed.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from benchmarks import schedule_step_time as sst  # noqa: E402  (its flags: width, depth, ...)
+from benchmarks.step_timing import RESULT, read_step_ms, run_checked  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("schedules", ["1f1b", "interleaved", "zb-h1"], "schedules on the TF runtime")
+flags.DEFINE_bool("plain_worker", False, "internal: time plain Keras in this process")
+flags.DEFINE_bool("accumulate", False, "internal: the plain worker accumulates gradients over "
+                  "--micro_batches micro-batches (one GradientTape each) before one update")
+flags.DEFINE_bool("horovod", True, "also time 1f1b under horovodrun")
+flags.DEFINE_string("tf_link", "nvlink=2.8GB/s,nvlink_latency=0.1ms",
+                    "the link between the 2 processes for the simulator's prediction, in a "
+                    "topology spec's terms: TF Send/Recv over gRPC as measured on this machine "
+                    "(issue #27: 0.11 ms for 16 KiB, 1.6 ms for 4 MiB, idle)")
+flags.DEFINE_bool("without_copies", True, "also time tensorflow 1f1b with every unit reading "
+                  "the chief's variables (DAPPLE_TF_WORKING_COPIES=0)")
+
+
+def plain_worker() -> None:
+    import json
+    import time
+
+    import dapple  # noqa: F401  (Keras 2 first)
+    import numpy as np
+    import tensorflow as tf
+    from benchmarks.predicted_vs_measured import build
+    model = build(**sst.model_args())
+    model.compile(tf.keras.optimizers.SGD(0.01),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.RandomState(0)
+    x = rng.randn(FLAGS.batch, FLAGS.width).astype("float32")
+    y = rng.randint(0, 10, FLAGS.batch).astype("int32")
+    step = (accumulating_step(model, FLAGS.micro_batches) if FLAGS.accumulate
+            else model.train_on_batch)
+    for _ in range(3):
+        step(x, y)
+    times = []
+    for _ in range(FLAGS.steps):
+        start = time.perf_counter()
+        step(x, y)
+        times.append(1e3 * (time.perf_counter() - start))
+    print(RESULT + json.dumps(statistics.median(times)), flush=True)
+
+
+def accumulating_step(model, micro_batches: int):
+    """Plain Keras with gradient accumulation, as a user would write it: the cost of
+    micro-batching alone, without any pipeline."""
+    import tensorflow as tf
+    rows = FLAGS.batch // micro_batches
+
+    @tf.function
+    def step(x, y):
+        total = None
+        for m in range(micro_batches):
+            with tf.GradientTape() as tape:
+                logits = model(x[m * rows:(m + 1) * rows], training=True)
+                loss = model.loss(y[m * rows:(m + 1) * rows], logits) / micro_batches
+            grads = tape.gradient(loss, model.trainable_variables)
+            total = grads if total is None else [a + g for a, g in zip(total, grads)]
+        model.optimizer.apply_gradients(zip(total, model.trainable_variables))
+    return lambda x, y: step(tf.constant(x), tf.constant(y))
+
+
+def sizes() -> list:
+    return [f"--width={FLAGS.width}", f"--depth={FLAGS.depth}", f"--batch={FLAGS.batch}",
+            f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]
+
+
+def measure(kind: str, plan_path: str = "", extra_env=None) -> float:
+    if kind.startswith("plain"):
+        cmd = [sys.executable, os.path.abspath(__file__), "--plain_worker"] + sizes() + (
+            ["--accumulate"] if kind == "plain-accumulating" else [])
+    else:
+        worker = [sys.executable, os.path.join(HERE, "schedule_step_time.py"),
+                  f"--worker_plan={plan_path}"] + sizes()
+        if kind == "horovod":
+            cmd = sst.horovodrun(worker)
+        else:
+            cmd = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
+                   f"--plan={plan_path}", "--"] + worker
+    return read_step_ms(run_checked(cmd, dict(sst.env(), **(extra_env or {})), REPO))
+
+
+def predicted_ms(plans: dict) -> dict:
+    """Each plan's simulated step with this runtime's transfer model ("tensorflow": buffered,
+    full duplex) over `--tf_link`, from a profile of the model at the micro-batch size."""
+    import dataclasses
+    import json
+
+    from planner.cost_model import pipeline_costs
+    from planner.profile_readers import load_profile
+    from planner.simulator import simulate_plan
+    from topology.parse import parse_topology
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "mlp.json")
+        run_checked([sys.executable, "-m", "dapple.cli", "profile",
+                     "--model=benchmarks.predicted_vs_measured:build",
+                     f"--model_args={json.dumps(sst.model_args())}",
+                     f"--batch_size={FLAGS.batch // FLAGS.micro_batches}", f"--output={path}",
+                     "--runs=20", "--warmup=3"], sst.env(), REPO)
+        profile = load_profile(path)
+    topology = parse_topology(f"1x2,{FLAGS.tf_link}")
+    return {name: simulate_plan(dataclasses.replace(plan, transfers="tensorflow"),
+                                pipeline_costs(plan, profile, topology)).iteration_ms
+            for name, plan in plans.items()}
+
+
+def main(argv):
+    del argv
+    if FLAGS.plain_worker:
+        return plain_worker()
+    print("command: python benchmarks/tf_runtime_step.py " + " ".join(
+        sizes() + [f"--repeats={FLAGS.repeats}", f"--schedules={','.join(FLAGS.schedules)}"]))
+    every = sst.plans(FLAGS.depth + 1)
+    jobs = [("plain", "plain", None),
+            (f"plain, accumulating {FLAGS.micro_batches}", "plain-accumulating", None)] + [(f"tensorflow/{s}", "tensorflow", s)
+                                         for s in FLAGS.schedules]
+    if FLAGS.without_copies:
+        jobs.append(("tensorflow/1f1b-no-copies", "tensorflow", "1f1b"))
+    if FLAGS.horovod:
+        jobs.append(("horovod/1f1b", "horovod", "1f1b"))
+    figures = {name: [] for name, _, _ in jobs}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for s in {s for _, _, s in jobs if s}:
+            paths[s] = os.path.join(tmp, f"{s}.json")
+            every[s].save(paths[s])
+        for r in range(FLAGS.repeats):
+            for name, kind, schedule in jobs:
+                extra = {"DAPPLE_TF_WORKING_COPIES": "0"} if "no-copies" in name else None
+                figures[name].append(measure(kind, paths.get(schedule, ""), extra))
+                print(f"round {r + 1}: {name} {figures[name][-1]:.1f} ms "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    ms = {name: statistics.median(v) for name, v in figures.items()}
+    predicted = predicted_ms({s: every[s] for s in FLAGS.schedules})
+    print("\nmedian step, ms: " + ", ".join(f"{k} {v:.1f}" for k, v in ms.items()))
+    if "tensorflow/1f1b" in ms:
+        accumulating = ms[f"plain, accumulating {FLAGS.micro_batches}"]
+        print(f"tensorflow 1f1b / plain: {ms['tensorflow/1f1b'] / ms['plain']:.3f} "
+              f"(target <= 1.25); / plain accumulating {FLAGS.micro_batches} micro-batches "
+              f"(the cost of micro-batching alone): {ms['tensorflow/1f1b'] / accumulating:.3f}")
+        if "horovod/1f1b" in ms:
+            print(f"horovod 1f1b / tensorflow 1f1b: "
+                  f"{ms['horovod/1f1b'] / ms['tensorflow/1f1b']:.3f} (target >= 1.6)")
+        if "tensorflow/1f1b-no-copies" in ms:
+            print(f"tensorflow 1f1b without / with working copies: "
+                  f"{ms['tensorflow/1f1b-no-copies'] / ms['tensorflow/1f1b']:.3f}")
+        for s in FLAGS.schedules:
+            if s != "1f1b":
+                m = ms[f'tensorflow/{s}'] / ms['tensorflow/1f1b']
+                p = predicted[s] / predicted["1f1b"]
+                print(f"tensorflow {s} / 1f1b: measured {m:.3f}, simulated {p:.3f} "
+                      f"({predicted[s]:.1f} / {predicted['1f1b']:.1f} ms), gap {m / p - 1:+.1%} "
+                      f"(target within 15%)")
+    print(f"load average at the end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,47 @@
+"""Which runtime a `PipelinedModel` runs on: chosen once, when it is made.
+
+`runtime="local"`, `"horovod"` or `"tensorflow"` decides; by default the TensorFlow cluster
+runtime when `dapple launch --runtime=tensorflow` described a cluster (`DAPPLE_TF_CLUSTER`),
+Horovod when horovodrun started this process or Horovod is initialized, else local.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+import tensorflow as tf
+
+from dapple.local_runtime import LocalRuntime
+from dapple.runtime import Runtime
+from dapple.tf_cluster.cluster import in_cluster
+from planner.plan import Plan
+
+RUNTIMES = ("local", "horovod", "tensorflow")
+
+
+def _use_horovod(runtime: Optional[str]) -> bool:
+    """`runtime="horovod"`/"local" decides; by default Horovod when horovodrun started this
+    process or the user initialized Horovod (see `dapple.horovod_runtime`)."""
+    if runtime not in (None,) + RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES} (or None to detect), got {runtime!r}")
+    if runtime is not None:
+        return runtime == "horovod"
+    if in_cluster():
+        return False
+    if any(k in os.environ for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+        return True
+    hvd = sys.modules.get("horovod.tensorflow")
+    return hvd is not None and hvd.is_initialized()
+
+
+def make_runtime(runtime: Optional[str], model: tf.keras.Model, plan: Plan,
+                 devices) -> Runtime:
+    if _use_horovod(runtime):
+        # Imported only when chosen: it needs Horovod, which a local run may not have.
+        from dapple.horovod_runtime import HorovodRuntime
+        return HorovodRuntime(model, plan, devices)
+    if runtime == "tensorflow" or (runtime is None and in_cluster()):
+        from dapple.tf_cluster.runtime import TFClusterRuntime
+        return TFClusterRuntime(plan, devices)     # `dapple launch --runtime=tensorflow`
+    return LocalRuntime(plan, devices)

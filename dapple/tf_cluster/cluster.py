@@ -1,0 +1,61 @@
+"""Which cluster this process belongs to, and connecting to it.
+
+The launcher describes the cluster to the chief in `DAPPLE_TF_CLUSTER`: a JSON list of the
+tasks' `host:port` addresses, one task per plan device, task 0 being the chief (this process).
+`import dapple` calls `connect_from_environment()` before anything builds a model: variables
+made before the connection live on `/job:localhost` and are unusable afterwards (measured:
+"/job:localhost/replica:0/task:0/device:CPU:0 unknown device" at the first step).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional
+
+ENV_CLUSTER = "DAPPLE_TF_CLUSTER"
+JOB = "worker"
+
+
+class ClusterError(RuntimeError):
+    """The cluster description is unusable; the message says what and how to fix it."""
+
+
+def addresses_from_environment() -> Optional[List[str]]:
+    """The tasks' addresses from `DAPPLE_TF_CLUSTER`, or None when it is not set."""
+    raw = os.environ.get(ENV_CLUSTER)
+    if not raw:
+        return None
+    return parse_addresses(raw)
+
+
+def parse_addresses(raw: str) -> List[str]:
+    try:
+        tasks = json.loads(raw)
+    except ValueError:
+        tasks = None
+    if (not isinstance(tasks, list) or not tasks
+            or not all(isinstance(t, str) and t.rpartition(":")[2].isdigit() for t in tasks)):
+        raise ClusterError(f"{ENV_CLUSTER}={raw!r}: expected a JSON list of host:port addresses, "
+                           f"task 0 first, as in [\"localhost:2222\", \"localhost:2223\"] "
+                           f"(`dapple launch --runtime=tensorflow` sets it)")
+    return tasks
+
+
+def task_device(task: int, kind: str = "CPU", index: int = 0) -> str:
+    return f"/job:{JOB}/replica:0/task:{task}/device:{kind}:{index}"
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get(ENV_CLUSTER))
+
+
+def connect_from_environment() -> bool:
+    """Connect this process to the cluster as task 0 if `DAPPLE_TF_CLUSTER` says so (it starts
+    this process's own server: none must be started by hand). True when connected."""
+    tasks = addresses_from_environment()
+    if tasks is None:
+        return False
+    import tensorflow as tf
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({JOB: tasks}),
+                                              job_name=JOB, task_index=0)
+    return True

@@ -1,0 +1,167 @@
+"""`dapple launch --runtime=tensorflow`: a server per slot, the training script once, teardown.
+
+    dapple launch --runtime=tensorflow --plan=plan.json --hosts=localhost:3 -- python train.py
+
+* One task per slot, hosts in `--hosts` order (checked against the plan as for horovodrun:
+  `dapple.launch.hosts_for_plan`), task t holding plan device t. Task 0 is the chief: the
+  training script itself, run once, on this machine (so the first host must be this one). Every
+  other task is a `tf.distribute.Server` (`dapple.tf_cluster.server`): a subprocess here, or
+  over `ssh -tt` on another host (as horovodrun reaches hosts; the remote end is hung up, so
+  its server ends, when the launcher ends the ssh).
+* The chief's environment describes the cluster (`DAPPLE_TF_CLUSTER`, with `DAPPLE_PLAN`);
+  `import dapple` connects to it and `PipelinedModel(model, plan)` picks this runtime.
+* The job ends when the script ends (with its status), when a server exits (the task is named
+  and the status is non-zero), or on SIGINT/SIGTERM (128 + the signal); then every process is
+  ended, each with its whole process group (`dapple.rank_processes.end_ranks`). Output lines
+  are prefixed `[task]<stdout>:` as horovodrun prefixes ranks'.
+
+Plain Python (no TensorFlow import), so it is testable anywhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from dapple.launch import Hosts, LaunchError, hosts_for_plan
+from dapple.rank_processes import (POLL_SECONDS, Rank, StopFlag, describe_exit, end_ranks,
+                                   exit_status, start_rank)
+from dapple.tf_cluster.cluster import ENV_CLUSTER
+from planner.plan import Plan
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", socket.gethostname())
+DEFAULT_PORT = 2222          # remote hosts: task slots use ports DEFAULT_PORT + slot
+READY_SECONDS = 120.0        # how long servers may take to accept connections
+SERVER_ENV = {"DAPPLE_NUM_CPU_DEVICES": "1"}     # one device per process (one per slot)
+
+
+def is_local(host: str) -> bool:
+    return host in LOCAL_NAMES
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def task_addresses(hosts: Hosts, port: Optional[int] = None) -> List[Tuple[int, str]]:
+    """(host index, host:port) of every task, host by host; free ports on this machine,
+    `port + slot` on other hosts."""
+    if not is_local(hosts[0][0]):
+        raise LaunchError(f"the training script runs here as task 0, so the first host must be "
+                          f"this machine (localhost or {socket.gethostname()}), not "
+                          f"{hosts[0][0]!r}: list this machine first in --hosts")
+    out = []
+    for h, (name, slots) in enumerate(hosts):
+        for slot in range(slots):
+            number = free_port() if is_local(name) and port is None else (
+                (port or DEFAULT_PORT) + slot)
+            out.append((h, f"{'localhost' if is_local(name) else name}:{number}"))
+    return out
+
+
+def server_argv(addresses: Sequence[str], task: int, python: str = sys.executable) -> List[str]:
+    return [python, "-m", "dapple.tf_cluster.server", f"--cluster={json.dumps(list(addresses))}",
+            f"--task={task}"]
+
+
+def remote(host: str, argv: Sequence[str], env: Dict[str, str]) -> List[str]:
+    """`argv` on `host` over ssh, in this directory, with `env`; `-tt` so that ending the ssh
+    hangs up the remote end and its server."""
+    line = " ".join([f"cd {shlex.quote(os.getcwd())} &&", "env"]
+                    + [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+                    + [shlex.quote(a) for a in argv])
+    return ["ssh", "-tt", "-o", "BatchMode=yes", host, line]
+
+
+def wait_until_serving(servers: Sequence[Rank], addresses: Sequence[str], stop: StopFlag,
+                       seconds: float = READY_SECONDS) -> Optional[str]:
+    """None once every server accepts connections; else why not (one exited, or time)."""
+    deadline = time.monotonic() + seconds
+    waiting = list(servers)
+    while waiting:
+        for r in list(waiting):
+            if r.process.poll() is not None:
+                return f"the server of task {r.rank} {describe_exit(r.process.returncode)}"
+            host, _, port = addresses[r.rank].rpartition(":")
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0):
+                    waiting.remove(r)
+            except OSError:
+                pass
+        if stop.signum is not None:
+            return f"received {signal.Signals(stop.signum).name}"
+        if waiting and time.monotonic() > deadline:
+            return (f"tasks {[r.rank for r in waiting]} were not serving after {seconds:g} s")
+        if waiting:
+            time.sleep(0.2)
+    return None
+
+
+def watch(chief: Rank, servers: Sequence[Rank], stop: StopFlag, say: Callable[[str], None]
+          ) -> int:
+    """The job's status once it ends (see the module doc); ends every process first."""
+    everyone = [chief] + list(servers)
+    try:
+        while True:
+            if chief.process.poll() is not None:
+                return exit_status(chief.process.returncode)
+            dead = [r for r in servers if r.process.poll() is not None]
+            if dead:
+                code = dead[0].process.returncode
+                say(f"task {dead[0].rank} (host {dead[0].host}, a tf.distribute.Server) "
+                    f"{describe_exit(code)}; ending the job")
+                return exit_status(code) or 1
+            if stop.signum is not None:
+                say(f"received {signal.Signals(stop.signum).name}; ending every task")
+                return 128 + stop.signum
+            time.sleep(POLL_SECONDS)
+    finally:
+        end_ranks(everyone)
+
+
+def run(plan: Plan, program: Sequence[str], hosts: Optional[Hosts], env: Dict[str, str],
+        say: Callable[[str], None], port: Optional[int] = None) -> int:
+    """Start the servers, run `program` as the chief, tear everything down; its status."""
+    if not program:
+        raise LaunchError("nothing to run: put the training command after `--`, as in "
+                          "`dapple launch --runtime=tensorflow --plan=plan.json -- python "
+                          "train.py`")
+    chosen = hosts_for_plan(plan, hosts)
+    tasks = task_addresses(chosen, port)
+    addresses = [a for _, a in tasks]
+    base = dict(os.environ)
+    base.update(env)
+    base.pop(ENV_CLUSTER, None)
+    stop = StopFlag()
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    servers: List[Rank] = []
+    try:
+        for t, (h, _) in enumerate(tasks[1:], start=1):
+            argv = server_argv(addresses, t)
+            if is_local(chosen[h][0]):
+                servers.append(start_rank(t, h, argv, dict(base, **SERVER_ENV)))
+            else:
+                servers.append(start_rank(t, h, remote(chosen[h][0], argv,
+                                                       dict(env, **SERVER_ENV)), base))
+        why = wait_until_serving(servers, addresses, stop)
+        if why is not None:
+            say(f"{why}; ending every task")
+            end_ranks(servers)
+            return 128 + stop.signum if stop.signum else 1
+        say(f"tasks {json.dumps(addresses)} serving; running the script as task 0")
+        chief = start_rank(0, 0, list(program), dict(base, **{ENV_CLUSTER: json.dumps(addresses)},
+                                                     **SERVER_ENV))
+        return watch(chief, servers, stop, say)
+    except BaseException:
+        end_ranks(servers)
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

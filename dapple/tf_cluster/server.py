@@ -1,0 +1,46 @@
+"""One task's `tf.distribute.Server`, as `dapple launch --runtime=tensorflow` starts it.
+
+    python -m dapple.tf_cluster.server --cluster='["h1:2222","h1:2223"]' --task=1
+
+Serves until ended (the launcher ends it when the training script ends). Its thread pools
+follow `TF_NUM_INTRAOP_THREADS` and `TF_NUM_INTEROP_THREADS` when set, as TensorFlow's own
+do in the chief.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def config():
+    import tensorflow as tf
+    proto = tf.compat.v1.ConfigProto()
+    for env, field in (("TF_NUM_INTRAOP_THREADS", "intra_op_parallelism_threads"),
+                       ("TF_NUM_INTEROP_THREADS", "inter_op_parallelism_threads")):
+        if os.environ.get(env, "").isdigit():
+            setattr(proto, field, int(os.environ[env]))
+    return proto
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cluster", required=True, help="JSON list of host:port, task 0 first")
+    parser.add_argument("--task", type=int, required=True)
+    args = parser.parse_args(argv)
+    from dapple.tf_cluster.cluster import JOB, parse_addresses
+    tasks = parse_addresses(args.cluster)
+    if not 0 < args.task < len(tasks):
+        print(f"--task={args.task}: a server runs tasks 1..{len(tasks) - 1} (task 0 is the "
+              f"chief, the training script)", file=sys.stderr)
+        return 2
+    import tensorflow as tf
+    server = tf.distribute.Server(tf.train.ClusterSpec({JOB: tasks}), job_name=JOB,
+                                  task_index=args.task, config=config(), start=True)
+    print(f"dapple: task {args.task} serving at {tasks[args.task]}", flush=True)
+    server.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Per device, a working copy of a stage's trainable variables, for the stage's calls there.
+
+Where a unit runs in another process than the one holding the model's variables (the
+TensorFlow-cluster runtime: the user's script made them on the chief), every call of the stage
+would read each weight across the network, once per micro-batch and again in its backward.
+With working copies, the step copies each weight to the unit's device once, at its start
+(`refresh`), and the stage's calls there read the copy; their gradients are taken with respect
+to the copy and handed back as the variable's (the optimizer still updates the model's own
+variables, so checkpoints and `model.variables` need nothing gathered).
+
+The layers read the copies the way `batch_statistics.ScratchStatistics` redirects moving
+statistics: while a call is traced, every attribute of the stage's layers (and their sublayers)
+that holds one of the variables holds the copy instead, set past Keras's attribute tracking and
+put back on exit; the copies reach the traced function as arguments, so one trace serves every
+device. A stage is only given copies when every one of its trainable variables is such an
+attribute and it has no weight regularizer (whose penalty reads the variable itself): otherwise
+its calls read the variables where they live, which is slower, never wrong.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+Slot = Tuple[object, str]          # (layer, attribute name)
+
+
+def _slots(layers, variables) -> Dict[int, List[Slot]]:
+    """By id(variable): the (layer, attribute) pairs that hold it, over layers and sublayers."""
+    wanted = {id(v) for v in variables}
+    found: Dict[int, List[Slot]] = {}
+    seen = set()
+    for top in layers:
+        for layer in [top] + list(getattr(top, "submodules", ())):
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            for name, value in list(vars(layer).items()):
+                if id(value) in wanted and not name.startswith("_"):
+                    found.setdefault(id(value), []).append((layer, name))
+    return found
+
+
+class WorkingCopies:
+    def __init__(self, layers: Sequence, variables: Sequence[tf.Variable], penalized: bool):
+        self.variables = list(variables)
+        self._slots = _slots(layers, self.variables)
+        # Copies are only safe when every read of a variable goes through an attribute.
+        self.possible = (bool(self.variables) and not penalized
+                         and all(id(v) in self._slots for v in self.variables))
+        self._by_device: Dict[str, List[tf.Variable]] = {}
+
+    def make(self, device: str) -> None:
+        """Give `device` copies (eagerly: a `tf.function` that creates variables traces twice),
+        unless the stage cannot have them or the variables already live there."""
+        if not self.possible or device in self._by_device or all(
+                _lives_on(v, device) for v in self.variables):
+            return
+        with tf.init_scope(), tf.device(device):
+            self._by_device[device] = [tf.Variable(v.read_value(), trainable=True,
+                                                   name="dapple_working_copy")
+                                       for v in self.variables]
+
+    def on(self, device: str) -> List[tf.Variable]:
+        return self._by_device.get(device, [])
+
+    def variables_on(self, device: str) -> List[tf.Variable]:
+        """What the stage's calls on `device` read: its copies, else the variables."""
+        return self.on(device) or self.variables
+
+    def refresh(self) -> None:
+        """Every copy := its variable (in a step: ordered before the calls that read it)."""
+        for device, copies in self._by_device.items():
+            with tf.device(device), tf.name_scope("working_copies"):
+                for copy, v in zip(copies, self.variables):
+                    copy.assign(v.read_value())
+
+    @contextlib.contextmanager
+    def redirect(self, copies: Sequence[tf.Variable]):
+        """While a call is traced, the layers' attributes holding the variables hold `copies`."""
+        saved = [(layer, name, v) for v in self.variables if copies
+                 for layer, name in self._slots[id(v)]]
+        try:
+            for (layer, name, v), copy in zip(saved, _per_slot(self, copies)):
+                object.__setattr__(layer, name, copy)
+            yield
+        finally:
+            for layer, name, v in saved:
+                object.__setattr__(layer, name, v)
+
+
+def _lives_on(variable: tf.Variable, device: str) -> bool:
+    """Whether `device` (possibly partial, as `/device:CPU:1`) names the variable's device."""
+    where = tf.DeviceSpec.from_string(variable.device)
+    return where.make_merged_spec(tf.DeviceSpec.from_string(device)) == where
+
+
+def _per_slot(copies: WorkingCopies, chosen: Sequence[tf.Variable]) -> List[tf.Variable]:
+    return [c for v, c in zip(copies.variables, chosen) for _ in copies._slots[id(v)]]

@@ -1,0 +1,77 @@
+"""Working copies (`graph_rewrite.working_copies`): units on a device other than their
+variables' read per-device copies refreshed at every step (the TensorFlow-cluster runtime's
+step, `dapple.tf_cluster.runtime.CopyingStep`), run here on logical CPU devices of one process,
+where the model's variables live on the first. Training equals plain Keras's (3 steps, 1e-5) on
+every path that reads weights (SGD: Adam would scale up the float noise of the gradient of
+the bias before BatchNormalization, zero in exact arithmetic): unrolled, looped data parallelism, the split backward of zb-h1,
+BatchNormalization; and the copies are what is read (stale copies change the loss)."""
+import dapple  # noqa: F401  (Keras 2 and logical devices first)
+import pytest
+import tensorflow as tf
+
+from dapple.local_runtime import LocalRuntime
+from dapple.tf_cluster.runtime import CopyingStep
+from graph_rewrite.model_graph import layer_order
+from planner.plan import straight_plan
+from tests import models
+
+
+class CopyingRuntime(LocalRuntime):
+    def make_step(self, model, plan, loss):
+        return CopyingStep(model, plan, loss, self.devices)
+
+
+def pipelined(model, plan):
+    pm = dapple.PipelinedModel(model, plan)
+    pm.runtime = CopyingRuntime(plan)
+    return pm
+
+
+@pytest.mark.parametrize("builder, cuts, replicas, schedule, micro_batches", [
+    (models.mlp_with_skip, [2], [1, 1], "1f1b", 4),
+    (models.mlp_with_skip, [2], [1, 2], "gpipe", 2),
+    (models.mlp_with_skip, [], [2], "1f1b", 2),               # lanes as loops
+    (models.mlp_with_skip, [2], [1, 1], "zb-h1", 4),          # split backward
+    (models.dense_batchnorm, [2], [1, 1], "1f1b", 1),         # M = 1: slices are the batch
+], ids=["2-stage", "1:2", "dp2-loop", "zb-h1", "batchnorm"])
+def test_training_with_copies_equals_plain_keras(builder, cuts, replicas, schedule,
+                                                 micro_batches):
+    model, reference = builder(seed=3), builder(seed=3)
+    plan = straight_plan(cuts, len(layer_order(model)), micro_batches, 24, replicas=replicas,
+                         schedule=schedule)
+    pm = pipelined(model, plan)
+    models.assert_trains_like_plain_model(pm, model, reference, models.losses_for(model),
+                                          lambda: tf.keras.optimizers.SGD(0.1), 24)
+    step = pm._step
+    made = [step.functions[s].copies.on(step.device(s, r))
+            for s, n in enumerate(replicas) for r in range(n)]
+    assert any(made), "no unit got working copies"
+
+
+def test_units_read_the_copies(monkeypatch):
+    model = models.mlp_with_skip(seed=3)
+    plan = straight_plan([2], len(layer_order(model)), 4, 24)
+    pm = pipelined(model, plan)
+    pm.compile(optimizer=tf.keras.optimizers.SGD(0.0), loss=models.losses_for(model))
+    x, y = models.data_for(model, 24, seed=1)
+    fresh = float(pm.train_step(x, y))
+    copies = pm._step.functions[1].copies
+    assert copies.on(pm._step.device(1, 0)), "stage 1 (on the second device) has no copies"
+    monkeypatch.setattr(type(copies), "refresh", lambda self: None)
+    pm._train_fn = None                      # trace again, without the refresh
+    for c in copies.on(pm._step.device(1, 0)):
+        c.assign(tf.zeros_like(c))
+    assert abs(float(pm.train_step(x, y)) - fresh) > 1e-3
+
+
+def test_no_copies_where_a_read_could_bypass_them():
+    regularized = tf.keras.Sequential([
+        tf.keras.Input((4,)), tf.keras.layers.Dense(3),
+        tf.keras.layers.Dense(2, kernel_regularizer=tf.keras.regularizers.l2(0.1))])
+    plan = straight_plan([1], 2, 2, 8)
+    pm = pipelined(regularized, plan)
+    pm.compile(optimizer="sgd", loss="mse")
+    assert not pm._step.functions[1].copies.possible          # the penalty reads the variable
+    assert pm._step.functions[0].copies.on(pm._step.device(0, 0)) == []   # variables live there
+    assert [id(v) for v in pm._step.unit_variables((1, 0))] == [
+        id(v) for v in regularized.layers[1].trainable_variables]

@@ -1,0 +1,79 @@
+"""`dapple launch --runtime=tensorflow` ends every process it started: after the script
+succeeds (status 0), fails (its status, 1), is interrupted (Ctrl-C: 130), and when a server
+dies mid-training (non-zero within 60 s, naming the task). Tests never assert times beyond a
+deadline that a hang would exceed."""
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from tfrun import cluster_of, finish, plan_file, processes_with, start
+
+pytestmark = pytest.mark.horovod
+
+
+def chief_pid(output: str) -> int:
+    return int(re.search(r"chief pid (\d+)", output).group(1))
+
+
+def assert_nothing_left(result):
+    cluster = cluster_of(result)
+    assert cluster is not None, result.output[-3000:]
+    assert processes_with(f"--cluster={cluster}") == [], "a server outlived the launch"
+    pid = chief_pid(result.output)
+    assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read(
+    ).lower(), "the chief outlived the launch"
+
+
+def wait_for(proc, text: str, seconds: float = 180) -> str:
+    """Read the launcher's output until `text` appears; what was read."""
+    seen, deadline = "", time.monotonic() + seconds
+    while text not in seen and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    assert text in seen, seen[-3000:]
+    return seen
+
+
+def test_success_exits_0_and_ends_the_servers(tmp_path):
+    result = finish(start(plan_file(tmp_path, 2), ["fault_task.py", "--mode=ok"]))
+    assert result.returncode == 0, result.output[-3000:]
+    assert "step 2 done" in result.output
+    assert_nothing_left(result)
+
+
+def test_a_failing_script_gives_its_status_and_ends_the_servers(tmp_path):
+    result = finish(start(plan_file(tmp_path, 2), ["fault_task.py", "--mode=fail"]))
+    assert result.returncode == 1, result.output[-3000:]
+    assert "injected failure in step 2" in result.output
+    assert_nothing_left(result)
+
+
+def test_ctrl_c_ends_every_process(tmp_path):
+    proc = start(plan_file(tmp_path, 2), ["fault_task.py", "--mode=loop"])
+    seen = wait_for(proc, "step 1 done")
+    proc.send_signal(signal.SIGINT)            # a terminal's Ctrl-C reaches the launcher
+    result = finish(proc, timeout=60)
+    result.output = seen + result.output
+    assert result.returncode == 130, result.output[-3000:]
+    assert "received SIGINT" in result.output
+    assert_nothing_left(result)
+
+
+def test_a_killed_server_ends_the_job_naming_its_task(tmp_path):
+    proc = start(plan_file(tmp_path, 3), ["fault_task.py", "--mode=loop",
+                                                     "--replicas=2,1"])
+    seen = wait_for(proc, "step 1 done")
+    cluster = re.search(r"tasks (\[.*?\]) serving", seen).group(1)
+    servers = processes_with(f"--cluster={cluster} --task=2")
+    assert len(servers) == 1, servers
+    os.kill(servers[0], signal.SIGKILL)
+    result = finish(proc, timeout=60)          # a hang fails here
+    result.output = seen + result.output
+    assert result.returncode not in (0, None), result.output[-3000:]
+    assert "task 2" in result.output and "SIGKILL" in result.output, result.output[-3000:]
+    assert_nothing_left(result)

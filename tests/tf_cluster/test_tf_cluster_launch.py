@@ -1,0 +1,48 @@
+"""The TensorFlow-cluster launcher's plain parts (no processes): tasks and their addresses, and
+the errors a user gets for a cluster that cannot work."""
+import json
+import os
+
+import pytest
+
+from dapple.launch import LaunchError
+from dapple.tf_cluster import launch
+from dapple.tf_cluster.cluster import ClusterError, parse_addresses
+
+
+def test_one_task_per_slot_host_by_host_with_free_local_ports():
+    tasks = launch.task_addresses([("localhost", 2), ("gpu2", 3)])
+    assert [h for h, _ in tasks] == [0, 0, 1, 1, 1]
+    local = [a for h, a in tasks if h == 0]
+    assert all(a.startswith("localhost:") for a in local) and len(set(local)) == 2
+    assert [a for h, a in tasks if h == 1] == ["gpu2:2222", "gpu2:2223", "gpu2:2224"]
+    assert [a for _, a in launch.task_addresses([("localhost", 2)], port=5000)] == [
+        "localhost:5000", "localhost:5001"]
+
+
+def test_the_chief_runs_here_so_the_first_host_must_be_this_machine():
+    with pytest.raises(LaunchError, match="list this machine first"):
+        launch.task_addresses([("gpu1", 8), ("localhost", 8)])
+
+
+def test_remote_servers_start_over_ssh_in_this_directory():
+    argv = launch.remote("gpu2", ["python", "-m", "dapple.tf_cluster.server", "--task=3"],
+                         {"A": "b c"})
+    assert argv[:4] == ["ssh", "-tt", "-o", "BatchMode=yes"] and argv[4] == "gpu2"
+    assert argv[5].startswith(f"cd {os.getcwd()} && env A='b c' python -m")
+
+
+def test_a_bad_cluster_description_says_what_is_expected():
+    assert parse_addresses(json.dumps(["h:1", "h:2"])) == ["h:1", "h:2"]
+    for bad in ("h:1", "[]", '["h"]', "[1]"):
+        with pytest.raises(ClusterError, match="host:port"):
+            parse_addresses(bad)
+
+
+def test_the_tensorflow_runtime_outside_a_cluster_says_how_to_launch(monkeypatch):
+    import dapple  # noqa: F401  (Keras 2 first)
+    from dapple.tf_cluster.runtime import TFClusterRuntime
+    from planner.plan import straight_plan
+    monkeypatch.delenv("DAPPLE_TF_CLUSTER", raising=False)
+    with pytest.raises(ClusterError, match="dapple launch --runtime=tensorflow"):
+        TFClusterRuntime(straight_plan([2], 5, 2, 8))
