@@ -75,9 +75,12 @@ def _saves_by_batch(callback: Callback) -> bool:
 
 def _fingerprint(model: tf.keras.Model) -> List[float]:
     """Two sums per variable: changes when a callback sets the weights (as far as checks go)."""
-    return [float(s) for v in model.variables
-            for s in (tf.reduce_sum(tf.cast(v, tf.float64)),
-                      tf.reduce_sum(tf.abs(tf.cast(v, tf.float64))))]
+    if not model.variables:
+        return []
+    sums = tf.stack([s for v in model.variables
+                     for s in (tf.reduce_sum(tf.cast(v, tf.float64)),
+                               tf.reduce_sum(tf.abs(tf.cast(v, tf.float64))))])
+    return sums.numpy().tolist()     # one read back to the host, not one per variable
 
 
 class FitCallbacks:

@@ -1,6 +1,7 @@
 """Checkpoints of the plain model, written so that a failure never leaves a partial one."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -8,6 +9,19 @@ import tempfile
 import tensorflow as tf
 
 from planner.files import write_atomically
+
+
+@contextlib.contextmanager
+def _directory_beside(path: str, prefix: str):
+    """A temporary directory on `path`'s filesystem (so renames out of it are atomic), removed
+    afterwards whatever happens."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmpdir = tempfile.mkdtemp(dir=parent, prefix=prefix)
+    try:
+        yield parent, tmpdir
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
@@ -27,10 +41,7 @@ def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
             os.replace(named, tmp)
         write_atomically(path, write)
         return
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmpdir = tempfile.mkdtemp(dir=parent, prefix=".dapple-ckpt-")
-    try:
+    with _directory_beside(path, ".dapple-ckpt-") as (parent, tmpdir):
         base = os.path.basename(path)
         model.save_weights(os.path.join(tmpdir, base), save_format="tf")
         names = sorted(os.listdir(tmpdir), key=lambda n: (n.endswith(".index"), n == "checkpoint"))
@@ -41,8 +52,6 @@ def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
         with open(os.path.join(tmpdir, "checkpoint"), "w") as f:
             f.write(f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n')
         os.replace(os.path.join(tmpdir, "checkpoint"), os.path.join(parent, "checkpoint"))
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def save_model_atomically(model: tf.keras.Model, path: str, save_format=None) -> None:
@@ -55,15 +64,10 @@ def save_model_atomically(model: tf.keras.Model, path: str, save_format=None) ->
         fmt = save_format or ("h5" if path.endswith((".h5", ".hdf5")) else None)
         write_atomically(path, lambda tmp: model.save(tmp, save_format=fmt))
         return
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmpdir = tempfile.mkdtemp(dir=parent, prefix=".dapple-model-")
-    try:
+    with _directory_beside(path, ".dapple-model-") as (_, tmpdir):
         new = os.path.join(tmpdir, "new")
         model.save(new, save_format=save_format or "tf")
         old = os.path.join(tmpdir, "old")
         if os.path.exists(path):
             os.replace(path, old)
         os.replace(new, path)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
