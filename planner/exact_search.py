@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import operator
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from planner import cost_model as cm
@@ -122,6 +123,7 @@ class Search:
             self.stats.pruned += 1
             return
         self.path_costs: List[cm.StageCost] = []      # the stages on the depth-first path
+        self.trail: List[tuple] = []                  # their `_trail_entry`s
         try:
             self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
         except _Budget:
@@ -140,24 +142,27 @@ class Search:
             return
         if model is None or model.M != M:
             model = StageModel(self.profile, self.topology, self.gbs, M)
+        if "append" not in self.policies:
+            return
         used = (0,) * len(self.capacity)
-        prev, summary, path, costs = None, _EMPTY, [], []
+        prev, summary, path, costs, taken = None, _EMPTY, [], [], 0
         for first, last, r in stages:
             if not self.replicas_allowed(r, model.micro_batch) or \
                     model.max_in_flight(first, last, r) < 1:
                 return
-            counts = place("append", self.capacity, used, r)
-            if counts is None or "append" not in self.policies:
+            counts = self._place("append", used, r)
+            if counts is None:
                 return
-            cost = model.stage_cost(first, last, counts, prev)
+            cost = model.stage_cost_of(first, last, counts, prev, r)
             if prev is not None:
                 summary = _extend(summary, cost.send_forward_ms, cost.send_backward_ms, 0.0, M)
             summary = _extend(summary, cost.forward_ms, cost.backward_ms, cost.allreduce_ms, M)
-            used = tuple(u + c for u, c in zip(used, counts))
+            used = counts if prev is None else tuple(map(operator.add, used, counts))
+            taken += r
             prev = counts
             path.append((first, last, counts))
             costs.append(cost)
-        if sum(used) != self.G:
+        if taken != self.G:
             return
         self.stats.seeds += 1
         if summary[0] < self.best_value:
@@ -165,6 +170,14 @@ class Search:
             if value < self.best_value:
                 self.best_value = value
                 self.best = (M, path)
+
+    def _place(self, policy: str, used: tuple, m: int) -> Optional[tuple]:
+        """`placement.place`, remembered: it depends on `used` and `m` only."""
+        key = (policy, used, m)
+        counts = self.place_cache.get(key, 0)
+        if counts == 0:
+            counts = self.place_cache[key] = place(policy, self.capacity, used, m)
+        return counts
 
     def _remaining_bound(self, j: int, devices_left: int) -> float:
         if j >= self.N:
@@ -193,34 +206,58 @@ class Search:
         over the free devices); K_q is at most min(M, policy B's depth with the most stages
         still possible, the memory caps D of stages 0..q). The wait and the steady period fall
         as K grows and rise with R, so those values give a lower bound of the final L(q), and
-        the latency is the maximum over q."""
+        the latency is the maximum over q.
+
+        The path's stages keep their prefix terms in `self.trail` (`_trail_entry`), so a call
+        computes the new stage's and one pass back over the path."""
         M = self.M
-        costs = self.path_costs + [new_stage]
-        n = len(costs)
-        max_stages = n + more_stages
-        tw, te, kmax = [0.0] * n, [0.0] * n, [0] * n
-        acc_f, chain, runmin = 0.0, -_INF, M
-        for i, (tf, tb, F, B, AR, cap) in enumerate(costs):      # StageCost fields
-            acc_f += tf + F
-            tw[i] = acc_f
-            if i:
-                chain = max(chain + tb, tb)
-            chain = max(chain + B, AR + B)
-            te[i] = chain
-            runmin = min(runmin, max(1, cap))
-            kmax[i] = max(1, min(runmin, 2 * (max_stages - i) - 1))
-        best, trip = -_INF, trip_rest
+        trail = self.trail
+        n = len(trail)
+        max_stages = n + 1 + more_stages
+        tw_i, te_i, runmin, F, fb, link = self._trail_entry(new_stage)
+        k = 2 * (max_stages - n) - 1
+        if runmin < k:
+            k = runmin
+        if k < 1:
+            k = 1
+        trip = trip_rest
+        wait = trip - (k - 1) * F
+        period = (fb + trip) / k
+        best = tw_i + (wait if wait > 0.0 else 0.0) + \
+            (M - 1) * (period if period > fb else fb) + te_i
+        trip += link
         for i in range(n - 1, -1, -1):
-            tf, tb, F, B, _, _ = costs[i]
-            fb, k = F + B, kmax[i]
+            tw_i, te_i, runmin, F, fb, link = trail[i]
+            k = 2 * (max_stages - i) - 1
+            if runmin < k:
+                k = runmin
+            if k < 1:
+                k = 1
             wait = trip - (k - 1) * F
             period = (fb + trip) / k
-            value = tw[i] + (wait if wait > 0.0 else 0.0) + \
-                (M - 1) * (period if period > fb else fb) + te[i]
+            value = tw_i + (wait if wait > 0.0 else 0.0) + \
+                (M - 1) * (period if period > fb else fb) + te_i
             if value > best:
                 best = value
-            trip += fb + tf + tb
+            trip += link
         return best
+
+    def _trail_entry(self, cost) -> tuple:
+        """The prefix terms of a stage appended to the path: (Tw up to it, the s <= q chain of
+        Te, the least memory cap so far (K bound), F, F + B, what it adds to an earlier
+        stage's round trip)."""
+        tf, tb, F, B, AR, cap = cost                           # StageCost fields
+        trail = self.trail
+        if trail:
+            acc_f, chain, runmin = trail[-1][0], trail[-1][1], trail[-1][2]
+            chain = max(chain + tb, tb)
+        else:
+            acc_f, chain, runmin = 0.0, -_INF, self.M
+        acc_f += tf + F
+        chain = max(chain + B, AR + B)
+        runmin = min(runmin, max(1, cap))
+        fb = F + B
+        return (acc_f, chain, runmin, F, fb, fb + tf + tb)
 
     def _sizes(self, free: int, mb: int) -> Iterable[int]:
         top = min(free, mb // self.min_slice)
@@ -255,17 +292,14 @@ class Search:
             if must_finish and not last_stage_only:
                 continue
             for policy in self.policies:
-                key = (policy, used, m)
-                counts = self.place_cache.get(key, 0)
-                if counts == 0:
-                    counts = self.place_cache[key] = place(policy, self.capacity, used, m)
+                counts = self._place(policy, used, m)
                 if counts is None:
                     continue
                 sym = canonical_state(self.capacity, used, prev, counts)
                 if sym in seen:
                     continue
                 seen.add(sym)
-                new_used = tuple(u + c for u, c in zip(used, counts))
+                new_used = tuple(map(operator.add, used, counts))
                 s0 = summary
                 if j > 0:
                     tf, tb = self._transfer(j - 1, prev, counts)
@@ -302,7 +336,7 @@ class Search:
                         rest = 0.0
                     if model.max_in_flight(j, last, m) < 1:
                         continue
-                    stage_cost = model.stage_cost(j, last, counts, prev if j else None)
+                    stage_cost = model.stage_cost_of(j, last, counts, prev if j else None, m)
                     s1 = _extend(s0, F, B, stage_cost.allreduce_ms, M)
                     bound = max(s1[0], s1[1] + s1[2] + rest) if rest else s1[0]
                     if bound >= self.best_value:
@@ -322,7 +356,9 @@ class Search:
                 self.stats.pruned += 1
                 continue
             path.append((j, last, counts))
+            self.trail.append(self._trail_entry(stage_cost))
             self.path_costs.append(stage_cost)
             self._dfs(last + 1, new_used, counts, s1, path)
             path.pop()
             self.path_costs.pop()
+            self.trail.pop()
