@@ -107,6 +107,10 @@ class Search:
         for i in range(self.N - 1, -1, -1):
             self.work_suffix[i] = self.work_suffix[i + 1] + work[i]
         self.neg_work_suffix = [-w for w in self.work_suffix]
+        # Prefix sums of F and B at the profile batch, as `Profile.forward_ms(0, k - 1)` gives
+        # them: the inner loop's stage times are the same numbers as `StageModel.forward_ms`.
+        self.forward_prefix = [0.0] + [profile.forward_ms(0, k) for k in range(self.N)]
+        self.backward_prefix = [0.0] + [profile.backward_ms(0, k) for k in range(self.N)]
 
     # ---- one M --------------------------------------------------------------------
     def run_micro_batches(self, M: int) -> None:
@@ -119,6 +123,7 @@ class Search:
                                    (model.micro_batch + H) / (model.pbs + H))
         self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
         self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
+        self.stage_cache: Dict[tuple, cm.StageCost] = {}    # (first, last, counts, previous)
         if self._remaining_bound(0, self.G) >= self.best_value:
             self.stats.pruned += 1
             return
@@ -285,6 +290,12 @@ class Search:
 
         model, M, N = self.model, self.M, self.N
         must_finish = len(path) + 1 >= self.stage_limit
+        # best_value changes only below this node (in the recursion after the loop)
+        stats, best_value = self.stats, self.best_value
+        candidates = pruned = 0
+        fwd, bwd, stage_cache = self.forward_prefix, self.backward_prefix, self.stage_cache
+        work_suffix, work_factor = self.work_suffix, self.work_factor
+        overhead_ms = cm.TASK_OVERHEAD_MS
         children = []
         seen = set()
         for m in self._sizes(free, model.micro_batch):
@@ -304,8 +315,8 @@ class Search:
                 if j > 0:
                     tf, tb = self._transfer(j - 1, prev, counts)
                     s0 = _extend(summary, tf, tb, 0.0, M)
-                if s0[0] >= self.best_value:
-                    self.stats.pruned += 1
+                if s0[0] >= best_value:
+                    pruned += 1
                     continue
                 if last_stage_only:
                     lasts = [N - 1]
@@ -313,43 +324,62 @@ class Search:
                     # The completion bound falls as the stage grows: skip the stage ends whose
                     # remaining work alone already exceeds the incumbent (binary search).
                     start = j
-                    if self.best_value < _INF:
+                    if best_value < _INF:
                         base0 = s0[1] + max(s0[2], 0.0)
-                        room = (self.best_value - base0 - self.overhead) * (free - m) \
+                        room = (best_value - base0 - self.overhead) * (free - m) \
                             / self.work_factor
                         i = bisect.bisect_right(self.neg_work_suffix, -room, j + 1, N)
                         start = i - 1
-                        self.stats.pruned += start - j
+                        pruned += start - j
                     lasts = range(start, N - 1)
+                # The loop below is `model.forward_ms`, `backward_ms`, `_remaining_bound`,
+                # `stage_cost` and `_extend` inlined (the same arithmetic in the same order):
+                # it runs for every candidate.
+                scale = model.time_scale(m)
+                fwd_j, bwd_j = fwd[j], bwd[j]
+                V, sumF, E, G = s0
+                reach = sumF + E if E > -_INF else sumF
+                devices_left = free - m
+                previous = prev if j else None
                 for last in lasts:
-                    self.stats.candidates += 1
-                    F = model.forward_ms(j, last, m)
-                    B = model.backward_ms(j, last, m)
+                    candidates += 1
+                    F = (fwd[last + 1] - fwd_j) * scale + overhead_ms
+                    B = (bwd[last + 1] - bwd_j) * scale + overhead_ms
                     # Monotone in `last`: once the stage alone is too long, longer ones are too.
-                    if s0[1] + s0[2] + M * (F + B) >= self.best_value if s0[2] > -_INF else \
-                            s0[1] + M * (F + B) >= self.best_value:
-                        self.stats.pruned += 1
+                    if reach + M * (F + B) >= best_value:
+                        pruned += 1
                         break
                     if not last_stage_only:
-                        rest = self._remaining_bound(last + 1, free - m)
+                        rest = work_suffix[last + 1] * work_factor / devices_left + self.overhead
                     else:
                         rest = 0.0
                     if model.max_in_flight(j, last, m) < 1:
                         continue
-                    stage_cost = model.stage_cost_of(j, last, counts, prev if j else None, m)
-                    s1 = _extend(s0, F, B, stage_cost.allreduce_ms, M)
-                    bound = max(s1[0], s1[1] + s1[2] + rest) if rest else s1[0]
-                    if bound >= self.best_value:
-                        self.stats.pruned += 1
+                    key = (j, last, counts, previous)
+                    stage_cost = stage_cache.get(key)
+                    if stage_cost is None:
+                        stage_cost = stage_cache[key] = \
+                            model.stage_cost_of(j, last, counts, previous, m)
+                    AR = stage_cost.allreduce_ms
+                    # s1 = _extend(s0, F, B, AR, M)
+                    sumF2 = sumF + F
+                    E2 = max(E + B, AR + B)
+                    base = sumF2 + (M - 1) * (F + B)
+                    s1 = (max(V, G + AR, base + E2), sumF2, E2, max(G - B, base + B))
+                    bound = max(s1[0], sumF2 + E2 + rest) if rest else s1[0]
+                    if bound >= best_value:
+                        pruned += 1
                         continue
-                    if self.best_value < _INF:
-                        more = 0 if last_stage_only else min(free - m, N - 1 - last)
+                    if best_value < _INF:
+                        more = 0 if last_stage_only else min(devices_left, N - 1 - last)
                         trip_rest = (rest - self.overhead) / M if rest else 0.0
                         bound = max(bound, self._round_trip_bound(stage_cost, more, trip_rest))
-                        if bound >= self.best_value:
-                            self.stats.pruned += 1
+                        if bound >= best_value:
+                            pruned += 1
                             continue
                     children.append((bound, last, m, counts, new_used, s1, stage_cost))
+        stats.candidates += candidates
+        stats.pruned += pruned
         children.sort(key=lambda c: c[0])
         for bound, last, m, counts, new_used, s1, stage_cost in children:
             if bound >= self.best_value:
