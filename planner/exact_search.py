@@ -95,12 +95,14 @@ class Search:
             h = max(self.capacity)
             stage_sizes = sorted(set(range(1, h + 1)) | set(range(h, self.G + 1, h)))
         self.stage_sizes = None if stage_sizes is None else sorted(set(stage_sizes))
+        self.stage_size_set = frozenset(self.stage_sizes or ())
         self.stats = stats or SearchStats()
         self.stage_limit = max_stages or self.G
         self.min_slice = cm.minimum_slice(profile, topology, global_batch_size)
         self.max_candidates = max_candidates
         self.best_value = _INF
         self.place_cache: Dict[tuple, Optional[tuple]] = {}   # placement depends on used, m only
+        self.symmetry_cache: Dict[tuple, tuple] = {}   # canonical_state by (used, prev, counts)
         self.best: Optional[Tuple[int, List[Tuple[int, int, tuple]]]] = None
         work = [l.forward_ms + l.backward_ms for l in profile.layers]
         self.work_suffix = [0.0] * (self.N + 1)
@@ -143,33 +145,44 @@ class Search:
         if self.gbs % M or not stages or stages[-1][1] != self.N - 1 \
                 or len(stages) > self.stage_limit:
             return
-        if self.stage_sizes is not None and any(r not in self.stage_sizes for _, _, r in stages):
+        if self.stage_sizes is not None and any(r not in self.stage_size_set for _, _, r in stages):
             return
         if model is None or model.M != M:
             model = StageModel(self.profile, self.topology, self.gbs, M)
         if "append" not in self.policies:
             return
         used = (0,) * len(self.capacity)
-        prev, summary, path, costs, taken = None, _EMPTY, [], [], 0
+        path, taken, mb, stage_bound, forwards = [], 0, model.micro_batch, 0.0, 0.0
         for first, last, r in stages:
-            if not self.replicas_allowed(r, model.micro_batch) or \
-                    model.max_in_flight(first, last, r) < 1:
+            if not self.replicas_allowed(r, mb) or model.max_in_flight(first, last, r) < 1:
                 return
             counts = self._place("append", used, r)
             if counts is None:
                 return
-            cost = model.stage_cost_of(first, last, counts, prev, r)
-            if prev is not None:
-                summary = _extend(summary, cost.send_forward_ms, cost.send_backward_ms, 0.0, M)
-            summary = _extend(summary, cost.forward_ms, cost.backward_ms, cost.allreduce_ms, M)
-            used = counts if prev is None else tuple(map(operator.add, used, counts))
+            used = counts if not path else tuple(map(operator.add, used, counts))
             taken += r
-            prev = counts
             path.append((first, last, counts))
-            costs.append(cost)
+            F, B = model.forward_ms(first, last, r), model.backward_ms(first, last, r)
+            forwards += F
+            AR = model.exposed_allreduce_ms(first, last, counts, r)
+            stage_bound = max(stage_bound, forwards + (M - 1) * (F + B) + AR + B)
         if taken != self.G:
             return
         self.stats.seeds += 1
+        # Eq. 1 of the seed (its summary's V) is at least, for each stage, the forwards up to
+        # it, then M - 1 of its F + B, then its allreduce and B (transfers only add); well
+        # above the incumbent (far beyond rounding), the seed cannot replace it: skip its
+        # costs.
+        if stage_bound > self.best_value * (1 + 1e-9):
+            return
+        prev, summary, costs = None, _EMPTY, []
+        for first, last, counts in path:
+            cost = model.stage_cost_of(first, last, counts, prev, sum(counts))
+            if prev is not None:
+                summary = _extend(summary, cost.send_forward_ms, cost.send_backward_ms, 0.0, M)
+            summary = _extend(summary, cost.forward_ms, cost.backward_ms, cost.allreduce_ms, M)
+            prev = counts
+            costs.append(cost)
         if summary[0] < self.best_value:
             value = cm.planned_latency_ms(costs, M)
             if value < self.best_value:
@@ -296,6 +309,7 @@ class Search:
         fwd, bwd, stage_cache = self.forward_prefix, self.backward_prefix, self.stage_cache
         work_suffix, work_factor = self.work_suffix, self.work_factor
         overhead_ms = cm.TASK_OVERHEAD_MS
+        symmetry = self.symmetry_cache
         children = []
         seen = set()
         for m in self._sizes(free, model.micro_batch):
@@ -306,7 +320,10 @@ class Search:
                 counts = self._place(policy, used, m)
                 if counts is None:
                     continue
-                sym = canonical_state(self.capacity, used, prev, counts)
+                state = (used, prev, counts)
+                sym = symmetry.get(state)
+                if sym is None:
+                    sym = symmetry[state] = canonical_state(self.capacity, used, prev, counts)
                 if sym in seen:
                     continue
                 seen.add(sym)
