@@ -102,7 +102,6 @@ class Search:
         self.max_candidates = max_candidates
         self.best_value = _INF
         self.place_cache: Dict[tuple, Optional[tuple]] = {}   # placement depends on used, m only
-        self.symmetry_cache: Dict[tuple, tuple] = {}   # canonical_state by (used, prev, counts)
         self.best: Optional[Tuple[int, List[Tuple[int, int, tuple]]]] = None
         work = [l.forward_ms + l.backward_ms for l in profile.layers]
         self.work_suffix = [0.0] * (self.N + 1)
@@ -126,6 +125,7 @@ class Search:
         self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
         self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
         self.stage_cache: Dict[tuple, cm.StageCost] = {}    # (first, last, counts, previous)
+        self.placement_cache: Dict[tuple, List[tuple]] = {}  # `_placements` by its arguments
         if self._remaining_bound(0, self.G) >= self.best_value:
             self.stats.pruned += 1
             return
@@ -287,6 +287,28 @@ class Search:
             sizes.append(free)
         return sizes
 
+    def _placements(self, j: int, used: tuple, prev: tuple, must_finish: bool) -> List[tuple]:
+        """A node's new stages up to symmetry, in the order the search tries them: (replicas,
+        host counts, devices used after it, (forward, backward) transfer from the previous
+        stage); only the last stage (all free devices) when `must_finish`. They depend on
+        these arguments only, which many paths share."""
+        free = self.G - sum(used)
+        out, seen = [], set()
+        for m in self._sizes(free, self.model.micro_batch):
+            if must_finish and m != free:
+                continue
+            for policy in self.policies:
+                counts = self._place(policy, used, m)
+                if counts is None:
+                    continue
+                sym = canonical_state(self.capacity, used, prev, counts)
+                if sym in seen:
+                    continue
+                seen.add(sym)
+                transfer = self._transfer(j - 1, prev, counts) if j > 0 else None
+                out.append((m, counts, tuple(map(operator.add, used, counts)), transfer))
+        return out
+
     def _dfs(self, j: int, used: tuple, prev: tuple, summary, path) -> None:
         self.stats.nodes += 1
         if self.stats.candidates > self.max_candidates:
@@ -299,8 +321,6 @@ class Search:
                     self.best_value = value
                     self.best = (self.M, list(path))
             return
-        free = self.G - sum(used)
-
         model, M, N = self.model, self.M, self.N
         must_finish = len(path) + 1 >= self.stage_limit
         # best_value changes only below this node (in the recursion after the loop)
@@ -309,92 +329,93 @@ class Search:
         fwd, bwd, stage_cache = self.forward_prefix, self.backward_prefix, self.stage_cache
         work_suffix, work_factor = self.work_suffix, self.work_factor
         overhead_ms = cm.TASK_OVERHEAD_MS
-        symmetry = self.symmetry_cache
         children = []
-        seen = set()
-        for m in self._sizes(free, model.micro_batch):
+        key = (j, used, prev, must_finish)
+        placements = self.placement_cache.get(key)
+        if placements is None:
+            placements = self.placement_cache[key] = \
+                self._placements(j, used, prev, must_finish)
+        free = self.G - sum(used)
+        for m, counts, new_used, transfer in placements:
             last_stage_only = m == free
-            if must_finish and not last_stage_only:
+            s0 = summary
+            if j > 0:
+                s0 = _extend(summary, transfer[0], transfer[1], 0.0, M)
+            if s0[0] >= best_value:
+                pruned += 1
                 continue
-            for policy in self.policies:
-                counts = self._place(policy, used, m)
-                if counts is None:
+            if last_stage_only:
+                lasts = [N - 1]
+            else:
+                # The completion bound falls as the stage grows: skip the stage ends whose
+                # remaining work alone already exceeds the incumbent (binary search).
+                start = j
+                if best_value < _INF:
+                    base0 = s0[1] + max(s0[2], 0.0)
+                    room = (best_value - base0 - self.overhead) * (free - m) \
+                        / self.work_factor
+                    i = bisect.bisect_right(self.neg_work_suffix, -room, j + 1, N)
+                    start = i - 1
+                    pruned += start - j
+                lasts = range(start, N - 1)
+            # The loop below is `model.forward_ms`, `backward_ms`, `_remaining_bound`,
+            # `stage_cost` and `_extend` inlined (the same arithmetic in the same order):
+            # it runs for every candidate.
+            scale = model.time_scale(m)
+            fwd_j, bwd_j = fwd[j], bwd[j]
+            V, sumF, E, G = s0
+            reach = sumF + E if E > -_INF else sumF
+            devices_left = free - m
+            previous = prev if j else None
+            for last in lasts:
+                candidates += 1
+                F = (fwd[last + 1] - fwd_j) * scale + overhead_ms
+                B = (bwd[last + 1] - bwd_j) * scale + overhead_ms
+                # Monotone in `last`: once the stage alone is too long, longer ones are too.
+                if reach + M * (F + B) >= best_value:
+                    pruned += 1
+                    break
+                if not last_stage_only:
+                    rest = work_suffix[last + 1] * work_factor / devices_left + self.overhead
+                else:
+                    rest = 0.0
+                if model.max_in_flight(j, last, m) < 1:
                     continue
-                state = (used, prev, counts)
-                sym = symmetry.get(state)
-                if sym is None:
-                    sym = symmetry[state] = canonical_state(self.capacity, used, prev, counts)
-                if sym in seen:
-                    continue
-                seen.add(sym)
-                new_used = tuple(map(operator.add, used, counts))
-                s0 = summary
-                if j > 0:
-                    tf, tb = self._transfer(j - 1, prev, counts)
-                    s0 = _extend(summary, tf, tb, 0.0, M)
-                if s0[0] >= best_value:
+                key = (j, last, counts, previous)
+                stage_cost = stage_cache.get(key)
+                if stage_cost is None:
+                    stage_cost = stage_cache[key] = \
+                        model.stage_cost_of(j, last, counts, previous, m)
+                AR = stage_cost.allreduce_ms
+                # s1 = _extend(s0, F, B, AR, M), each max(a, b) as `b if b > a else a`
+                sumF2 = sumF + F
+                x, y = E + B, AR + B
+                E2 = y if y > x else x
+                base = sumF2 + (M - 1) * (F + B)
+                V2, x = V, G + AR
+                if x > V2:
+                    V2 = x
+                x = base + E2
+                if x > V2:
+                    V2 = x
+                x, y = G - B, base + B
+                s1 = (V2, sumF2, E2, y if y > x else x)
+                if rest:
+                    x = sumF2 + E2 + rest
+                    bound = x if x > V2 else V2
+                else:
+                    bound = V2
+                if bound >= best_value:
                     pruned += 1
                     continue
-                if last_stage_only:
-                    lasts = [N - 1]
-                else:
-                    # The completion bound falls as the stage grows: skip the stage ends whose
-                    # remaining work alone already exceeds the incumbent (binary search).
-                    start = j
-                    if best_value < _INF:
-                        base0 = s0[1] + max(s0[2], 0.0)
-                        room = (best_value - base0 - self.overhead) * (free - m) \
-                            / self.work_factor
-                        i = bisect.bisect_right(self.neg_work_suffix, -room, j + 1, N)
-                        start = i - 1
-                        pruned += start - j
-                    lasts = range(start, N - 1)
-                # The loop below is `model.forward_ms`, `backward_ms`, `_remaining_bound`,
-                # `stage_cost` and `_extend` inlined (the same arithmetic in the same order):
-                # it runs for every candidate.
-                scale = model.time_scale(m)
-                fwd_j, bwd_j = fwd[j], bwd[j]
-                V, sumF, E, G = s0
-                reach = sumF + E if E > -_INF else sumF
-                devices_left = free - m
-                previous = prev if j else None
-                for last in lasts:
-                    candidates += 1
-                    F = (fwd[last + 1] - fwd_j) * scale + overhead_ms
-                    B = (bwd[last + 1] - bwd_j) * scale + overhead_ms
-                    # Monotone in `last`: once the stage alone is too long, longer ones are too.
-                    if reach + M * (F + B) >= best_value:
-                        pruned += 1
-                        break
-                    if not last_stage_only:
-                        rest = work_suffix[last + 1] * work_factor / devices_left + self.overhead
-                    else:
-                        rest = 0.0
-                    if model.max_in_flight(j, last, m) < 1:
-                        continue
-                    key = (j, last, counts, previous)
-                    stage_cost = stage_cache.get(key)
-                    if stage_cost is None:
-                        stage_cost = stage_cache[key] = \
-                            model.stage_cost_of(j, last, counts, previous, m)
-                    AR = stage_cost.allreduce_ms
-                    # s1 = _extend(s0, F, B, AR, M)
-                    sumF2 = sumF + F
-                    E2 = max(E + B, AR + B)
-                    base = sumF2 + (M - 1) * (F + B)
-                    s1 = (max(V, G + AR, base + E2), sumF2, E2, max(G - B, base + B))
-                    bound = max(s1[0], sumF2 + E2 + rest) if rest else s1[0]
+                if best_value < _INF:
+                    more = 0 if last_stage_only else min(devices_left, N - 1 - last)
+                    trip_rest = (rest - self.overhead) / M if rest else 0.0
+                    bound = max(bound, self._round_trip_bound(stage_cost, more, trip_rest))
                     if bound >= best_value:
                         pruned += 1
                         continue
-                    if best_value < _INF:
-                        more = 0 if last_stage_only else min(devices_left, N - 1 - last)
-                        trip_rest = (rest - self.overhead) / M if rest else 0.0
-                        bound = max(bound, self._round_trip_bound(stage_cost, more, trip_rest))
-                        if bound >= best_value:
-                            pruned += 1
-                            continue
-                    children.append((bound, last, m, counts, new_used, s1, stage_cost))
+                children.append((bound, last, m, counts, new_used, s1, stage_cost))
         stats.candidates += candidates
         stats.pruned += pruned
         children.sort(key=lambda c: c[0])
