@@ -379,13 +379,15 @@ class Search:
                     rest = work_suffix[last + 1] * work_factor / devices_left + self.overhead
                 else:
                     rest = 0.0
-                if model.max_in_flight(j, last, m) < 1:
-                    continue
                 key = (j, last, counts, previous)
                 stage_cost = stage_cache.get(key)
                 if stage_cost is None:
+                    if model.max_in_flight(j, last, m) < 1:
+                        continue
                     stage_cost = stage_cache[key] = \
                         model.stage_cost_of(j, last, counts, previous, m)
+                elif stage_cost.max_in_flight < 1:
+                    continue
                 AR = stage_cost.allreduce_ms
                 # s1 = _extend(s0, F, B, AR, M), each max(a, b) as `b if b > a else a`
                 sumF2 = sumF + F
