@@ -1,7 +1,8 @@
-"""The exact search as it was before its speed work (#29), kept verbatim as an oracle: the
-search in planner/exact_search.py must visit the same candidates in the same order, so with
-any candidate budget it returns the same plan, value and statistics (test_search_oracle.py).
-Its seeding is the former one too: every seed shape offered at every M, one call each."""
+"""The exact search as it was at e0aa918, before #29's pass on its speed, kept verbatim as an
+oracle (only renamed and its imports adjusted): the search in planner/exact_search.py must
+visit the same candidates in the same order, so with any candidate budget it returns the same
+plan, value and statistics (test_search_oracle.py). Its seeding is the former one too: every
+seed shape offered at every M, one call each."""
 from __future__ import annotations
 
 import bisect

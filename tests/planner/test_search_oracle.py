@@ -1,5 +1,5 @@
-"""The search against its former self (tests/planner/search_oracle.py, the search before its
-speed work kept verbatim): on random profiles and topologies, in each of plan_dapple's
+"""The search against its former self (tests/planner/search_oracle.py, the search as it was
+before #29's pass on its speed): on random profiles and topologies, in each of plan_dapple's
 restrictions (two stages, one device a stage, the full space), seeded alike, at every M, with
 candidate budgets that stop it early and without one, both return the same plan, the same
 value and the same statistics (nodes, candidates, pruned, seeds, complete). A search that
