@@ -216,7 +216,8 @@ class Search:
         the minimum slice, and equal slices when `even_slices`."""
         return mb // m >= self.min_slice and (not self.even_slices or mb % m == 0)
 
-    def _round_trip_bound(self, new_stage, more_stages: int, trip_rest: float) -> float:
+    def _round_trip_bound(self, new_stage, more_stages: int,
+                          trip_rest: float) -> Tuple[float, tuple]:
         """A lower bound of the round-trip latency (`latency.round_trip_phases`) of every
         completion of the current path plus `new_stage`, from the pivot terms of the known
         stages. For a known stage q, Tw up to q and the s <= q terms of Te are final; the trip
@@ -227,7 +228,8 @@ class Search:
         the latency is the maximum over q.
 
         The path's stages keep their prefix terms in `self.trail` (`_trail_entry`), so a call
-        computes the new stage's and one pass back over the path."""
+        computes the new stage's and one pass back over the path. Returns (the bound, the new
+        stage's trail entry)."""
         M = self.M
         trail = self.trail
         n = len(trail)
@@ -238,6 +240,7 @@ class Search:
             k = runmin
         if k < 1:
             k = 1
+        entry = (tw_i, te_i, runmin, F, fb, link)
         trip = trip_rest
         wait = trip - (k - 1) * F
         period = (fb + trip) / k
@@ -258,7 +261,7 @@ class Search:
             if value > best:
                 best = value
             trip += link
-        return best
+        return best, entry
 
     def _trail_entry(self, cost) -> tuple:
         """The prefix terms of a stage appended to the path: (Tw up to it, the s <= q chain of
@@ -268,12 +271,17 @@ class Search:
         trail = self.trail
         if trail:
             acc_f, chain, runmin = trail[-1][0], trail[-1][1], trail[-1][2]
-            chain = max(chain + tb, tb)
+            x = chain + tb
+            chain = tb if tb > x else x                 # max(chain + tb, tb)
         else:
             acc_f, chain, runmin = 0.0, -_INF, self.M
         acc_f += tf + F
-        chain = max(chain + B, AR + B)
-        runmin = min(runmin, max(1, cap))
+        x, y = chain + B, AR + B
+        chain = y if y > x else x
+        if cap < 1:
+            cap = 1
+        if cap < runmin:
+            runmin = cap
         fb = F + B
         return (acc_f, chain, runmin, F, fb, fb + tf + tb)
 
@@ -410,23 +418,26 @@ class Search:
                 if bound >= best_value:
                     pruned += 1
                     continue
+                entry = None
                 if best_value < _INF:
                     more = 0 if last_stage_only else min(devices_left, N - 1 - last)
                     trip_rest = (rest - self.overhead) / M if rest else 0.0
-                    bound = max(bound, self._round_trip_bound(stage_cost, more, trip_rest))
+                    trip_bound, entry = self._round_trip_bound(stage_cost, more, trip_rest)
+                    if trip_bound > bound:
+                        bound = trip_bound
                     if bound >= best_value:
                         pruned += 1
                         continue
-                children.append((bound, last, m, counts, new_used, s1, stage_cost))
+                children.append((bound, last, m, counts, new_used, s1, stage_cost, entry))
         stats.candidates += candidates
         stats.pruned += pruned
         children.sort(key=lambda c: c[0])
-        for bound, last, m, counts, new_used, s1, stage_cost in children:
+        for bound, last, m, counts, new_used, s1, stage_cost, entry in children:
             if bound >= self.best_value:
                 self.stats.pruned += 1
                 continue
             path.append((j, last, counts))
-            self.trail.append(self._trail_entry(stage_cost))
+            self.trail.append(entry or self._trail_entry(stage_cost))
             self.path_costs.append(stage_cost)
             self._dfs(last + 1, new_used, counts, s1, path)
             path.pop()
