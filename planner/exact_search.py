@@ -15,7 +15,7 @@ bound, so the result is exact (tests compare it with brute force):
 * a 4-number summary of the partial plan (V, sum F, E, G) from which eq. 1 of any completion
   follows (`_extend`); V, eq. 1 of the known stages, bounds every completion from below;
 * the remaining work spread over the remaining devices, plus the per-task overheads;
-* the round-trip bound (`Search._round_trip_bound`).
+* the round-trip bound (`planner.round_trip_bound`).
 There is no dominance test between partial plans: K depends on the whole plan (stage count,
 ACR, memory caps), so a partial plan worse in eq. 1's summary can still complete better.
 Hosts equal in capacity, use and the devices of the previous and the new stage are
@@ -37,6 +37,7 @@ from planner import cost_model as cm
 from planner.cost_model import StageModel
 from planner.placement import POLICIES, canonical_state, place
 from planner.profile import Profile
+from planner.round_trip_bound import round_trip_bound, trail_entry
 
 LARGE_TOPOLOGY_DEVICES = 64
 _INF = math.inf
@@ -130,7 +131,7 @@ class Search:
             self.stats.pruned += 1
             return
         self.path_costs: List[cm.StageCost] = []      # the stages on the depth-first path
-        self.trail: List[tuple] = []                  # their `_trail_entry`s
+        self.trail: List[tuple] = []                  # their `trail_entry`s
         try:
             self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
         except _Budget:
@@ -215,75 +216,6 @@ class Search:
         """A stage of m replicas is in the plan space at micro-batch mb: every slice at least
         the minimum slice, and equal slices when `even_slices`."""
         return mb // m >= self.min_slice and (not self.even_slices or mb % m == 0)
-
-    def _round_trip_bound(self, new_stage, more_stages: int,
-                          trip_rest: float) -> Tuple[float, tuple]:
-        """A lower bound of the round-trip latency (`latency.round_trip_phases`) of every
-        completion of the current path plus `new_stage`, from the pivot terms of the known
-        stages. For a known stage q, Tw up to q and the s <= q terms of Te are final; the trip
-        R_q only grows as stages are added (by at least `trip_rest`, the remaining work spread
-        over the free devices); K_q is at most min(M, policy B's depth with the most stages
-        still possible, the memory caps D of stages 0..q). The wait and the steady period fall
-        as K grows and rise with R, so those values give a lower bound of the final L(q), and
-        the latency is the maximum over q.
-
-        The path's stages keep their prefix terms in `self.trail` (`_trail_entry`), so a call
-        computes the new stage's and one pass back over the path. Returns (the bound, the new
-        stage's trail entry)."""
-        M = self.M
-        trail = self.trail
-        n = len(trail)
-        max_stages = n + 1 + more_stages
-        tw_i, te_i, runmin, F, fb, link = self._trail_entry(new_stage)
-        k = 2 * (max_stages - n) - 1
-        if runmin < k:
-            k = runmin
-        if k < 1:
-            k = 1
-        entry = (tw_i, te_i, runmin, F, fb, link)
-        trip = trip_rest
-        wait = trip - (k - 1) * F
-        period = (fb + trip) / k
-        best = tw_i + (wait if wait > 0.0 else 0.0) + \
-            (M - 1) * (period if period > fb else fb) + te_i
-        trip += link
-        for i in range(n - 1, -1, -1):
-            tw_i, te_i, runmin, F, fb, link = trail[i]
-            k = 2 * (max_stages - i) - 1
-            if runmin < k:
-                k = runmin
-            if k < 1:
-                k = 1
-            wait = trip - (k - 1) * F
-            period = (fb + trip) / k
-            value = tw_i + (wait if wait > 0.0 else 0.0) + \
-                (M - 1) * (period if period > fb else fb) + te_i
-            if value > best:
-                best = value
-            trip += link
-        return best, entry
-
-    def _trail_entry(self, cost) -> tuple:
-        """The prefix terms of a stage appended to the path: (Tw up to it, the s <= q chain of
-        Te, the least memory cap so far (K bound), F, F + B, what it adds to an earlier
-        stage's round trip)."""
-        tf, tb, F, B, AR, cap = cost                           # StageCost fields
-        trail = self.trail
-        if trail:
-            acc_f, chain, runmin = trail[-1][0], trail[-1][1], trail[-1][2]
-            x = chain + tb
-            chain = tb if tb > x else x                 # max(chain + tb, tb)
-        else:
-            acc_f, chain, runmin = 0.0, -_INF, self.M
-        acc_f += tf + F
-        x, y = chain + B, AR + B
-        chain = y if y > x else x
-        if cap < 1:
-            cap = 1
-        if cap < runmin:
-            runmin = cap
-        fb = F + B
-        return (acc_f, chain, runmin, F, fb, fb + tf + tb)
 
     def _sizes(self, free: int, mb: int) -> Iterable[int]:
         top = min(free, mb // self.min_slice)
@@ -422,7 +354,8 @@ class Search:
                 if best_value < _INF:
                     more = 0 if last_stage_only else min(devices_left, N - 1 - last)
                     trip_rest = (rest - self.overhead) / M if rest else 0.0
-                    trip_bound, entry = self._round_trip_bound(stage_cost, more, trip_rest)
+                    trip_bound, entry = round_trip_bound(self.trail, stage_cost, M,
+                                                         more, trip_rest)
                     if trip_bound > bound:
                         bound = trip_bound
                     if bound >= best_value:
@@ -437,7 +370,7 @@ class Search:
                 self.stats.pruned += 1
                 continue
             path.append((j, last, counts))
-            self.trail.append(entry or self._trail_entry(stage_cost))
+            self.trail.append(entry or trail_entry(self.trail, stage_cost, M))
             self.path_costs.append(stage_cost)
             self._dfs(last + 1, new_used, counts, s1, path)
             path.pop()
