@@ -85,6 +85,7 @@ class StageModel:
         self.inter_lat = topology.inter_host_latency * 1e3
         self._transfer_cache: Dict[tuple, float] = {}
         self._fit_cache: Dict[tuple, int] = {}
+        self._rate_cache: Dict[tuple, Tuple[float, float]] = {}
 
     # ---- compute --------------------------------------------------------------------
     def slice_size(self, replicas: int) -> int:
@@ -135,7 +136,15 @@ class StageModel:
     # ---- allreduce ------------------------------------------------------------------
     def allreduce_rate(self, counts: Sequence[int]) -> Tuple[float, float]:
         """(ms per gradient byte, fixed ms per collective) of a hierarchical ring."""
-        hosts = sum(1 for c in counts if c)
+        # Cached: O(hosts) to compute, and the search asks for the same vectors many times.
+        key = tuple(counts)
+        hit = self._rate_cache.get(key)
+        if hit is None:
+            hit = self._rate_cache[key] = self._allreduce_rate(key)
+        return hit
+
+    def _allreduce_rate(self, counts: Sequence[int]) -> Tuple[float, float]:
+        hosts = len(counts) - counts.count(0)
         n = max(counts)
         per_byte, fixed = 0.0, 0.0
         if n > 1:
@@ -151,13 +160,19 @@ class StageModel:
         per_byte, fixed = self.allreduce_rate(counts)
         return (per_byte * self.profile.parameter_bytes(first, last) + fixed) * (sum(counts) > 1)
 
-    def exposed_allreduce_ms(self, first: int, last: int, counts: Sequence[int]) -> float:
+    def exposed_allreduce_ms(self, first: int, last: int, counts: Sequence[int],
+                             replicas: Optional[int] = None) -> float:
         """Allreduce time left after the stage's last backward: all of it. dapple's runtime
         runs a stage's backward as one call whose gradients appear together, so the allreduce
-        starts after it (docs/cost_model.md); a stage without parameters has none."""
-        if sum(counts) <= 1 or self.profile.parameter_bytes(first, last) <= 0:
+        starts after it (docs/cost_model.md); a stage without parameters has none.
+        `replicas` is sum(counts) when the caller has it."""
+        if (sum(counts) if replicas is None else replicas) <= 1:
             return 0.0
-        return self.allreduce_ms(first, last, counts)
+        parameters = self.profile.parameter_bytes(first, last)
+        if parameters <= 0:
+            return 0.0
+        per_byte, fixed = self.allreduce_rate(counts)
+        return per_byte * parameters + fixed
 
     # ---- memory ---------------------------------------------------------------------
     def static_bytes(self, first: int, last: int) -> float:
@@ -196,6 +211,12 @@ class StageModel:
         """The `StageCost` of layers first..last on the devices `counts` (a host-count
         vector), after a stage on `previous` (None for the first stage)."""
         replicas = sum(counts)
+        return self.stage_cost_of(first, last, counts, previous, replicas)
+
+    def stage_cost_of(self, first: int, last: int, counts: tuple,
+                      previous: Optional[tuple], replicas: int) -> StageCost:
+        """`stage_cost` with `replicas` = sum(counts) given and the vectors as tuples (the
+        search's inner loop, where hosts can number hundreds)."""
         send_forward = send_backward = 0.0
         if previous is not None:
             x = self.boundary_bytes(first - 1)
@@ -204,7 +225,7 @@ class StageModel:
         return StageCost(send_forward, send_backward,
                          self.forward_ms(first, last, replicas),
                          self.backward_ms(first, last, replicas),
-                         self.exposed_allreduce_ms(first, last, counts),
+                         self.exposed_allreduce_ms(first, last, counts, replicas),
                          self.max_in_flight(first, last, replicas))
 
 

@@ -15,7 +15,7 @@ bound, so the result is exact (tests compare it with brute force):
 * a 4-number summary of the partial plan (V, sum F, E, G) from which eq. 1 of any completion
   follows (`_extend`); V, eq. 1 of the known stages, bounds every completion from below;
 * the remaining work spread over the remaining devices, plus the per-task overheads;
-* the round-trip bound (`Search._round_trip_bound`).
+* the round-trip bound (`planner.round_trip_bound`).
 There is no dominance test between partial plans: K depends on the whole plan (stage count,
 ACR, memory caps), so a partial plan worse in eq. 1's summary can still complete better.
 Hosts equal in capacity, use and the devices of the previous and the new stage are
@@ -30,12 +30,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import operator
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from planner import cost_model as cm
 from planner.cost_model import StageModel
 from planner.placement import POLICIES, canonical_state, place
 from planner.profile import Profile
+from planner.round_trip_bound import round_trip_bound, trail_entry
 
 LARGE_TOPOLOGY_DEVICES = 64
 _INF = math.inf
@@ -94,6 +96,7 @@ class Search:
             h = max(self.capacity)
             stage_sizes = sorted(set(range(1, h + 1)) | set(range(h, self.G + 1, h)))
         self.stage_sizes = None if stage_sizes is None else sorted(set(stage_sizes))
+        self.stage_size_set = frozenset(self.stage_sizes or ())
         self.stats = stats or SearchStats()
         self.stage_limit = max_stages or self.G
         self.min_slice = cm.minimum_slice(profile, topology, global_batch_size)
@@ -106,6 +109,10 @@ class Search:
         for i in range(self.N - 1, -1, -1):
             self.work_suffix[i] = self.work_suffix[i + 1] + work[i]
         self.neg_work_suffix = [-w for w in self.work_suffix]
+        # Prefix sums of F and B at the profile batch, as `Profile.forward_ms(0, k - 1)` gives
+        # them: the inner loop's stage times are the same numbers as `StageModel.forward_ms`.
+        self.forward_prefix = [0.0] + [profile.forward_ms(0, k) for k in range(self.N)]
+        self.backward_prefix = [0.0] + [profile.backward_ms(0, k) for k in range(self.N)]
 
     # ---- one M --------------------------------------------------------------------
     def run_micro_batches(self, M: int) -> None:
@@ -118,10 +125,13 @@ class Search:
                                    (model.micro_batch + H) / (model.pbs + H))
         self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
         self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
+        self.stage_cache: Dict[tuple, cm.StageCost] = {}    # (first, last, counts, previous)
+        self.placement_cache: Dict[tuple, List[tuple]] = {}  # `_placements` by its arguments
         if self._remaining_bound(0, self.G) >= self.best_value:
             self.stats.pruned += 1
             return
         self.path_costs: List[cm.StageCost] = []      # the stages on the depth-first path
+        self.trail: List[tuple] = []                  # their `trail_entry`s
         try:
             self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
         except _Budget:
@@ -136,35 +146,57 @@ class Search:
         if self.gbs % M or not stages or stages[-1][1] != self.N - 1 \
                 or len(stages) > self.stage_limit:
             return
-        if self.stage_sizes is not None and any(r not in self.stage_sizes for _, _, r in stages):
+        if self.stage_sizes is not None and any(r not in self.stage_size_set for _, _, r in stages):
             return
         if model is None or model.M != M:
             model = StageModel(self.profile, self.topology, self.gbs, M)
+        if "append" not in self.policies:
+            return
         used = (0,) * len(self.capacity)
-        prev, summary, path, costs = None, _EMPTY, [], []
+        path, taken, mb, stage_bound, forwards = [], 0, model.micro_batch, 0.0, 0.0
         for first, last, r in stages:
-            if not self.replicas_allowed(r, model.micro_batch) or \
-                    model.max_in_flight(first, last, r) < 1:
+            if not self.replicas_allowed(r, mb) or model.max_in_flight(first, last, r) < 1:
                 return
-            counts = place("append", self.capacity, used, r)
-            if counts is None or "append" not in self.policies:
+            counts = self._place("append", used, r)
+            if counts is None:
                 return
-            cost = model.stage_cost(first, last, counts, prev)
+            used = counts if not path else tuple(map(operator.add, used, counts))
+            taken += r
+            path.append((first, last, counts))
+            F, B = model.forward_ms(first, last, r), model.backward_ms(first, last, r)
+            forwards += F
+            AR = model.exposed_allreduce_ms(first, last, counts, r)
+            stage_bound = max(stage_bound, forwards + (M - 1) * (F + B) + AR + B)
+        if taken != self.G:
+            return
+        self.stats.seeds += 1
+        # Eq. 1 of the seed (its summary's V) is at least, for each stage, the forwards up to
+        # it, then M - 1 of its F + B, then its allreduce and B (transfers only add); well
+        # above the incumbent (far beyond rounding), the seed cannot replace it: skip its
+        # costs.
+        if stage_bound > self.best_value * (1 + 1e-9):
+            return
+        prev, summary, costs = None, _EMPTY, []
+        for first, last, counts in path:
+            cost = model.stage_cost_of(first, last, counts, prev, sum(counts))
             if prev is not None:
                 summary = _extend(summary, cost.send_forward_ms, cost.send_backward_ms, 0.0, M)
             summary = _extend(summary, cost.forward_ms, cost.backward_ms, cost.allreduce_ms, M)
-            used = tuple(u + c for u, c in zip(used, counts))
             prev = counts
-            path.append((first, last, counts))
             costs.append(cost)
-        if sum(used) != self.G:
-            return
-        self.stats.seeds += 1
         if summary[0] < self.best_value:
             value = cm.planned_latency_ms(costs, M)
             if value < self.best_value:
                 self.best_value = value
                 self.best = (M, path)
+
+    def _place(self, policy: str, used: tuple, m: int) -> Optional[tuple]:
+        """`placement.place`, remembered: it depends on `used` and `m` only."""
+        key = (policy, used, m)
+        counts = self.place_cache.get(key, 0)
+        if counts == 0:
+            counts = self.place_cache[key] = place(policy, self.capacity, used, m)
+        return counts
 
     def _remaining_bound(self, j: int, devices_left: int) -> float:
         if j >= self.N:
@@ -185,43 +217,6 @@ class Search:
         the minimum slice, and equal slices when `even_slices`."""
         return mb // m >= self.min_slice and (not self.even_slices or mb % m == 0)
 
-    def _round_trip_bound(self, new_stage, more_stages: int, trip_rest: float) -> float:
-        """A lower bound of the round-trip latency (`latency.round_trip_phases`) of every
-        completion of the current path plus `new_stage`, from the pivot terms of the known
-        stages. For a known stage q, Tw up to q and the s <= q terms of Te are final; the trip
-        R_q only grows as stages are added (by at least `trip_rest`, the remaining work spread
-        over the free devices); K_q is at most min(M, policy B's depth with the most stages
-        still possible, the memory caps D of stages 0..q). The wait and the steady period fall
-        as K grows and rise with R, so those values give a lower bound of the final L(q), and
-        the latency is the maximum over q."""
-        M = self.M
-        costs = self.path_costs + [new_stage]
-        n = len(costs)
-        max_stages = n + more_stages
-        tw, te, kmax = [0.0] * n, [0.0] * n, [0] * n
-        acc_f, chain, runmin = 0.0, -_INF, M
-        for i, (tf, tb, F, B, AR, cap) in enumerate(costs):      # StageCost fields
-            acc_f += tf + F
-            tw[i] = acc_f
-            if i:
-                chain = max(chain + tb, tb)
-            chain = max(chain + B, AR + B)
-            te[i] = chain
-            runmin = min(runmin, max(1, cap))
-            kmax[i] = max(1, min(runmin, 2 * (max_stages - i) - 1))
-        best, trip = -_INF, trip_rest
-        for i in range(n - 1, -1, -1):
-            tf, tb, F, B, _, _ = costs[i]
-            fb, k = F + B, kmax[i]
-            wait = trip - (k - 1) * F
-            period = (fb + trip) / k
-            value = tw[i] + (wait if wait > 0.0 else 0.0) + \
-                (M - 1) * (period if period > fb else fb) + te[i]
-            if value > best:
-                best = value
-            trip += fb + tf + tb
-        return best
-
     def _sizes(self, free: int, mb: int) -> Iterable[int]:
         top = min(free, mb // self.min_slice)
         if self.stage_sizes is None:
@@ -231,6 +226,28 @@ class Search:
                 and self.replicas_allowed(free, mb):
             sizes.append(free)
         return sizes
+
+    def _placements(self, j: int, used: tuple, prev: tuple, must_finish: bool) -> List[tuple]:
+        """A node's new stages up to symmetry, in the order the search tries them: (replicas,
+        host counts, devices used after it, (forward, backward) transfer from the previous
+        stage); only the last stage (all free devices) when `must_finish`. They depend on
+        these arguments only, which many paths share."""
+        free = self.G - sum(used)
+        out, seen = [], set()
+        for m in self._sizes(free, self.model.micro_batch):
+            if must_finish and m != free:
+                continue
+            for policy in self.policies:
+                counts = self._place(policy, used, m)
+                if counts is None:
+                    continue
+                sym = canonical_state(self.capacity, used, prev, counts)
+                if sym in seen:
+                    continue
+                seen.add(sym)
+                transfer = self._transfer(j - 1, prev, counts) if j > 0 else None
+                out.append((m, counts, tuple(map(operator.add, used, counts)), transfer))
+        return out
 
     def _dfs(self, j: int, used: tuple, prev: tuple, summary, path) -> None:
         self.stats.nodes += 1
@@ -244,85 +261,118 @@ class Search:
                     self.best_value = value
                     self.best = (self.M, list(path))
             return
-        free = self.G - sum(used)
-
         model, M, N = self.model, self.M, self.N
         must_finish = len(path) + 1 >= self.stage_limit
+        # best_value changes only below this node (in the recursion after the loop)
+        stats, best_value = self.stats, self.best_value
+        candidates = pruned = 0
+        fwd, bwd, stage_cache = self.forward_prefix, self.backward_prefix, self.stage_cache
+        work_suffix, work_factor = self.work_suffix, self.work_factor
+        overhead_ms = cm.TASK_OVERHEAD_MS
         children = []
-        seen = set()
-        for m in self._sizes(free, model.micro_batch):
+        key = (j, used, prev, must_finish)
+        placements = self.placement_cache.get(key)
+        if placements is None:
+            placements = self.placement_cache[key] = \
+                self._placements(j, used, prev, must_finish)
+        free = self.G - sum(used)
+        for m, counts, new_used, transfer in placements:
             last_stage_only = m == free
-            if must_finish and not last_stage_only:
+            s0 = summary
+            if j > 0:
+                s0 = _extend(summary, transfer[0], transfer[1], 0.0, M)
+            if s0[0] >= best_value:
+                pruned += 1
                 continue
-            for policy in self.policies:
-                key = (policy, used, m)
-                counts = self.place_cache.get(key, 0)
-                if counts == 0:
-                    counts = self.place_cache[key] = place(policy, self.capacity, used, m)
-                if counts is None:
-                    continue
-                sym = canonical_state(self.capacity, used, prev, counts)
-                if sym in seen:
-                    continue
-                seen.add(sym)
-                new_used = tuple(u + c for u, c in zip(used, counts))
-                s0 = summary
-                if j > 0:
-                    tf, tb = self._transfer(j - 1, prev, counts)
-                    s0 = _extend(summary, tf, tb, 0.0, M)
-                if s0[0] >= self.best_value:
-                    self.stats.pruned += 1
-                    continue
-                if last_stage_only:
-                    lasts = [N - 1]
+            if last_stage_only:
+                lasts = [N - 1]
+            else:
+                # The completion bound falls as the stage grows: skip the stage ends whose
+                # remaining work alone already exceeds the incumbent (binary search).
+                start = j
+                if best_value < _INF:
+                    base0 = s0[1] + max(s0[2], 0.0)
+                    room = (best_value - base0 - self.overhead) * (free - m) \
+                        / self.work_factor
+                    i = bisect.bisect_right(self.neg_work_suffix, -room, j + 1, N)
+                    start = i - 1
+                    pruned += start - j
+                lasts = range(start, N - 1)
+            # The loop below is `model.forward_ms`, `backward_ms`, `_remaining_bound`,
+            # `stage_cost` and `_extend` inlined (the same arithmetic in the same order):
+            # it runs for every candidate.
+            scale = model.time_scale(m)
+            fwd_j, bwd_j = fwd[j], bwd[j]
+            V, sumF, E, G = s0
+            reach = sumF + E if E > -_INF else sumF
+            devices_left = free - m
+            previous = prev if j else None
+            for last in lasts:
+                candidates += 1
+                F = (fwd[last + 1] - fwd_j) * scale + overhead_ms
+                B = (bwd[last + 1] - bwd_j) * scale + overhead_ms
+                # Monotone in `last`: once the stage alone is too long, longer ones are too.
+                if reach + M * (F + B) >= best_value:
+                    pruned += 1
+                    break
+                if not last_stage_only:
+                    rest = work_suffix[last + 1] * work_factor / devices_left + self.overhead
                 else:
-                    # The completion bound falls as the stage grows: skip the stage ends whose
-                    # remaining work alone already exceeds the incumbent (binary search).
-                    start = j
-                    if self.best_value < _INF:
-                        base0 = s0[1] + max(s0[2], 0.0)
-                        room = (self.best_value - base0 - self.overhead) * (free - m) \
-                            / self.work_factor
-                        i = bisect.bisect_right(self.neg_work_suffix, -room, j + 1, N)
-                        start = i - 1
-                        self.stats.pruned += start - j
-                    lasts = range(start, N - 1)
-                for last in lasts:
-                    self.stats.candidates += 1
-                    F = model.forward_ms(j, last, m)
-                    B = model.backward_ms(j, last, m)
-                    # Monotone in `last`: once the stage alone is too long, longer ones are too.
-                    if s0[1] + s0[2] + M * (F + B) >= self.best_value if s0[2] > -_INF else \
-                            s0[1] + M * (F + B) >= self.best_value:
-                        self.stats.pruned += 1
-                        break
-                    if not last_stage_only:
-                        rest = self._remaining_bound(last + 1, free - m)
-                    else:
-                        rest = 0.0
+                    rest = 0.0
+                key = (j, last, counts, previous)
+                stage_cost = stage_cache.get(key)
+                if stage_cost is None:
                     if model.max_in_flight(j, last, m) < 1:
                         continue
-                    stage_cost = model.stage_cost(j, last, counts, prev if j else None)
-                    s1 = _extend(s0, F, B, stage_cost.allreduce_ms, M)
-                    bound = max(s1[0], s1[1] + s1[2] + rest) if rest else s1[0]
-                    if bound >= self.best_value:
-                        self.stats.pruned += 1
+                    stage_cost = stage_cache[key] = \
+                        model.stage_cost_of(j, last, counts, previous, m)
+                elif stage_cost.max_in_flight < 1:
+                    continue
+                AR = stage_cost.allreduce_ms
+                # s1 = _extend(s0, F, B, AR, M), each max(a, b) as `b if b > a else a`
+                sumF2 = sumF + F
+                x, y = E + B, AR + B
+                E2 = y if y > x else x
+                base = sumF2 + (M - 1) * (F + B)
+                V2, x = V, G + AR
+                if x > V2:
+                    V2 = x
+                x = base + E2
+                if x > V2:
+                    V2 = x
+                x, y = G - B, base + B
+                s1 = (V2, sumF2, E2, y if y > x else x)
+                if rest:
+                    x = sumF2 + E2 + rest
+                    bound = x if x > V2 else V2
+                else:
+                    bound = V2
+                if bound >= best_value:
+                    pruned += 1
+                    continue
+                entry = None
+                if best_value < _INF:
+                    more = 0 if last_stage_only else min(devices_left, N - 1 - last)
+                    trip_rest = (rest - self.overhead) / M if rest else 0.0
+                    trip_bound, entry = round_trip_bound(self.trail, stage_cost, M,
+                                                         more, trip_rest)
+                    if trip_bound > bound:
+                        bound = trip_bound
+                    if bound >= best_value:
+                        pruned += 1
                         continue
-                    if self.best_value < _INF:
-                        more = 0 if last_stage_only else min(free - m, N - 1 - last)
-                        trip_rest = (rest - self.overhead) / M if rest else 0.0
-                        bound = max(bound, self._round_trip_bound(stage_cost, more, trip_rest))
-                        if bound >= self.best_value:
-                            self.stats.pruned += 1
-                            continue
-                    children.append((bound, last, m, counts, new_used, s1, stage_cost))
+                children.append((bound, last, m, counts, new_used, s1, stage_cost, entry))
+        stats.candidates += candidates
+        stats.pruned += pruned
         children.sort(key=lambda c: c[0])
-        for bound, last, m, counts, new_used, s1, stage_cost in children:
+        for bound, last, m, counts, new_used, s1, stage_cost, entry in children:
             if bound >= self.best_value:
                 self.stats.pruned += 1
                 continue
             path.append((j, last, counts))
+            self.trail.append(entry or trail_entry(self.trail, stage_cost, M))
             self.path_costs.append(stage_cost)
             self._dfs(last + 1, new_used, counts, s1, path)
             path.pop()
             self.path_costs.pop()
+            self.trail.pop()

@@ -79,7 +79,14 @@ def seed_shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
 def seed_search(search: Search, micro_batches: Sequence[int]) -> None:
     """Offer every seed shape to `search` at every M of `micro_batches`."""
     shapes = seed_shapes(search.profile, search.topology, search.stage_sizes)
+    # A shape with a replica count outside the plan space at M is refused by `Search.seed`;
+    # checking that once per M and set of replica counts skips most of the two-stage shapes on
+    # large topologies (tens of thousands) without a call each. The order is kept (ties).
+    replicas = [tuple(r for _, _, r in stages) for stages in shapes]
     for M in micro_batches:
         model = StageModel(search.profile, search.topology, search.gbs, M)
-        for stages in shapes:
-            search.seed(M, stages, model)
+        allowed = {rs: all(search.replicas_allowed(r, model.micro_batch) for r in rs)
+                   for rs in set(replicas)}
+        for stages, rs in zip(shapes, replicas):
+            if allowed[rs]:
+                search.seed(M, stages, model)
