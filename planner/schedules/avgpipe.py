@@ -12,10 +12,12 @@ from planner.schedules.relaxed import ADVANCE, BATCHES, RelaxedSpec
 
 
 class AvgPipe(RelaxedSpec):
+    """N pipelines on the replicas, each synchronous, their weights averaged per batch."""
+
     name = "avgpipe"
     summary = "AvgPipe: a pipeline per stage replica, elastic averaging, advance forwards ahead"
-    parameters = (BATCHES, ADVANCE)
-    averaging = True
+    averaging = True                     # the fact the simulator, cost model and runtime ask
+    parameters = (BATCHES, ADVANCE)      # advance: tuned by the planner (Algorithm 1)
     update_rule = ("every global batch, N pipelines: w_i <- (1 - a) w_i + a z + Delta_i, "
                    "z <- z + (1/N) sum_i Delta_i, a = 1/N; no staleness inside a pipeline")
 

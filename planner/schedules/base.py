@@ -5,8 +5,10 @@ A spec is stateless: the values of its parameters live on the plan (`Plan.warmup
 spec says which of them it takes, their defaults and how they are checked, how it builds its
 action lists, and what the planner, the simulator and the runtime need to know of it (the
 attributes below). Code outside `planner.schedules` asks a spec these questions instead of
-comparing names. A spec compares equal to its name, so `plan.schedule == "1f1b"` reads as
-before; `str(spec)` and formatting give the name.
+comparing names. Its memory follows from its lists: the activations they hold at their peak
+(`planner.schedule_memory`) and the weight versions its updates keep (`planner.weight_versions`).
+A spec compares equal to its name, so `plan.schedule == "1f1b"` reads as before; `str(spec)`
+and formatting give the name.
 """
 from __future__ import annotations
 

@@ -64,6 +64,14 @@ def checked_depths(warmup: Sequence[int], num_stages: int, micro_batches: int) -
     return ks
 
 
+def given_or_default(spec: "ScheduleSpec", warmup: Optional[Sequence[int]], num_stages: int,
+                     micro_batches: int) -> List[int]:
+    """`warmup` if given, else `spec`'s default depths; checked either way."""
+    return checked_depths(warmup if warmup is not None else
+                          spec.default_warmup(num_stages, micro_batches),
+                          num_stages, micro_batches)
+
+
 def forward_backward_schedule(num_stages: int, micro_batches: int, warmup: Sequence[int],
                               name: str) -> Schedule:
     """Stage s (on position s) warms up K_s = warmup[s] deep, then alternates B and F."""
@@ -81,5 +89,5 @@ class ForwardBackwardSpec(ScheduleSpec):
     def actions(self, num_positions: int, micro_batches: int,
                 warmup: Optional[Sequence[int]] = None,
                 virtual_stages: Optional[int] = None) -> Schedule:
-        ks = warmup if warmup is not None else self.default_warmup(num_positions, micro_batches)
+        ks = given_or_default(self, warmup, num_positions, micro_batches)
         return forward_backward_schedule(num_positions, micro_batches, ks, self.name)

@@ -13,8 +13,8 @@ from typing import List, Optional, Sequence
 
 from planner.actions import Schedule
 from planner.multi_batch import flushed
-from planner.schedules.forward_backward import (ForwardBackwardSpec, checked_depths,
-                                                forward_backward_schedule, policy_a_depths,
+from planner.schedules.forward_backward import (ForwardBackwardSpec, forward_backward_schedule,
+                                                given_or_default, policy_a_depths,
                                                 policy_b_depths)
 
 POLICIES = {"A": policy_a_depths, "B": policy_b_depths}
@@ -43,9 +43,7 @@ class OneFOneB(ForwardBackwardSpec):
     def run_actions(self, num_positions: int, micro_batches: int,
                     warmup: Optional[Sequence[int]], batches: int, advance: Optional[int],
                     vertical_sync: bool) -> Schedule:
-        ks = checked_depths(warmup if warmup is not None else
-                            self.default_warmup(num_positions, micro_batches),
-                            num_positions, micro_batches)
+        ks = given_or_default(self, warmup, num_positions, micro_batches)
         return flushed(forward_backward_schedule(num_positions, micro_batches, ks, self.name),
                        batches)
 

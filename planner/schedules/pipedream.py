@@ -1,8 +1,6 @@
 """PipeDream with weight stashing: an update after every backward (`planner.multi_batch`)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
-
 from planner.actions import Schedule
 from planner.multi_batch import pipedream
 from planner.schedules.relaxed import BATCHES, VERTICAL_SYNC, OverOneFOneB
@@ -17,11 +15,9 @@ class PipeDream(OverOneFOneB):
                    "W_S(t-K_S+1)), stage s K_s - 1 updates stale (S - 1 - s at 1F1B's warm-up); "
                    "vertical sync: K_1 - 1 on every stage")
 
-    def run_actions(self, num_positions: int, micro_batches: int,
-                    warmup: Optional[Sequence[int]], batches: int, advance: Optional[int],
-                    vertical_sync: bool) -> Schedule:
-        return pipedream(self.order(num_positions, micro_batches, warmup, batches), batches,
-                         vertical_sync, name=self.name)
+    def with_updates(self, order: Schedule, micro_batches: int, batches: int,
+                     vertical_sync: bool) -> Schedule:
+        return pipedream(order, batches, vertical_sync, name=self.name)
 
 
 PIPEDREAM = PipeDream()

@@ -55,14 +55,15 @@ def names(legacy: bool = False, **facts: Any) -> Tuple[str, ...]:
 
 
 def find(name: Any) -> Optional[ScheduleSpec]:
+    """The spec named `name` (a registered spec passes through), else None."""
+    if isinstance(name, ScheduleSpec):
+        name = name.name
     return _SPECS.get(name) if isinstance(name, str) else None
 
 
 def get(name: Any) -> ScheduleSpec:
     """The spec named `name` (a spec passes through); ScheduleError naming the choices."""
-    if isinstance(name, ScheduleSpec) and name.known:
-        return name
-    spec = find(name.name if isinstance(name, ScheduleSpec) else name)
+    spec = find(name)
     if spec is None:
         shown = name.name if isinstance(name, ScheduleSpec) else name
         raise ScheduleError(f"unknown schedule {shown!r}; use one of {names()}")

@@ -9,7 +9,7 @@ from planner.actions import Schedule, ScheduleError
 from planner.avgpipe import advance_depths
 from planner.multi_batch import DEFAULT_BATCHES, check_batches
 from planner.schedules.base import Parameter, ScheduleSpec
-from planner.schedules.forward_backward import (checked_depths, forward_backward_schedule,
+from planner.schedules.forward_backward import (forward_backward_schedule, given_or_default,
                                                 policy_a_depths)
 
 
@@ -44,9 +44,14 @@ class OverOneFOneB(RelaxedSpec):
     def default_warmup(self, num_stages: int, micro_batches: int) -> List[int]:
         return policy_a_depths(num_stages, micro_batches)
 
-    def order(self, num_positions: int, micro_batches: int,
-              warmup: Optional[Sequence[int]], batches: int) -> Schedule:
-        ks = checked_depths(warmup if warmup is not None else
-                            self.default_warmup(num_positions, micro_batches),
-                            num_positions, micro_batches)
-        return forward_backward_schedule(num_positions, batches * micro_batches, ks, self.name)
+    def run_actions(self, num_positions: int, micro_batches: int,
+                    warmup: Optional[Sequence[int]], batches: int, advance: Optional[int],
+                    vertical_sync: bool) -> Schedule:
+        ks = given_or_default(self, warmup, num_positions, micro_batches)
+        order = forward_backward_schedule(num_positions, batches * micro_batches, ks, self.name)
+        return self.with_updates(order, micro_batches, batches, vertical_sync)
+
+    def with_updates(self, order: Schedule, micro_batches: int, batches: int,
+                     vertical_sync: bool) -> Schedule:
+        """`order` (1F1B over the run) with this schedule's updates and weight versions."""
+        raise NotImplementedError

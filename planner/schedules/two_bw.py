@@ -2,8 +2,6 @@
 (`planner.multi_batch`)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
-
 from planner.actions import Schedule
 from planner.multi_batch import two_bw
 from planner.schedules.relaxed import OverOneFOneB
@@ -15,11 +13,9 @@ class TwoBW(OverOneFOneB):
     update_rule = ("every global batch: W(t+1) = W(t) - lr grad f(W(t-1)), 1 update stale on "
                    "every stage")
 
-    def run_actions(self, num_positions: int, micro_batches: int,
-                    warmup: Optional[Sequence[int]], batches: int, advance: Optional[int],
-                    vertical_sync: bool) -> Schedule:
-        return two_bw(self.order(num_positions, micro_batches, warmup, batches), micro_batches,
-                      batches, name=self.name)
+    def with_updates(self, order: Schedule, micro_batches: int, batches: int,
+                     vertical_sync: bool) -> Schedule:
+        return two_bw(order, micro_batches, batches, name=self.name)
 
 
 TWO_BW = TwoBW()
