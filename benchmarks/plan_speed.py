@@ -81,7 +81,7 @@ def cell_rows(cells, repeat):
         search, choice, plan, cpu = min(timings, key=lambda t: t[0] + t[1])
         json_s, json_cpu = best_of(repeat, lambda: as_process(path, cfg, gbs, "--format=json"))
         text_s, text_cpu = best_of(repeat, lambda: as_process(path, cfg, gbs))
-        rows.append([model, cfg, plan.shape(), str(plan.micro_batches), plan.schedule,
+        rows.append([model, cfg, plan.shape(), str(plan.micro_batches), plan.schedule.name,
                      f"{search:.3f}", f"{choice:.3f}", f"{search + choice:.3f} ({cpu:.3f})",
                      f"{json_s:.2f} ({json_cpu:.2f})", f"{text_s:.2f} ({text_cpu:.2f})"])
     return ["model", "cfg", "plan", "M", "schedule", "search s", "choice s",

@@ -103,7 +103,7 @@ def rows(models=None, progress=None, plan_space="paper"):
             out.append({
                 "model": name, "config": config, "gbs": gbs, "shape": plan.shape(),
                 "split": stage_split(plan), "M": plan.micro_batches,
-                "schedule": plan.schedule, "pivot": plan.estimate.pivot_stage,
+                "schedule": plan.schedule.name, "pivot": plan.estimate.pivot_stage,
                 "formula_ms": formula, "simulated_ms": full.iteration_ms,
                 "ratio": full.iteration_ms / formula,
                 "half_duplex_ratio": half.iteration_ms / formula,

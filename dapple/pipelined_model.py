@@ -80,7 +80,7 @@ class PipelinedModel:
         covers (default the plan's `batches`; see `dapple.relaxed_training`)."""
         if steps_per_execution not in (None, 1) and not is_relaxed(self.plan):
             raise ValueError(f"steps_per_execution applies to the relaxed schedules (pipedream, "
-                             f"2bw, avgpipe); schedule {self.plan.schedule!r} runs one batch")
+                             f"2bw, avgpipe); schedule {self.plan.schedule.name!r} runs one batch")
         if kwargs:
             raise TypeError(f"PipelinedModel.compile does not support {sorted(kwargs)}")
         # The plain model's compile gives us Keras's optimizer (a LossScaleOptimizer under a

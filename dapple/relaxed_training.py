@@ -31,13 +31,13 @@ from dapple.data import elements
 from dapple.eager_build import build_metrics, build_optimizer
 from graph_rewrite.batch_statistics import is_batch_normalization
 from graph_rewrite.model_graph import cut_model
-from planner.multi_batch import AVGPIPE, DEFAULT_BATCHES, RELAXED_SCHEDULES
+from planner.multi_batch import DEFAULT_BATCHES
 from planner.plan import Plan
-from planner.schedule import ONE_F_ONE_B
+from planner.schedules.one_f_one_b import ONE_F_ONE_B
 
 
 def is_relaxed(plan: Plan) -> bool:
-    return plan.schedule in RELAXED_SCHEDULES
+    return plan.schedule.relaxed
 
 
 def synchronous_plan(plan: Plan) -> Plan:
@@ -51,7 +51,7 @@ def synchronous_plan(plan: Plan) -> Plan:
 
 def check_relaxed(model: tf.keras.Model, plan: Plan, optimizer) -> None:
     """Refuse what the relaxed runtime would not train by its rule (module docstring)."""
-    name = plan.schedule
+    name = plan.schedule.name
     for layer in model._flatten_layers(include_self=False):
         if is_batch_normalization(layer):
             raise ValueError(f"schedule {name!r} does not train BatchNormalization yet (layer "
@@ -86,7 +86,7 @@ class RelaxedTraining:
             raise ValueError(f"steps_per_execution must be a positive integer, got {k!r}")
         self.model, self.plan, self.runtime = model, plan, runtime
         self.steps_per_execution = k
-        self.pipelines = plan.stages[0].replicas if plan.schedule == AVGPIPE else 1
+        self.pipelines = plan.schedule.pipelines(plan)
         self.step = runtime.make_relaxed_step(model, plan, loss, k)
         self.optimizer = optimizer
         self._update_metrics = update_metrics
@@ -103,7 +103,7 @@ class RelaxedTraining:
     def check_rows(self, n: int) -> None:
         per_step = self.plan.global_batch_size * self.pipelines
         if n % per_step or n == 0:
-            raise ValueError(f"a run of schedule {self.plan.schedule!r} takes whole steps of "
+            raise ValueError(f"a run of schedule {self.plan.schedule.name!r} takes whole steps of "
                              f"{per_step} rows ({self.pipelines} global batch(es) of "
                              f"{self.plan.global_batch_size}); got {n} rows")
 

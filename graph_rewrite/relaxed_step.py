@@ -40,7 +40,6 @@ import tensorflow as tf
 from graph_rewrite.version_book import MovePlan, Read, Write, plan_moves
 from graph_rewrite.weight_store import WeightStore
 from planner.actions import BACKWARD, FORWARD, UPDATE, Schedule
-from planner.multi_batch import AVGPIPE, PIPEDREAM, RELAXED_SCHEDULES
 from planner.replay import replay
 from planner.run_versions import carried, relative_versions, update_count
 from planner.schedule import plan_schedule
@@ -70,12 +69,12 @@ class RelaxedSteps:
     def __init__(self, *args, max_batches: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
         plan = self.plan
-        if plan.schedule not in RELAXED_SCHEDULES:
-            raise ValueError(f"schedule {plan.schedule!r} is not relaxed; use PipelineStep")
+        if not plan.schedule.relaxed:
+            raise ValueError(f"schedule {plan.schedule.name!r} is not relaxed; use PipelineStep")
         if plan.global_batch_size is None:
             raise ValueError("a relaxed schedule needs the plan's global_batch_size (a run is "
                              "a number of global batches)")
-        self.averaging = plan.schedule == AVGPIPE
+        self.averaging = plan.schedule.averaging
         self.pipelines = self.replicas[0] if self.averaging else 1
         self.run_rows = plan.global_batch_size * self.pipelines      # rows of one batch step
         self._dispatch[UPDATE] = self._update
@@ -192,7 +191,7 @@ class RelaxedSteps:
                              "plan's synchronous step")
         rows = int(tf.nest.flatten(x)[0].shape[0])
         if rows % self.run_rows:
-            raise ValueError(f"a run of schedule {self.plan.schedule!r} takes whole steps of "
+            raise ValueError(f"a run of schedule {self.plan.schedule.name!r} takes whole steps of "
                              f"{self.run_rows} rows ({self.pipelines} x the global batch "
                              f"{self.plan.global_batch_size}); got {rows}")
         run = self._run(rows // self.run_rows)
@@ -219,12 +218,13 @@ class RelaxedSteps:
 
     def _loss_rows(self) -> int:
         B = self.plan.global_batch_size
-        return B // self.plan.micro_batches if self.plan.schedule == PIPEDREAM else B
+        return B // self.plan.micro_batches if self.plan.schedule.updates_every_micro_batch else B
 
     def _loss_share(self, state, unit, m: int) -> Tuple[int, bool]:
         """PipeDream: every micro-batch is a minibatch of its own (its mean loss, the weight
         penalties once in it); 2BW: the global batch; AvgPipe: each pipeline's global batch."""
-        first = m % (1 if self.plan.schedule == PIPEDREAM else self.plan.micro_batches) == 0
+        first = m % (1 if self.plan.schedule.updates_every_micro_batch
+                     else self.plan.micro_batches) == 0
         return self._loss_rows(), first and (unit[1] == 0 or self.averaging)
 
     def _forward(self, state, unit, action):

@@ -1,6 +1,7 @@
 """planner: from a per-layer profile and a topology to a Plan.
 
-Owns the Plan data type (`planner.plan`), schedules as data (`planner.schedule`), profile
+Owns the Plan data type (`planner.plan`), schedules as specs in one registry
+(`planner.schedules`; by name or plan: `planner.schedule`), profile
 readers, the cost model (DAPPLE eq. 1-3), the DAPPLE search (eq. 4-5 with Fresh / Append /
 Scatter placement), the PipeDream baseline and the simulator.
 

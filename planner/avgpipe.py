@@ -38,7 +38,6 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from planner.actions import ScheduleError
 
-AVGPIPE = "avgpipe"
 ADVANCE_STEPS = 8          # the planner's bound on Algorithm 1's steps
 
 
@@ -78,5 +77,5 @@ def tune_advance(step: Callable[[int], Tuple[float, bool]], micro_batches: int,
 def micro_batch_devices(plan) -> List[List[int]]:
     """Per stage of a `planner.plan.Plan`, the devices sharing one micro-batch: its replicas,
     or under AvgPipe one device (pipeline 0's: every pipeline runs the same lists)."""
-    return [list(st.devices[:1] if plan.schedule == AVGPIPE else st.devices)
+    return [list(st.devices[:1] if plan.schedule.averaging else st.devices)
             for st in plan.stages]

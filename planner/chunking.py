@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 from planner.cost_model import StageModel
 from planner.plan import Plan, PlanError, Stage
 from planner.profile import Profile
-from planner.schedule import INTERLEAVED
+from planner.schedules.interleaved import INTERLEAVED
 
 
 def balanced_cuts(chunk_ms, num_layers: int, num_chunks: int) -> List[Tuple[int, int]]:

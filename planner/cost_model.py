@@ -15,8 +15,8 @@ from planner.latency import interleave, round_trip_phases
 from planner.plan import Estimate, Plan, PlanError, StageEstimate
 from planner.profile import Profile
 from planner.avgpipe import micro_batch_devices
-from planner.schedule import (AVGPIPE, FORWARD_BACKWARD, GPIPE, pipeline_schedule,
-                              plan_schedule, warmup_depths)
+from planner.schedule import plan_schedule, warmup_depths
+from planner.schedules.one_f_one_b import ONE_F_ONE_B
 from planner.schedule_memory import peak_bytes
 from planner.simulator import SimulationResult, simulate_plan
 from planner.weight_versions import extra_weight_copies
@@ -281,7 +281,7 @@ class PlanCosts:
         lanes = [host_counts(topology, d) for d in micro_batch_devices(plan)]
         self.stages = [model.stage_cost(st.first, st.last, c, lanes[i - 1] if i else None)
                        for i, (st, c) in enumerate(zip(plan.stages, lanes))]
-        if plan.schedule == AVGPIPE:     # its allreduce, after the update, sums the pipelines'
+        if plan.schedule.averaging:      # its allreduce, after the update, sums the pipelines'
             self.stages = [s._replace(allreduce_ms=model.allreduce_ms(st.first, st.last, c))
                            for s, st, c in zip(self.stages, plan.stages, counts)]
         self.pipeline = to_pipeline_costs(
@@ -318,7 +318,7 @@ class PlanCosts:
         K_i micro-batches, and `warmup` replaces the plan's K_i)."""
         plan = self.plan
         schedule = plan_schedule(plan) if warmup is None else \
-            pipeline_schedule(plan.num_stages, plan.micro_batches, "1f1b", warmup)
+            ONE_F_ONE_B.actions(plan.num_stages, plan.micro_batches, warmup)
         activations = peak_bytes(schedule, self.pipeline.activation_bytes,
                                  self.pipeline.weight_gradient_bytes)
         weights = [0.0] * schedule.num_positions
@@ -335,10 +335,10 @@ class PlanCosts:
         `pivot_stage` indexes computation stages: a pivot on a transfer names its sender.
         Schedules the formula does not describe (interleaved, zb-h1) are simulated instead."""
         plan, costs = self.plan, self.pipeline
-        if plan.schedule not in FORWARD_BACKWARD:
+        if not plan.schedule.formula:
             return self._simulated_estimate(check_memory)
         ks = plan.warmup
-        if plan.schedule == GPIPE and ks is None:
+        if not plan.schedule.planner_warmup and ks is None:
             ks = plan.warmup_depths()                 # every forward first: K_i = M
         elif ks is None or len(ks) != plan.num_stages:
             ks = warmup_for(costs, [c.max_in_flight for c in self.stages],

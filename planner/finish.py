@@ -9,7 +9,6 @@ from typing import List, Optional
 from planner.cost_model import PlanCosts, StageModel
 from planner.plan import Plan, PlanError
 from planner.profile import Profile
-from planner.schedule import EARLY_BACKWARD, ONE_F_ONE_B, PIPEDREAM, TWO_BW, ZERO_BUBBLE_H1
 
 
 class NoPlanFits(PlanError):
@@ -46,11 +45,9 @@ def finish_plan(plan: Plan, profile: Profile, topology, keep_warmup: bool = Fals
 def settle_warmup(plan: Plan, costs: PlanCosts, keep_warmup: bool = False) -> None:
     """`finish_plan`'s first step, alone: an early-backward, zb-h1, pipedream or 2bw plan's
     K_i (kept when `keep_warmup` and the plan has them; "A" and "B" become "1f1b")."""
-    if plan.schedule in EARLY_BACKWARD + (ZERO_BUBBLE_H1, PIPEDREAM, TWO_BW) and (
-            not keep_warmup or plan.warmup is None):
+    if plan.schedule.planner_warmup and (not keep_warmup or plan.warmup is None):
         plan.warmup = costs.warmup()[1]
-        if plan.schedule in EARLY_BACKWARD:
-            plan.schedule = ONE_F_ONE_B
+        plan.schedule = plan.schedule.canonical
 
 
 def with_memory(topology, memory_limit):

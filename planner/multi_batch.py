@@ -1,5 +1,6 @@
 """Schedules over k consecutive global batches with the weight updates in the lists: where each
-stage updates, and which weight version every forward and backward reads.
+stage updates, and which weight version every forward and backward reads (the specs in
+`planner.schedules` name and parameterize them).
 
 Micro-batches are numbered over the run: global batch t holds micro-batches t M .. t M + M - 1.
 `cUPDATEu` applies chunk c's gradients since its previous update and makes weight version
@@ -29,47 +30,8 @@ from typing import Dict, List, Optional
 
 from planner.actions import (BACKWARD, BACKWARD_WEIGHT, FORWARD, UPDATE, WEIGHT_READERS, Action,
                              Schedule, ScheduleError)
-from planner.avgpipe import AVGPIPE, advance_depths, pipelines
 
-PIPEDREAM, TWO_BW = "pipedream", "2bw"
-RELAXED_SCHEDULES = (PIPEDREAM, TWO_BW, AVGPIPE)   # opt-in: stale or averaged weights
 DEFAULT_BATCHES = 4            # global batches one run covers (Keras's steps_per_execution)
-
-# The update each schedule applies, as reports state it (t counts updates; a = 1/N).
-UPDATE_RULES = {
-    PIPEDREAM: "every micro-batch: W(t+1) = W(t) - lr grad f(W_1(t-K_1+1), ..., W_S(t-K_S+1)), "
-               "stage s K_s - 1 updates stale (S - 1 - s at 1F1B's warm-up); vertical sync: "
-               "K_1 - 1 on every stage",
-    TWO_BW: "every global batch: W(t+1) = W(t) - lr grad f(W(t-1)), 1 update stale on every "
-            "stage",
-    AVGPIPE: "every global batch, N pipelines: w_i <- (1 - a) w_i + a z + Delta_i, "
-             "z <- z + (1/N) sum_i Delta_i, a = 1/N; no staleness inside a pipeline",
-}
-
-
-def relaxed_parameters_problem(plan) -> Optional[str]:
-    """What is wrong with a `planner.plan.Plan`'s batches, advance and vertical_sync, or None."""
-    name = plan.schedule
-    given = [k for k in ("batches", "advance", "vertical_sync") if getattr(plan, k) is not None]
-    allowed = {PIPEDREAM: ("batches", "vertical_sync"), TWO_BW: ("batches",),
-               AVGPIPE: ("batches", "advance")}.get(name, ())
-    stray = [k for k in given if k not in allowed]
-    if stray:
-        return (f"schedule {name!r} takes no {', '.join(stray)}: batches applies to "
-                f"{', '.join(RELAXED_SCHEDULES)}, advance to {AVGPIPE}, vertical_sync to "
-                f"{PIPEDREAM}")
-    try:
-        if plan.batches is not None:
-            check_batches(plan.batches)
-        if plan.advance is not None:
-            advance_depths(1, 1, plan.advance)
-        if name == AVGPIPE:
-            pipelines([st.replicas for st in plan.stages])
-    except ScheduleError as e:
-        return str(e)
-    if plan.vertical_sync not in (None, True, False):
-        return f"vertical_sync is true or false, got {plan.vertical_sync!r}"
-    return None
 
 
 def check_batches(batches) -> None:
@@ -114,13 +76,14 @@ def _backwards_in_order(order: Schedule) -> None:
                 seen[a.chunk] = a.micro_batch
 
 
-def two_bw(order: Schedule, micro_batches: int, batches: int) -> Schedule:
+def two_bw(order: Schedule, micro_batches: int, batches: int,
+           name: str = "custom") -> Schedule:
     """PipeDream-2BW over `order`, 1F1B's lists over `batches` x `micro_batches` micro-batches
-    (one chunk's backwards in micro-batch order)."""
+    (one chunk's backwards in micro-batch order); `name`: the schedule's, as its spec gives it."""
     check_batches(batches)
     M = micro_batches
     if order.micro_batches != M * batches:
-        raise ScheduleError(f"2bw: the order runs {order.micro_batches} micro-batches, not "
+        raise ScheduleError(f"{name}: the order runs {order.micro_batches} micro-batches, not "
                             f"{batches} batches of {M}")
     _backwards_in_order(order)
     lists = []
@@ -132,13 +95,15 @@ def two_bw(order: Schedule, micro_batches: int, batches: int) -> Schedule:
             if a.kind in (BACKWARD, BACKWARD_WEIGHT) and a.micro_batch % M == M - 1:
                 out.append(Action(a.chunk, UPDATE, t))
         lists.append(tuple(out))
-    return _checked(dataclasses.replace(order, name=TWO_BW, lists=tuple(lists), batches=batches),
+    return _checked(dataclasses.replace(order, name=name, lists=tuple(lists), batches=batches),
                     "a stage's warm-up may exceed the micro-batches per batch by one at most")
 
 
-def pipedream(order: Schedule, batches: int, vertical_sync: bool = False) -> Schedule:
+def pipedream(order: Schedule, batches: int, vertical_sync: bool = False,
+              name: str = "custom") -> Schedule:
     """PipeDream with weight stashing over `order`, 1F1B's lists over all micro-batches of
-    `batches` global batches; `vertical_sync`: every stage reads stage 0's version."""
+    `batches` global batches; `vertical_sync`: every stage reads stage 0's version; `name`: the
+    schedule's, as its spec gives it."""
     check_batches(batches)
     _backwards_in_order(order)
     with_updates = []
@@ -157,7 +122,7 @@ def pipedream(order: Schedule, batches: int, vertical_sync: bool = False) -> Sch
         lists.append(tuple(_stamped(a, a.micro_batch, read[(0 if vertical_sync else a.chunk,
                                                              a.micro_batch)])
                            if a.kind in WEIGHT_READERS else a for a in lst))
-    return _checked(dataclasses.replace(order, name=PIPEDREAM, lists=tuple(lists),
+    return _checked(dataclasses.replace(order, name=name, lists=tuple(lists),
                                         batches=batches), "")
 
 

@@ -12,7 +12,8 @@ Conventions (the same everywhere in dapple):
   and the profiler write the same order).
 * `devices` are device ids of the topology, ordered host by host (the order `horovodrun -H
   h1:8,h2:8` numbers ranks). A stage's replica count is `len(devices)`.
-* `schedule` names the schedule (`planner.schedule.SCHEDULES`): "gpipe" (K_i = M), "1f1b"
+* `schedule` is the schedule's spec (`planner.schedules`; a name given is looked up there, and
+  JSON holds the name): "gpipe" (K_i = M), "1f1b"
   (DAPPLE's early backward; K_i = min(S-i, M) unless `warmup` says otherwise), "interleaved"
   (Megatron's, `virtual_stages` chunks per device) or "zb-h1" (zero bubble, split backward).
   The early-backward policies "A" (K_i = min(S-i, M)) and "B" (K_i = min(2(S-i)-1, M)) are
@@ -42,9 +43,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from planner import slicing
 from planner.files import write_text_atomically
-from planner.multi_batch import RELAXED_SCHEDULES, relaxed_parameters_problem
-from planner.schedule import (INTERLEAVED, NAMES as SCHEDULE_NAMES, SCHEDULES, WARMUP_SCHEDULES,
-                              check_warmup, first_backward_depths, plan_schedule, warmup_depths)
+from planner import schedules
+from planner.schedule import check_warmup, first_backward_depths, plan_schedule
+from planner.schedules import ScheduleSpec
 
 PLAN_VERSION = 2
 
@@ -108,7 +109,7 @@ class Plan:
     stages: List[Stage]
     micro_batches: int
     global_batch_size: Optional[int] = None
-    schedule: str = "1f1b"
+    schedule: ScheduleSpec = schedules.DEFAULT     # a name given here is looked up
     warmup: Optional[List[int]] = None
     recompute: bool = False
     estimate: Optional[Estimate] = None
@@ -121,6 +122,11 @@ class Plan:
     vertical_sync: Optional[bool] = None        # "pipedream": every stage reads stage 0's version
     transfers: str = "async"    # how its estimate moves boundary tensors: one of TRANSFERS
 
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key == "schedule":       # a name (as older code and hand-made plans give) -> its spec
+            value = schedules.coerce(value)
+        object.__setattr__(self, key, value)
+
     # ---- derived views -------------------------------------------------------------
     @property
     def num_stages(self) -> int:
@@ -130,7 +136,7 @@ class Plan:
     @property
     def num_positions(self) -> int:
         """Device groups along the pipeline: stages, or num_stages / virtual_stages."""
-        v = self.virtual_stages if self.schedule == INTERLEAVED and self.virtual_stages else 1
+        v = self.virtual_stages if self.schedule.rechunks and self.virtual_stages else 1
         return max(1, self.num_stages // v)
 
     @property
@@ -155,8 +161,8 @@ class Plan:
         """K per position: forwards before its first backward (chunk forwards, interleaved)."""
         if self.warmup is not None:
             return list(self.warmup)
-        if self.schedule in WARMUP_SCHEDULES:
-            return warmup_depths(self.schedule, self.num_stages, self.micro_batches)
+        if self.schedule.takes_warmup:
+            return self.schedule.default_warmup(self.num_stages, self.micro_batches)
         return first_backward_depths(plan_schedule(self))
 
     def micro_batch_size(self) -> Optional[int]:
@@ -243,29 +249,9 @@ class Plan:
         return self
 
     def _validate_schedule(self) -> None:
-        name, v = self.schedule, self.virtual_stages
-        if name not in SCHEDULE_NAMES:
-            raise PlanError(f"schedule {name!r} is not one of {SCHEDULES + RELAXED_SCHEDULES} "
-                            f"(or the early-backward policies 'A', 'B' of older plans)")
-        problem = relaxed_parameters_problem(self)
+        problem = schedules.plan_problem(self)
         if problem:
             raise PlanError(problem)
-        if self.warmup is not None and name not in WARMUP_SCHEDULES:
-            raise PlanError(f"schedule {name!r} fixes its own warm-up; remove 'warmup' (it "
-                            f"applies to {', '.join(WARMUP_SCHEDULES)})")
-        if name != INTERLEAVED:
-            if v not in (None, 1):
-                raise PlanError(f"virtual_stages = {v} needs schedule {INTERLEAVED!r}; "
-                                f"{name!r} runs one chunk per device group")
-            return
-        if not isinstance(v, int) or v < 1:
-            raise PlanError(f"schedule {INTERLEAVED!r} needs virtual_stages, a positive integer "
-                            f"(chunks per device group), e.g. {{\"name\": \"interleaved\", "
-                            f"\"virtual_stages\": 2}}; got {v!r}")
-        if self.num_stages % v:
-            raise PlanError(f"an interleaved plan with virtual_stages = {v} lists S x {v} "
-                            f"chunks as its stages; this one has {self.num_stages}, not a "
-                            f"multiple of {v}")
 
     def _check_chunk_devices(self, chunk: int, positions: int) -> None:
         home, st = chunk % positions, self.stages[chunk]
@@ -283,8 +269,8 @@ class Plan:
     # ---- JSON ----------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
-        schedule = {"name": d.pop("schedule")}
-        for key in SCHEDULE_PARAMETERS:
+        schedule = {"name": d.pop("schedule").name}
+        for key in schedules.PARAMETERS:
             value = d.pop(key)
             if value is not None:
                 schedule[key] = value
@@ -346,7 +332,7 @@ class Plan:
 
 def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int,
                   global_batch_size: Optional[int] = None, replicas: Optional[Sequence[int]] = None,
-                  schedule: str = "1f1b") -> Plan:
+                  schedule=schedules.DEFAULT) -> Plan:
     """A plan from cut positions: `boundaries` are the first layers of stages 1..S-1.
 
     `replicas[i]` devices go to stage i (default 1 each), numbered consecutively.
@@ -365,7 +351,6 @@ def straight_plan(boundaries: Sequence[int], num_layers: int, micro_batches: int
                 schedule=schedule).validate(num_layers=num_layers)
 
 
-SCHEDULE_PARAMETERS = ("warmup", "virtual_stages", "batches", "advance", "vertical_sync")
 # "async": a transfer goes when sent, each direction its own channel (one process's devices);
 # "horovod": as under horovodrun (planner.simulator: serial links, rendezvous);
 # "tensorflow": TensorFlow's Send/Recv between processes (`dapple launch --runtime=tensorflow`):
@@ -390,8 +375,8 @@ def _schedule_fields(d: Dict[str, Any]) -> Dict[str, Any]:
     if not isinstance(spec, dict) or "name" not in spec:
         raise PlanError(f"'schedule' must be an object with a name and parameters, e.g. "
                         f"{{\"name\": \"1f1b\", \"warmup\": [2, 1]}}; got {spec!r}")
-    unknown = sorted(set(spec) - {"name"} - set(SCHEDULE_PARAMETERS))
+    unknown = sorted(set(spec) - {"name"} - set(schedules.PARAMETERS))
     if unknown:
         raise PlanError(f"schedule {spec['name']!r} has unknown parameter(s) {unknown}; known: "
-                        f"{list(SCHEDULE_PARAMETERS)}")
-    return {"schedule": spec["name"], **{k: spec[k] for k in SCHEDULE_PARAMETERS if k in spec}}
+                        f"{list(schedules.PARAMETERS)}")
+    return {"schedule": spec["name"], **{k: spec[k] for k in schedules.PARAMETERS if k in spec}}

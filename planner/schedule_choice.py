@@ -23,26 +23,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from planner import schedules
+from planner.actions import ScheduleError
 from planner.avgpipe import ADVANCE_STEPS, tune_advance
 from planner.chunking import interleave_plan
 from planner.cost_model import PlanCosts
 from planner.finish import finish_plan, settle_warmup
-from planner.interleaved import chunk_placement
+from planner.multi_batch import DEFAULT_BATCHES, check_batches
 from planner.plan import Plan, PlanError
 from planner.profile import Profile
-from planner.multi_batch import (AVGPIPE, DEFAULT_BATCHES, RELAXED_SCHEDULES, UPDATE_RULES,
-                                 check_batches)
-from planner.schedule import (EARLY_BACKWARD, GPIPE, INTERLEAVED, ONE_F_ONE_B, SCHEDULES,
-                              WARMUP_SCHEDULES, ZERO_BUBBLE_H1, ScheduleError,
-                              runtime_supported)
+from planner.schedule import runtime_supported
 from planner.schedule_bounds import iteration_lower_bound
 from planner.simulator import SimulationResult
 
 AUTO = "auto"
-CHOICES = (AUTO,) + SCHEDULES + RELAXED_SCHEDULES
-DEFAULT_VIRTUAL_STAGES = 2
-# Equal iterations: the schedule the runtime runs, then the one holding less.
-TIE_ORDER = (ONE_F_ONE_B, GPIPE, ZERO_BUBBLE_H1, INTERLEAVED)
+CHOICES = (AUTO,) + schedules.names()
+# Equal iterations: the schedule the runtime runs, then the one holding less (`tie_rank`).
+TIE_ORDER = tuple(s.name for s in sorted((s for s in schedules.specs() if s.tie_rank is not None),
+                                         key=lambda s: s.tie_rank))
 
 
 class ScheduleOption:
@@ -60,6 +58,7 @@ class ScheduleOption:
                  make: Optional[Callable[[], Tuple[Plan, PlanCosts]]] = None,
                  finish: Optional[Callable[[Plan, PlanCosts], Plan]] = None):
         self.name, self.device_memory_bytes = name, device_memory_bytes
+        self.spec = schedules.get(name)
         self._plan, self._simulation, self._note = plan, simulation, note
         self._memory: Optional[List[float]] = list(memory_bytes) if make is None else None
         self._make, self._finish = make, finish
@@ -117,10 +116,9 @@ class ScheduleOption:
         plan = self._made()
         if plan is None or self._costs is None or self.relaxed:
             return None
-        placement = chunk_placement(plan.num_positions, plan.virtual_stages) \
-            if plan.schedule == INTERLEAVED else range(plan.num_stages)
+        placement = plan.schedule.placement(plan.num_positions, plan.virtual_stages)
         return iteration_lower_bound(self._costs.pipeline, list(placement), plan.micro_batches,
-                                     split_backward=plan.schedule == ZERO_BUBBLE_H1)
+                                     split_backward=plan.schedule.split_backward)
 
     @property
     def iteration_ms(self) -> Optional[float]:
@@ -133,11 +131,11 @@ class ScheduleOption:
 
     @property
     def relaxed(self) -> bool:
-        return self.name in RELAXED_SCHEDULES
+        return self.spec.relaxed
 
     @property
     def update_rule(self) -> str:
-        return UPDATE_RULES.get(self.name, "every global batch: W(t+1) = W(t) - lr grad f(W(t))")
+        return self.spec.update_rule
 
     def __repr__(self) -> str:
         return f"ScheduleOption({self.name!r}, fits={self.fits}, note={self.note!r})"
@@ -153,23 +151,24 @@ def with_schedule(plan: Plan, name: str, batches: Optional[int] = None) -> Plan:
     if plan.num_positions != plan.num_stages:
         raise PlanError(f"the plan is interleaved ({plan.num_stages} chunks on "
                         f"{plan.num_positions} device groups); plan again for another schedule")
-    if name not in (GPIPE, ONE_F_ONE_B, ZERO_BUBBLE_H1) + RELAXED_SCHEDULES:
-        raise PlanError(f"with_schedule takes gpipe, 1f1b, zb-h1 or "
-                        f"{', '.join(RELAXED_SCHEDULES)}, not {name!r}")
-    if batches is not None and name not in RELAXED_SCHEDULES:
-        raise PlanError(f"batches applies to {', '.join(RELAXED_SCHEDULES)}, not {name!r}")
-    relaxed = name in RELAXED_SCHEDULES
+    spec = schedules.find(name)
+    if spec is None or spec.legacy or spec.rechunks:
+        raise PlanError(f"with_schedule takes {', '.join(schedules.names(rechunks=False))}, "
+                        f"not {name!r}")
+    relaxed = schedules.names(relaxed=True)
+    if batches is not None and not spec.takes("batches"):
+        raise PlanError(f"batches applies to {', '.join(relaxed)}, not {name!r}")
     try:
         check_batches(DEFAULT_BATCHES if batches is None else batches)
     except ScheduleError as e:
         raise PlanError(str(e)) from None
-    keep = plan.schedule in WARMUP_SCHEDULES and plan.schedule != GPIPE and \
-        name in WARMUP_SCHEDULES and name != GPIPE
-    same = name == plan.schedule           # a relaxed plan keeps its batches and vertical sync
+    keep = plan.schedule.planner_warmup and spec.planner_warmup    # the same depths mean alike
+    same = spec == plan.schedule           # a relaxed plan keeps its batches and vertical sync
     variant = dataclasses.replace(
-        plan, schedule=name, warmup=plan.warmup_depths() if keep else None, virtual_stages=None,
-        estimate=None, batches=(batches or plan.batches or DEFAULT_BATCHES) if relaxed else None,
-        advance=0 if name == AVGPIPE else None,
+        plan, schedule=spec, warmup=plan.warmup_depths() if keep else None, virtual_stages=None,
+        estimate=None,
+        batches=(batches or plan.batches or DEFAULT_BATCHES) if spec.takes("batches") else None,
+        advance=spec.parameter("advance").default if spec.takes("advance") else None,
         vertical_sync=plan.vertical_sync if same else None)
     return variant.validate()
 
@@ -185,18 +184,19 @@ def schedule_plan(plan: Plan, name: str, profile: Profile, topology,
 def _variant(plan: Plan, name: str, profile: Profile, topology,
              virtual_stages: Optional[int], batches: Optional[int]) -> Tuple[Plan, PlanCosts]:
     """`schedule_plan` before its estimate: the plan under `name`, its warm-up settled."""
-    if name == INTERLEAVED:
+    spec = schedules.find(name)
+    if spec is None or spec.legacy:
+        raise PlanError(f"unknown schedule {name!r}; use one of {CHOICES}")
+    if spec.rechunks:
         if plan.num_positions != plan.num_stages:
             raise PlanError("the plan is interleaved already; plan again to re-cut it")
         variant = interleave_plan(plan, profile, topology,
-                                  virtual_stages or DEFAULT_VIRTUAL_STAGES)
-    elif name in SCHEDULES + RELAXED_SCHEDULES:
-        variant = with_schedule(plan, name, batches)
+                                  virtual_stages or spec.parameter("virtual_stages").default)
     else:
-        raise PlanError(f"unknown schedule {name!r}; use one of {CHOICES}")
-    if name == AVGPIPE:         # from early backward's warm-up, as Algorithm 1 from 1F1B's
+        variant = with_schedule(plan, name, batches)
+    if spec.takes("advance"):   # from early backward's warm-up, as Algorithm 1 from 1F1B's
         start = max(plan.warmup_depths()[0] - plan.num_stages, 0) \
-            if plan.schedule in EARLY_BACKWARD else 0
+            if plan.schedule.early_backward else 0
         variant.advance = tune_advance(lambda a: _avgpipe_step(variant, a, profile, topology),
                                        variant.micro_batches, ADVANCE_STEPS, start)
     costs = PlanCosts(variant, profile, topology)
@@ -214,7 +214,7 @@ def _avgpipe_step(plan: Plan, advance: int, profile: Profile, topology) -> Tuple
 
 def schedule_options(plan: Plan, profile: Profile, topology,
                      virtual_stages: Optional[int] = None,
-                     names: Sequence[str] = SCHEDULES + RELAXED_SCHEDULES,
+                     names: Sequence[str] = schedules.names(),
                      batches: Optional[int] = None) -> List[ScheduleOption]:
     """Each schedule of `names` on `plan`'s device groups (the relaxed ones over `batches`
     global batches), made, sized and simulated when first asked."""
@@ -223,7 +223,7 @@ def schedule_options(plan: Plan, profile: Profile, topology,
 
     def make(name: str) -> Callable[[], Tuple[Plan, PlanCosts]]:
         return lambda: _variant(plan, name, profile, topology, virtual_stages,
-                                batches if name in RELAXED_SCHEDULES else None)
+                                batches if schedules.get(name).takes("batches") else None)
     return [ScheduleOption(name, device_memory_bytes=topology.device_memory_bytes,
                            make=make(name), finish=finish) for name in names]
 
@@ -252,17 +252,21 @@ def fastest(options: Sequence[ScheduleOption]) -> ScheduleOption:
     return min(tied, key=lambda o: TIE_ORDER.index(o.name))
 
 
-def choose_schedule(plan: Plan, profile: Profile, topology, schedule: str = ONE_F_ONE_B,
+def choose_schedule(plan: Plan, profile: Profile, topology, schedule: str = schedules.DEFAULT.name,
                     virtual_stages: Optional[int] = None, batches: Optional[int] = None
                     ) -> Tuple[Plan, List[ScheduleOption]]:
     """(`plan` under `schedule`, or under the fastest synchronous one that fits for "auto";
     every option compared). An explicit schedule that does not fit in memory is a PlanError."""
     if schedule not in CHOICES:
         raise PlanError(f"unknown schedule {schedule!r}; use one of {CHOICES}")
-    if virtual_stages is not None and schedule not in (AUTO, INTERLEAVED):
-        raise PlanError(f"virtual_stages applies to the interleaved schedule, not {schedule!r}")
-    if batches is not None and schedule not in (AUTO,) + RELAXED_SCHEDULES:
-        raise PlanError(f"batches applies to {', '.join(RELAXED_SCHEDULES)}, not {schedule!r}")
+    spec = None if schedule == AUTO else schedules.get(schedule)
+    if virtual_stages is not None and spec is not None and not spec.takes("virtual_stages"):
+        raise PlanError(f"virtual_stages applies to the "
+                        f"{' or '.join(schedules.takers('virtual_stages'))} schedule, not "
+                        f"{schedule!r}")
+    if batches is not None and spec is not None and not spec.takes("batches"):
+        raise PlanError(f"batches applies to {', '.join(schedules.takers('batches'))}, not "
+                        f"{schedule!r}")
     options = schedule_options(plan, profile, topology, virtual_stages, batches=batches)
     if schedule == AUTO:
         return fastest(options).plan, options

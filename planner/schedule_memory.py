@@ -10,7 +10,7 @@ Two things a chunk keeps for a micro-batch between its actions:
 A position's counts change only with its own actions, in the order of its list, so the peaks
 need no timing: they are maxima over the prefixes of each list (the simulator's timed counts,
 `planner.simulator`, reach the same peaks). Held micro-batches of 1F1B peak at its warm-up depth
-K_i; ZB-H1 holds the same and has up to s more awaiting W on stage s (`planner.zero_bubble`).
+K_i; ZB-H1 holds the same and has up to s more awaiting W on stage s (`planner.schedules.zb_h1`).
 """
 from __future__ import annotations
 

@@ -51,7 +51,6 @@ from planner.actions import ALLREDUCE, Schedule, ScheduleError
 from planner.action_graph import action_graph
 from planner.costs import PipelineCosts
 from planner.event_loop import run
-from planner.multi_batch import AVGPIPE
 from planner.replay import checked_lowering, replay
 from planner.schedule import plan_schedule
 from planner.simulation_result import (  # noqa: F401  (the names users import from here)
@@ -74,8 +73,7 @@ def simulate_plan(plan, costs: PipelineCosts, link_duplex: Optional[str] = None,
                          f"{plan.num_stages} (chunks, with interleaving); compute them for this "
                          f"plan (planner.cost_model.pipeline_costs)")
     result = simulate(plan_schedule(plan), costs, link_duplex=link_duplex, rendezvous=rendezvous)
-    if plan.schedule == AVGPIPE:
-        result.pipelines = plan.stages[0].replicas
+    result.pipelines = plan.schedule.pipelines(plan)
     return result
 
 

@@ -19,7 +19,8 @@ from planner.pipedream import plan_pipedream
 from planner.plan import Plan, PlanError, Stage
 from planner.baselines import best_data_parallel_plan, best_straight_plan
 from planner.plan_space import plan_dapple
-from planner.schedule import EARLY_BACKWARD, GPIPE, ONE_F_ONE_B
+from planner.schedules.gpipe import GPIPE
+from planner.schedules.one_f_one_b import ONE_F_ONE_B
 from planner.schedule_choice import ScheduleOption, choose_schedule
 from planner.simulator import SimulationResult, simulate_plan
 
@@ -101,7 +102,7 @@ def held_comparison(plan: Plan, costs, link_duplex: Optional[str] = None,
     chunks are not stages of the other two: it is shown alone)."""
     out = {}
     if plan.num_positions == plan.num_stages:
-        own = plan.schedule in EARLY_BACKWARD
+        own = plan.schedule.early_backward
         early_policy = plan.schedule if own else ONE_F_ONE_B
         early = dataclasses.replace(plan, schedule=early_policy,
                                     warmup=plan.warmup if own else None)
@@ -109,8 +110,8 @@ def held_comparison(plan: Plan, costs, link_duplex: Optional[str] = None,
         out["GPipe"] = simulate_plan(gpipe, costs, link_duplex, rendezvous)
         out[f"early backward ({early_policy})"] = simulate_plan(early, costs, link_duplex,
                                                                 rendezvous)
-    if plan.schedule != GPIPE and plan.schedule not in EARLY_BACKWARD:
-        out[plan.schedule] = simulate_plan(plan, costs, link_duplex, rendezvous)
+    if not plan.schedule.formula:       # neither GPipe nor early backward: shown as well
+        out[plan.schedule.name] = simulate_plan(plan, costs, link_duplex, rendezvous)
     return out
 
 

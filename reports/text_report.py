@@ -34,7 +34,7 @@ def schedule_name(plan: Plan) -> str:
         if plan.vertical_sync:
             parts.append("vertical sync")
         return f"{plan.schedule} ({', '.join(parts)})"
-    return plan.schedule
+    return plan.schedule.name
 
 
 def schedule_table(options: Sequence[ScheduleOption]) -> List[List[str]]:

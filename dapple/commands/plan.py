@@ -28,6 +28,9 @@ import sys
 
 from absl import flags
 
+from planner import schedules
+from planner.multi_batch import DEFAULT_BATCHES
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profile", None, "profile file: PipeDream/DAPPLE graph.txt or dapple JSON")
 flags.DEFINE_integer("profile_batch_size", None,
@@ -59,20 +62,34 @@ flags.DEFINE_string("compute_dtype", None,
                     "precision); scales the profile's activation bytes by its size over that of "
                     "the profile's own compute dtype (graph.txt profiles: float32). Default: the "
                     "profile's")
-flags.DEFINE_enum("schedule", None, ["auto", "gpipe", "1f1b", "interleaved", "zb-h1",
-                                      "pipedream", "2bw", "avgpipe"],
-                  "schedule of the plan (default 1f1b, DAPPLE's early backward; with "
-                  "--evaluate, the plan's own): auto picks the fastest synchronous one that "
-                  "fits in memory by the simulator; pipedream, 2bw and avgpipe (stale or "
-                  "averaged weights) only when named; the text report compares them all")
+flags.DEFINE_enum("schedule", None, ["auto", *schedules.names()],
+                  "schedule of the plan (default "
+                  f"{schedules.DEFAULT.name}, DAPPLE's early backward; with --evaluate, the "
+                  f"plan's own): auto picks the fastest synchronous one that fits in memory by "
+                  f"the simulator; {', '.join(schedules.names(relaxed=True))} (stale or "
+                  f"averaged weights) only when named; the text report compares them all. "
+                  + "; ".join(f"{s.name}: {s.summary}" for s in schedules.specs()))
 flags.DEFINE_integer("batches", None,
-                     "consecutive global batches one run of a relaxed schedule (pipedream, 2bw, "
-                     "avgpipe) covers, without a flush between them (default 4)")
+                     "consecutive global batches one run of a relaxed schedule ("
+                     f"{', '.join(schedules.takers('batches'))}) covers, without a flush "
+                     f"between them (default {DEFAULT_BATCHES})")
 flags.DEFINE_integer("virtual_stages", None,
                      "chunks per device group of the interleaved schedule (default 2)")
 flags.DEFINE_bool("even_slices", False,
                   "consider only plans whose every stage splits a micro-batch into equal slices "
                   "(what the dapple runtime needs: the global batch divisible by M x replicas)")
+
+
+def _takes(schedule, parameter: str) -> bool:
+    """Whether --schedule (auto: any) takes `parameter`."""
+    return schedule == "auto" or (schedule is not None and
+                                  schedules.get(schedule).takes(parameter))
+
+
+def _either(parameter: str) -> str:
+    """The schedules taking `parameter`: "a", "a or b", "a, b or c"."""
+    *most, last = schedules.takers(parameter)
+    return f"{', '.join(most)} or {last}" if most else last
 
 
 def _fail(message: str) -> None:
@@ -95,12 +112,11 @@ def main(argv) -> None:
         _fail(f"--compute_dtype={FLAGS.compute_dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
     if FLAGS.virtual_stages is not None and FLAGS.virtual_stages < 1:
         _fail(f"--virtual_stages must be a positive integer, got {FLAGS.virtual_stages}")
-    if FLAGS.virtual_stages is not None and FLAGS.schedule not in ("auto", "interleaved"):
-        _fail("--virtual_stages applies to --schedule=interleaved (or auto)")
-    if FLAGS.batches is not None and FLAGS.schedule not in ("auto", "pipedream", "2bw",
-                                                              "avgpipe"):
-        _fail("--batches applies to --schedule=pipedream, 2bw or avgpipe (or auto, for the "
-              "report)")
+    if FLAGS.virtual_stages is not None and not _takes(FLAGS.schedule, "virtual_stages"):
+        _fail(f"--virtual_stages applies to --schedule={_either('virtual_stages')} (or auto)")
+    if FLAGS.batches is not None and not _takes(FLAGS.schedule, "batches"):
+        _fail(f"--batches applies to --schedule={_either('batches')} (or auto, for the "
+              f"report)")
     if FLAGS.evaluate and FLAGS.schedule:
         _fail("--evaluate keeps the plan's schedule (its \"schedule\" object); --schedule "
               "applies when planning")
@@ -202,8 +218,8 @@ def _scheduled(plan, profile, topo):
     import dataclasses
     from planner.schedule_choice import choose_schedule
     plan = dataclasses.replace(plan, transfers=FLAGS.transfers)
-    return choose_schedule(plan, profile, topo, FLAGS.schedule or "1f1b", FLAGS.virtual_stages,
-                           FLAGS.batches)
+    return choose_schedule(plan, profile, topo, FLAGS.schedule or schedules.DEFAULT.name,
+                           FLAGS.virtual_stages, FLAGS.batches)
 
 
 def _report(profile, topo, sizes) -> None:
@@ -216,7 +232,8 @@ def _report(profile, topo, sizes) -> None:
     except ImportError as e:
         _fail(f"--report={FLAGS.report}: {e}")
     rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
-                         plan_space=FLAGS.plan_space, schedule=FLAGS.schedule or "1f1b",
+                         plan_space=FLAGS.plan_space,
+                         schedule=FLAGS.schedule or schedules.DEFAULT.name,
                          virtual_stages=FLAGS.virtual_stages, batches=FLAGS.batches)
             for gbs in sizes]
     written = write_report(FLAGS.report, rows, title=f"{profile.name} on {topo.describe()}",

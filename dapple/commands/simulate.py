@@ -28,6 +28,8 @@ import sys
 
 from absl import flags
 
+from planner import schedules
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("plan", None, "plan JSON file (written by `dapple plan` or by hand)")
 flags.DEFINE_string("profile", None, "layer profile (graph.txt or dapple JSON)")
@@ -45,13 +47,13 @@ flags.DEFINE_string("output", None, "write the timeline picture here (.png, .svg
 flags.DEFINE_string("held_output", None,
                     "write a picture of activations held over time, GPipe against early "
                     "backward (the paper's Fig. 3c), here")
-flags.DEFINE_enum("schedule", None, ["auto", "gpipe", "1f1b", "interleaved", "zb-h1",
-                                      "pipedream", "2bw", "avgpipe"],
+flags.DEFINE_enum("schedule", None, ["auto", *schedules.names()],
                   "simulate the plan's stages under this schedule instead of the plan's own "
                   "(auto: the fastest synchronous one that fits in memory, all compared)")
 flags.DEFINE_integer("batches", None,
-                     "consecutive global batches a relaxed schedule (pipedream, 2bw, avgpipe) "
-                     "runs without a flush (default: the plan's, else 4)")
+                     "consecutive global batches a relaxed schedule ("
+                     f"{', '.join(schedules.takers('batches'))}) runs without a flush (default: "
+                     f"the plan's, else 4)")
 flags.DEFINE_integer("virtual_stages", None,
                      "chunks per device group for --schedule=interleaved (default 2)")
 flags.DEFINE_enum("link_duplex", None, ["full", "half", "serial"],
@@ -120,22 +122,29 @@ def costs_for(plan):
     return pipeline_costs(plan, profile, topology)
 
 
-RELAXED = ("pipedream", "2bw", "avgpipe")
+def _takes(schedule, parameter: str) -> bool:
+    """Whether `schedule` (a name, a spec; auto: any) takes `parameter`."""
+    return schedule == "auto" or (schedule is not None and
+                                  schedules.coerce(schedule).takes(parameter))
 
 
 def rescheduled(plan):
     """(the plan under --schedule, the schedules compared when auto chose: else None)."""
     name, v, k = FLAGS.schedule, FLAGS.virtual_stages, FLAGS.batches
-    if v is not None and name not in ("auto", "interleaved"):
-        raise UsageError("--virtual_stages applies to --schedule=interleaved (or auto)")
-    if k is not None and (name or plan.schedule) not in RELAXED + ("auto",):
-        raise UsageError("--batches applies to the relaxed schedules: pipedream, 2bw, avgpipe")
+    if v is not None and not _takes(name, "virtual_stages"):
+        raise UsageError(f"--virtual_stages applies to --schedule="
+                         f"{' or '.join(schedules.takers('virtual_stages'))} (or auto)")
+    if k is not None and not _takes(name or plan.schedule, "batches"):
+        raise UsageError(f"--batches applies to the relaxed schedules: "
+                         f"{', '.join(schedules.takers('batches'))}")
     if name is None or (name == plan.schedule and v in (None, plan.virtual_stages)):
         if k is not None:
             plan = dataclasses.replace(plan, batches=k).validate()
         return plan, None
     from planner.schedule_choice import choose_schedule, with_schedule
-    if name in ("gpipe", "1f1b", "zb-h1") + RELAXED and (name != "avgpipe" or FLAGS.costs):
+    spec = None if name == "auto" else schedules.get(name)
+    # Same stages, no cost model needed, unless the cost model tunes a parameter (advance).
+    if spec is not None and not spec.rechunks and (not spec.takes("advance") or FLAGS.costs):
         return with_schedule(plan, name, k), None
     if FLAGS.costs:
         raise UsageError(f"--schedule={name} needs the cost model (interleaved re-cuts the "

@@ -16,12 +16,12 @@ import itertools
 import pytest
 
 from planner.actions import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule, ScheduleError
-from planner.interleaved import interleaved_schedule, micro_batch_groups
+from planner.schedules.interleaved import interleaved_schedule, micro_batch_groups
 from planner.replay import replay
 from planner.schedule import (SCHEDULES, build_schedule, first_backward_depths,
                               pipeline_schedule, require_runtime_support, runtime_supported,
                               warmup_depths)
-from planner.zero_bubble import zb_h1_schedule
+from planner.schedules.zb_h1 import zb_h1_schedule
 
 INTERLEAVED_GOLDEN = {
     (2, 2, 4): """

@@ -11,7 +11,7 @@ from planner.plan import straight_plan
 from planner.profile import ProfileError
 from planner.profile_readers import parse_native_json
 from planner.simulator import simulate
-from planner.zero_bubble import zb_h1_schedule
+from planner.schedules.zb_h1 import zb_h1_schedule
 from topology.parse import parse_spec
 
 

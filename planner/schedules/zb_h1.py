@@ -27,8 +27,8 @@ from typing import List, Optional, Sequence
 
 from planner.actions import (BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
                              ScheduleError)
-
-ZERO_BUBBLE_H1 = "zb-h1"
+from planner.schedules.base import ScheduleSpec
+from planner.schedules.forward_backward import check_warmup, policy_a_depths
 
 
 def stage_actions(stage: int, micro_batches: int, warmup: int) -> List[Action]:
@@ -48,16 +48,40 @@ def stage_actions(stage: int, micro_batches: int, warmup: int) -> List[Action]:
 
 
 def zb_h1_schedule(num_stages: int, micro_batches: int,
-                   warmup: Optional[Sequence[int]] = None) -> Schedule:
+                   warmup: Optional[Sequence[int]] = None,
+                   name: Optional[str] = None) -> Schedule:
     """ZB-H1 for `num_stages` stages (stage s runs on position s) after `warmup` forwards per
-    stage (default min(S - s, M); other depths as `planner.schedule.check_warmup` accepts)."""
-    for name, value in (("stages", num_stages), ("micro-batches", micro_batches)):
+    stage (default min(S - s, M); other depths as `planner.schedule.check_warmup` accepts);
+    named as the spec below unless `name` says otherwise."""
+    for what, value in (("stages", num_stages), ("micro-batches", micro_batches)):
         if not isinstance(value, int) or value < 1:
-            raise ScheduleError(f"zb-h1 schedule: {name} must be a positive integer, "
+            raise ScheduleError(f"zb-h1 schedule: {what} must be a positive integer, "
                                 f"got {value!r}")
     ks = list(warmup) if warmup is not None else \
         [min(num_stages - s, micro_batches) for s in range(num_stages)]
     if len(ks) != num_stages:
         raise ScheduleError(f"{len(ks)} warmup depths for {num_stages} stages")
     lists = tuple(tuple(stage_actions(s, micro_batches, k)) for s, k in enumerate(ks))
-    return Schedule(ZERO_BUBBLE_H1, tuple(range(num_stages)), lists)
+    return Schedule(name or ZeroBubbleH1.name, tuple(range(num_stages)), lists)
+
+
+class ZeroBubbleH1(ScheduleSpec):
+    name = "zb-h1"
+    summary = "zero bubble H1: backwards split into input (I) and weight (W) gradients"
+    takes_warmup = True
+    planner_warmup = True
+    split_backward = True
+    tie_rank = 2
+
+    def default_warmup(self, num_stages: int, micro_batches: int) -> List[int]:
+        return policy_a_depths(num_stages, micro_batches)
+
+    def actions(self, num_positions: int, micro_batches: int,
+                warmup: Optional[Sequence[int]] = None,
+                virtual_stages: Optional[int] = None) -> Schedule:
+        if warmup is not None:
+            check_warmup(warmup, micro_batches)
+        return zb_h1_schedule(num_positions, micro_batches, warmup, self.name)
+
+
+ZERO_BUBBLE_H1 = ZeroBubbleH1()

@@ -21,11 +21,10 @@ v <= 3). With v = 1 the order is DAPPLE's policy B (K_s = 2(S - s) - 1).
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from planner.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError
-
-INTERLEAVED = "interleaved"
+from planner.schedules.base import Parameter, ScheduleSpec
 
 
 def chunk_placement(num_positions: int, virtual_stages: int) -> Tuple[int, ...]:
@@ -70,13 +69,53 @@ def position_actions(position: int, num_positions: int, micro_batches: int,
 
 
 def interleaved_schedule(num_positions: int, micro_batches: int,
-                         virtual_stages: int) -> Schedule:
-    """Interleaved 1F1B on `num_positions` positions holding `virtual_stages` chunks each."""
-    for name, value in (("positions", num_positions), ("micro-batches", micro_batches),
+                         virtual_stages: int, name: Optional[str] = None) -> Schedule:
+    """Interleaved 1F1B on `num_positions` positions holding `virtual_stages` chunks each
+    (named as the spec below unless `name` says otherwise)."""
+    for what, value in (("positions", num_positions), ("micro-batches", micro_batches),
                         ("virtual_stages", virtual_stages)):
         if not isinstance(value, int) or value < 1:
-            raise ScheduleError(f"interleaved schedule: {name} must be a positive integer, "
+            raise ScheduleError(f"interleaved schedule: {what} must be a positive integer, "
                                 f"got {value!r}")
     lists = tuple(tuple(position_actions(s, num_positions, micro_batches, virtual_stages))
                   for s in range(num_positions))
-    return Schedule(INTERLEAVED, chunk_placement(num_positions, virtual_stages), lists)
+    return Schedule(name or Interleaved.name, chunk_placement(num_positions, virtual_stages), lists)
+
+
+def _check_virtual_stages(v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ScheduleError(f"virtual_stages must be a positive integer, got {v!r}")
+
+
+class Interleaved(ScheduleSpec):
+    name = "interleaved"
+    summary = "Megatron's interleaved 1F1B over virtual_stages chunks per device group"
+    parameters = (Parameter("virtual_stages", 2, _check_virtual_stages,
+                            "chunks per device group (default 2)"),)
+    rechunks = True
+    tie_rank = 3
+
+    def actions(self, num_positions: int, micro_batches: int,
+                warmup: Optional[Sequence[int]] = None,
+                virtual_stages: Optional[int] = None) -> Schedule:
+        if virtual_stages is None:
+            raise ScheduleError(f"schedule {self.name!r} needs virtual_stages (chunks per "
+                                f"position), e.g. 2")
+        return interleaved_schedule(num_positions, micro_batches, virtual_stages, self.name)
+
+    def placement(self, num_positions: int, virtual_stages: Optional[int]) -> Sequence[int]:
+        return chunk_placement(num_positions, virtual_stages)
+
+    def plan_problem(self, plan) -> Optional[str]:
+        v = plan.virtual_stages
+        if not isinstance(v, int) or v < 1:
+            return (f"schedule {self.name!r} needs virtual_stages, a positive integer (chunks "
+                    f"per device group), e.g. {{\"name\": \"{self.name}\", \"virtual_stages\": "
+                    f"2}}; got {v!r}")
+        if plan.num_stages % v:
+            return (f"an interleaved plan with virtual_stages = {v} lists S x {v} chunks as "
+                    f"its stages; this one has {plan.num_stages}, not a multiple of {v}")
+        return None
+
+
+INTERLEAVED = Interleaved()
