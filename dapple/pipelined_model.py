@@ -72,6 +72,7 @@ class PipelinedModel:
         self._relaxed: Optional[RelaxedTraining] = None
         self.optimizer = None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
+        self._metrics_built = False
 
     # ---- Keras-style API ---------------------------------------------------------------------
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
@@ -89,12 +90,13 @@ class PipelinedModel:
                            loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
         self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
-        self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss)
-        self._step.micro_batch_loop = self.micro_batch_loop
+        self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,
+                                            micro_batch_loop=self.micro_batch_loop)
         self._relaxed = RelaxedTraining(
             self.model, self.plan, self.runtime, self._loss, self.optimizer, steps_per_execution,
             self._update_metrics) if is_relaxed(self.plan) else None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
+        self._metrics_built = False
 
     # ---- where this process runs (the runtime's) ------------------------------------------------
     @property
@@ -125,6 +127,34 @@ class PipelinedModel:
     @property
     def global_batch_size(self) -> Optional[int]:
         return self.plan.global_batch_size
+
+    @property
+    def pipeline_step(self) -> PipelineStep:
+        """The pipelined step (`graph_rewrite.pipeline.PipelineStep`) that `train_step`,
+        `gradients`, `evaluate` and `predict` run, for inspection: its stages (`stages`), the
+        device of each unit (`device(stage, replica)`), `run(x, y)` to trace it alone. Made by
+        `compile` (or a `predict` before it); relaxed plans: their synchronous step."""
+        if self._step is None:
+            raise RuntimeError("no pipelined step yet: call compile(optimizer, loss) first")
+        return self._step
+
+    @property
+    def train_function(self):
+        """The compiled train step `train_step` calls (as Keras's `Model.train_function`),
+        None until it is made (`make_train_function`, or the first `train_step`)."""
+        return self._train_fn
+
+    def make_train_function(self, force: bool = False):
+        """Make (again, with `force`) the compiled train step, as Keras's
+        `Model.make_train_function`; the next `train_step` traces it."""
+        self._require_compiled()
+        if self._train_fn is None or force:
+            self._train_fn = self._build_train_fn()
+        return self._train_fn
+
+    def check_batch_size(self, n: int) -> None:
+        """Raise ValueError unless `n` rows are one global batch of the plan."""
+        self._check_batch(n)
 
     def _require_compiled(self):
         if self._loss is None:
@@ -201,10 +231,10 @@ class PipelinedModel:
     def _train(self, x, y, sample_weight):
         if self._relaxed:
             return self._relaxed.train(x, y, sample_weight)
-        if self._train_fn is None:
+        if not self._metrics_built:
             build_metrics(self.model, y)
-            self._train_fn = self._build_train_fn()
-        return self._train_fn(x, y, sample_weight)
+            self._metrics_built = True
+        return self.make_train_function()(x, y, sample_weight)
 
     def _batch_size(self, batch_size) -> int:
         if batch_size is None:

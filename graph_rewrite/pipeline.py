@@ -79,23 +79,26 @@ class StepResult:
 
 class PipelineStep:
     """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
-    micro_batch_loop = False    # data-parallel lanes as loops (`micro_batch_loop`)
-
     def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
-                 devices: Sequence[str], transport=None):
+                 devices: Sequence[str], transport=None,
+                 stages: Optional[List[StageGraph]] = None, micro_batch_loop: bool = False):
+        """`stages`: the model cut by the plan (`model_graph.cut_model`), if already cut;
+        `micro_batch_loop`: a data-parallel plan's lanes as loops (`micro_batch_loop`)."""
         self.model = model
         self.plan = plan
         self.loss = loss
-        self.stages: List[StageGraph] = cut_model(model, [tuple(s.layers) for s in plan.stages])
+        self.micro_batch_loop = micro_batch_loop
+        self.stages: List[StageGraph] = stages if stages is not None else cut_model(
+            model, [tuple(s.layers) for s in plan.stages])
         self.replicas = [s.replicas for s in plan.stages]
         self._devices = list(devices)
         self.schedule = plan_schedule(plan)
         self.order = replay(self.schedule).order          # lowered actions, dependencies first
         self.input_ids = model_input_ids(model)
         self.output_ids = model_output_ids(model)
-        self._penalties = weight_penalties_by_stage(self.stages)
+        self.weight_penalties = weight_penalties_by_stage(self.stages)
         self.functions = [StageFunction(g, loss, self.output_ids, g is self.stages[-1],
-                                        bool(self._penalties[s]))
+                                        bool(self.weight_penalties[s]))
                           for s, g in enumerate(self.stages)]
         self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
         self._accumulate = Accumulator()
@@ -230,18 +233,18 @@ class PipelineStep:
             weights = [None if w is None else w[lo:hi] for w in state.sample_weights]
         function = self.functions[stage]
         call = function.inline if inline else function
-        loss_rows, penalized = self._loss_share(state, unit, m)
+        loss_rows, penalized = self.loss_share(state, unit, m)
         outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
                                          loss_rows, function.on(self.device(*unit)))
         if state.labels is not None and penalized:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).
-            penalties = [tf.cast(c(), tf.float32) for c in self._penalties[stage]]
+            penalties = [tf.cast(c(), tf.float32) for c in self.weight_penalties[stage]]
             if penalties:
                 term = tf.add_n(penalties + ([term] if term is not None else []))
         return outputs, term, statistics
 
-    def _loss_share(self, state: StepState, unit: Unit, m: int) -> Tuple[int, bool]:
+    def loss_share(self, state: StepState, unit: Unit, m: int) -> Tuple[int, bool]:
         """(rows a loss term averages over, adds the weight penalties) for `unit`'s m-th."""
         return state.global_batch, unit[1] == 0 and m == 0
 

@@ -160,7 +160,7 @@ def test_forwards_on_different_devices_are_not_ordered_by_the_moving_statistics(
     x, y = next(batches(model, 1))
     pm.train_step(x, y)
     assert_ran_as_loops(pm, loop)
-    graph = pm._train_fn.get_concrete_function(x, y, None).graph
+    graph = pm.train_function.get_concrete_function(x, y, None).graph
     calls = [op for op in graph.get_operations()
              if op.type == "StatefulPartitionedCall" and op.name.startswith("stage0/replica")]
     on = {op: op.name.split("/")[1] for op in calls}

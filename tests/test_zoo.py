@@ -157,7 +157,7 @@ def test_dropout_draws_new_masks_for_every_micro_batch_and_replica(micro_batches
     half = np.random.RandomState(0).randn(4, 6).astype("float32")
     x = tf.constant(np.concatenate([half, half]))
     tf.keras.utils.set_random_seed(5)
-    out = tf.function(lambda x: tf.concat(pm._step.run(x, None).predictions[0], 0))(x)
+    out = tf.function(lambda x: tf.concat(pm.pipeline_step.run(x, None).predictions[0], 0))(x)
     assert relative_difference([out[:4]], [out[4:]]) > 1e-2
     without = tf.concat([model(half, training=False)] * 2, 0)
     assert relative_difference([out], [without]) > 1e-2          # dropout did run

@@ -42,7 +42,7 @@ def task_devices(tasks: int) -> List[str]:
 
 
 class TFClusterRuntime(LocalRuntime):
-    def __init__(self, plan: Plan, devices: Optional[List[str]] = None):
+    def __init__(self, plan: Plan, devices: Optional[List[str]] = None, stages=None):
         tasks = addresses_from_environment()
         if tasks is None:
             raise ClusterError("runtime='tensorflow' needs a cluster: run the script under "
@@ -52,13 +52,15 @@ class TFClusterRuntime(LocalRuntime):
             raise ClusterError(f"the plan uses {needed} devices but the cluster has {len(tasks)} "
                                f"tasks (one per device): launch with {needed} slots, e.g. "
                                f"--hosts=localhost:{needed}")
-        super().__init__(plan, devices if devices is not None else task_devices(len(tasks)))
+        super().__init__(plan, devices if devices is not None else task_devices(len(tasks)),
+                         stages)
 
-    def make_step(self, model: tf.keras.Model, plan: Plan,
-                  loss: Optional[PipelineLoss]) -> PipelineStep:
+    def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
+                  micro_batch_loop: bool = False) -> PipelineStep:
         if os.environ.get(ENV_WORKING_COPIES, "1") == "0":
-            return super().make_step(model, plan, loss)
-        return CopyingStep(model, plan, loss, self.devices)
+            return super().make_step(model, plan, loss, micro_batch_loop)
+        return CopyingStep(model, plan, loss, self.devices, stages=self.stages,
+                           micro_batch_loop=micro_batch_loop)
 
 
 class CopyingStep(PipelineStep):
