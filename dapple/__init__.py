@@ -42,7 +42,7 @@ def configure(tensorflow: bool = True) -> None:
         _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # the CLI's output stays readable
     _keras2.select_before_tensorflow()
     if _HAS_TF and tensorflow:
-        from dapple.tf_cluster.cluster import connect_from_environment
+        from dapple.runtime.tf_cluster.cluster import connect_from_environment
         if not connect_from_environment():   # under `dapple launch --runtime=tensorflow`
             from dapple.devices import configure_local_devices
             configure_local_devices()

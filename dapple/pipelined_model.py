@@ -21,10 +21,10 @@ The plan is checked against the model before anything runs: its layer count, its
 (when the plan has them), and the model signature of the profile it was made from (when
 present). The global batch must be the plan's, and must divide into micro-batches x replicas.
 
-Where the step runs is a `Runtime` (`dapple.runtime`) chosen once, when it is made
-(`dapple.runtime_choice`): every unit in this process (`dapple.local_runtime`), one unit per
-Horovod rank under horovodrun (`dapple.horovod_runtime`), or every unit from this process on
-a TensorFlow cluster's tasks (`dapple.tf_cluster`). This class runs the same actions on all.
+Where the step runs is a `Runtime` (`dapple.runtime.base`) chosen once, when it is made
+(`dapple.runtime.choice`): every unit in this process (`dapple.runtime.local.runtime`), one unit per
+Horovod rank under horovodrun (`dapple.runtime.horovod.runtime`), or every unit from this process on
+a TensorFlow cluster's tasks (`dapple.runtime.tf_cluster`). This class runs the same actions on all.
 
 A data-parallel plan's lanes run as loops over their micro-batches
 (`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M;
@@ -45,8 +45,8 @@ from dapple.data import (check_whole_batches, dataset_batch_rows, elements, glob
 from dapple.eager_build import build_metrics
 from dapple.keras2 import require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
-from dapple.runtime import Runtime, loss_scale
-from dapple.runtime_choice import make_runtime
+from dapple.runtime.base import Runtime, loss_scale
+from dapple.runtime.choice import make_runtime
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan

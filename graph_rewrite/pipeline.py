@@ -16,7 +16,7 @@ simulator replays):
   A split backward (zb-h1's I and W) runs its stage inline: `graph_rewrite.split_backward`.
 * Boundaries. A `Transport` moves boundary tensors forward and their gradients backward: the
   local one (`graph_rewrite.local_transport`) slices and concatenates row ranges on the
-  receiving device; `graph_rewrite.horovod_transport` moves them between processes.
+  receiving device; `dapple.runtime.horovod.transport` moves them between processes.
 * Update. Each unit's variable gradients are accumulated over micro-batches; ALLREDUCE sums
   them across the stage's replicas (locally an add on the stage's first device), and they are
   handed back aligned with `model.trainable_variables` for one `apply_gradients`.

@@ -1,6 +1,6 @@
 """Working copies (`graph_rewrite.working_copies`): units on a device other than their
 variables' read per-device copies refreshed at every step (the TensorFlow-cluster runtime's
-step, `dapple.tf_cluster.runtime.CopyingStep`), run here on logical CPU devices of one process,
+step, `dapple.runtime.tf_cluster.runtime.CopyingStep`), run here on logical CPU devices of one process,
 where the model's variables live on the first. Training equals plain Keras's (3 steps, 1e-5) on
 every path that reads weights (SGD: Adam would scale up the float noise of the gradient of
 the bias before BatchNormalization, zero in exact arithmetic): unrolled, looped data parallelism, the split backward of zb-h1,
@@ -9,8 +9,8 @@ import dapple  # noqa: F401  (Keras 2 and logical devices first)
 import pytest
 import tensorflow as tf
 
-from dapple.local_runtime import LocalRuntime
-from dapple.tf_cluster.runtime import CopyingStep
+from dapple.runtime.local.runtime import LocalRuntime
+from dapple.runtime.tf_cluster.runtime import CopyingStep
 from graph_rewrite.model_graph import layer_order
 from planner.plan import straight_plan
 from tests import models

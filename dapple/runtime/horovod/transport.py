@@ -6,7 +6,7 @@ builds only this rank's unit and moves boundary tensors and gradients with Horov
 
 * Boundary s -> s+1: one `hvd.alltoall` per micro-batch inside the process set of both stages'
   ranks, carrying all the boundary's tensors (relayed skips included) packed side by side as
-  bytes (`graph_rewrite.packing`), with uneven `splits` (`horovod_ranks.RankLayout.
+  bytes (`graph_rewrite.packing`), with uneven `splits` (`ranks.RankLayout.
   send_splits`): split, concat or both when replica counts differ. Gradients go back the same
   way, one collective per micro-batch.
 * Replicas of a stage: `hvd.allreduce(op=Sum)` of the accumulated gradients in the stage's
@@ -50,7 +50,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from graph_rewrite.batch_statistics import UnsupportedLayerError, is_batch_normalization
-from graph_rewrite.horovod_ranks import RankLayout
+from dapple.runtime.horovod.ranks import RankLayout
 from graph_rewrite.model_graph import variable_holders
 from graph_rewrite.local_transport import Crossing, Tensors, Unit
 from graph_rewrite.packing import pack, row_bytes, unpack

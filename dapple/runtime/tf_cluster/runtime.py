@@ -1,6 +1,6 @@
 """The TensorFlow-cluster runtime: the local runtime's step with plan device d on task d.
 
-This process (the chief, task 0) builds and runs every unit, as `dapple.local_runtime` does;
+This process (the chief, task 0) builds and runs every unit, as `dapple.runtime.local.runtime` does;
 only the devices differ: unit (s, r) runs on the task of its plan device, so TensorFlow's
 distributed runtime partitions the step's graph by task and moves every tensor crossing a
 stage boundary with its buffered Send/Recv (a producer never waits for the consumer). Replica
@@ -22,8 +22,8 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from dapple.local_runtime import LocalRuntime
-from dapple.tf_cluster.cluster import ClusterError, addresses_from_environment, task_device
+from dapple.runtime.local.runtime import LocalRuntime
+from dapple.runtime.tf_cluster.cluster import ClusterError, addresses_from_environment, task_device
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from dapple.checkpoint import save_weights_atomically
 from dapple.devices import local_devices
-from dapple.runtime import Runtime, apply_present, unscaled
+from dapple.runtime.base import Runtime, apply_present, unscaled
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import PipelineStep, StepResult

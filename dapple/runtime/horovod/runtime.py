@@ -2,14 +2,14 @@
 
 `dapple.PipelinedModel(model, plan)` runs on it when the process was started by horovodrun or
 Horovod is initialized (or with `runtime="horovod"`). Every rank runs the same user script and
-`PipelinedModel`'s same actions; rank r runs plan device r (`graph_rewrite.horovod_ranks`):
+`PipelinedModel`'s same actions; rank r runs plan device r (`dapple.runtime.horovod.ranks`):
 
 * Horovod is initialized with the plan's process sets (or they are added, if the user called
   `hvd.init()` first, which needs `HOROVOD_DYNAMIC_PROCESS_SETS=1`; `dapple launch` sets it).
 * All ranks start from rank 0's weights (a broadcast), so every stage and replica starts where
   the plain model on rank 0 starts.
 * Each rank builds only its own (stage, replica) unit and runs its stage's task list; Horovod
-  moves boundaries and sums replica gradients (`graph_rewrite.horovod_transport`). The optimizer
+  moves boundaries and sums replica gradients (`dapple.runtime.horovod.transport`). The optimizer
   updates only this rank's stage; the other stages' variables on this rank are left stale until
   `save_weights` gathers them.
 * `fit` shuffles with a seed shared by all ranks, so every rank sees the same global batches.
@@ -27,7 +27,7 @@ Horovod is initialized (or with `runtime="horovod"`). Every rank runs the same u
   the plain model or any plan (`load_weights`: rank 0 reads, then broadcasts).
 * Failures: an exception prints `dapple: rank R (stage s, replica k) failed: ...` and exits
   non-zero, and horovodrun ends the other ranks; a step that stalls beyond the watchdog's
-  deadline ends the rank (`graph_rewrite.horovod_watchdog`).
+  deadline ends the rank (`dapple.runtime.horovod.watchdog`).
 """
 from __future__ import annotations
 
@@ -43,12 +43,12 @@ import tensorflow as tf
 
 from dapple.checkpoint import save_weights_atomically
 from dapple.eager_build import build_optimizer
-from dapple.runtime import Runtime, apply_present, loss_scale, unscaled
-from graph_rewrite.horovod_ranks import RankLayout, WorldSizeError
-from graph_rewrite.horovod_transport import (HorovodPipelineStep, init_horovod,
+from dapple.runtime.base import Runtime, apply_present, loss_scale, unscaled
+from dapple.runtime.horovod.ranks import RankLayout, WorldSizeError
+from dapple.runtime.horovod.transport import (HorovodPipelineStep, init_horovod,
                                              pin_gpu_to_local_rank, rank_device,
                                              shared_stage_groups)
-from graph_rewrite.horovod_watchdog import StepWatchdog
+from dapple.runtime.horovod.watchdog import StepWatchdog
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import StepResult
