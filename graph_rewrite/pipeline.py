@@ -45,7 +45,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
-from graph_rewrite.accumulation import Accumulator, model_gradients
 from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
 from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane
@@ -401,3 +400,44 @@ class PipelineStep:
         would specialize (copy and re-optimize) the backward function per call."""
         both = self._constants.read_value()
         return both[0], both[1]
+
+
+# ---- accumulation ----------------------------------------------------------------------------
+def _add_lists(accumulated, gradients):
+    return [a + g for a, g in zip(accumulated, gradients)]
+
+
+class Accumulator:
+    """A unit's variable gradients summed over its micro-batches, one call op per micro-batch:
+    adding a stage's gradient tensors op by op made the adds most of the step's graph (and of
+    its tracing and optimization time); one non-inlined function adds the whole list, traced
+    once per list of shapes, on the device of the call site."""
+
+    def __init__(self):
+        self._add = tf.function(_add_lists, experimental_attributes={"_noinline": True})
+
+    def __call__(self, accumulated: Optional[List[Optional[tf.Tensor]]],
+                 gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+        """`accumulated` + `gradients` elementwise (None: no gradient yet / none here)."""
+        if accumulated is None:
+            return list(gradients)
+        both = [i for i, (a, g) in enumerate(zip(accumulated, gradients))
+                if a is not None and g is not None]
+        out = [g if a is None else a for a, g in zip(accumulated, gradients)]
+        if both:
+            sums = self._add([accumulated[i] for i in both], [gradients[i] for i in both])
+            for i, s in zip(both, sums):
+                out[i] = s
+        return out
+
+
+def model_gradients(model, stages, reduced: Dict[int, List[tf.Tensor]]):
+    """Every stage's summed gradients (`reduced`, by stage), aligned with the model's trainable
+    variables: a variable used by several stages gets the sum, one no stage here holds None."""
+    by_var: Dict[int, tf.Tensor] = {}
+    for stage, graph in enumerate(stages):
+        if stage not in reduced:
+            continue
+        for v, g in zip(graph.trainable_variables, reduced[stage]):
+            by_var[id(v)] = g if id(v) not in by_var else by_var[id(v)] + g
+    return [by_var.get(id(v)) for v in model.trainable_variables]

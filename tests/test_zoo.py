@@ -6,7 +6,7 @@ trained through the pipeline; the references are plain Keras:
   after one step every moving mean and variance equals what Keras's own layer computes when
   called once on all the rows that reached it in that step.
 * A transformer language model with tied input/output embeddings: gradients equal the plain
-  model's on the whole batch (its horovodrun check: tests/horovod/test_training_semantics_horovod).
+  model's on the whole batch (its horovodrun check: tests/dapple/runtime/horovod/test_training_semantics_horovod).
 * A model with seeded Dropout: gradients equal the plain model run slice by slice with the same
   seeds (same masks); recomputation is refused for it, with the reason.
 

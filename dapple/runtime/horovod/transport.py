@@ -15,7 +15,8 @@ builds only this rank's unit and moves boundary tensors and gradients with Horov
   collective also ends every step on all ranks together (a rank that returns early shuts
   Horovod down for the rest).
 
-Decisions a newcomer needs (tests/horovod checks each on the pinned stack, docs/stacks.md):
+Decisions a newcomer needs (tests/dapple/runtime/horovod checks each on the pinned stack,
+docs/stacks.md):
 
 * Names. Horovod pairs collectives across ranks by name, and TF prefixes the name scope,
   which differs per rank (`stage0/replica0/F3` vs `stage1/replica0/F3`). Every collective gets
