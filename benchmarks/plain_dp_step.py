@@ -15,7 +15,7 @@ After `--warmup` steps every rank prints the slowest rank's median of `--steps` 
 
 `first_local_loss` is the first step's loss on the rank's own rows, `first_loss` its average
 over the ranks: the plain model's loss on the whole global batch
-(tests/horovod/test_plain_dp_step.py holds both to the plain model's).
+(tests/dapple/runtime/horovod/test_plain_dp_step.py holds both to the plain model's).
 """
 from __future__ import annotations
 

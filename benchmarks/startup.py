@@ -103,7 +103,7 @@ def measure(root: str, M: int, unrolled: bool) -> dict:
         pm.train_step(x, y).numpy()
         times.append(time.perf_counter() - start)
     return dict(first_call_s=first_call_s, steady_ms=1e3 * statistics.median(times),
-                graph_nodes=graph_nodes(pm._train_fn, x, y, None), dapple_file=dapple_file)
+                graph_nodes=graph_nodes(pm.train_function, x, y, None), dapple_file=dapple_file)
 
 
 def worker_main() -> None:

@@ -7,13 +7,10 @@ What users touch:
     pm.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     pm.fit(x, y, batch_size=plan_global_batch, epochs=2)
 
-`import dapple` first makes `tf.keras` the Keras 2 API (it sets `TF_USE_LEGACY_KERAS=1`
-before TensorFlow loads, and fails with what to do if TensorFlow was imported first; see
-`dapple.keras2`), then splits the CPU into logical devices (TensorFlow fixes its device list at
-first use, so this must happen before anything else touches TensorFlow; see `dapple.devices`),
-and on Python 3.12 works around tf_keras's `set_random_seed` bug (`dapple.seed_workaround`).
-The `dapple` command's subcommands that need no TensorFlow (`plan`, `simulate`, `emulate`) skip
-all but the first so they start fast and work without TensorFlow installed.
+`import dapple` sets up the process for dapple (docs/runtime.md, "What `import dapple` does",
+lists every effect): it makes `tf.keras` Keras 2, splits the CPU into logical devices (or
+connects to a TensorFlow cluster) and works around a tf_keras seeding bug on Python 3.12. Set
+`DAPPLE_CONFIGURE_ON_IMPORT=0` to skip all of it, and call `dapple.configure()` when you want it.
 """
 import importlib.util as _importlib_util
 import os as _os
@@ -33,17 +30,29 @@ def _invocation_without_tensorflow() -> bool:
 
 
 _HAS_TF = _importlib_util.find_spec("tensorflow") is not None
-if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "dapple":
-    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # the CLI's own output stays readable
-_keras2.select_before_tensorflow()
-if _HAS_TF and not _invocation_without_tensorflow():
-    from dapple.tf_cluster.cluster import connect_from_environment as _connect
-    if not _connect():      # under `dapple launch --runtime=tensorflow`: before any model
-        from dapple.devices import configure_local_devices as _configure_local_devices
-        _configure_local_devices()
-    _keras2.check_tf_keras()
-    from dapple import seed_workaround as _seed_workaround
-    _seed_workaround.install()
+ENV_CONFIGURE_ON_IMPORT = "DAPPLE_CONFIGURE_ON_IMPORT"   # "0": `import dapple` changes nothing
+
+
+def configure(tensorflow: bool = True) -> None:
+    """What `import dapple` does unless `DAPPLE_CONFIGURE_ON_IMPORT=0` (docs/runtime.md, "What
+    `import dapple` does"); call it once, before anything else touches TensorFlow.
+    `tensorflow=False`: only what needs no TensorFlow (the `dapple` command's planner
+    subcommands start fast and work without TensorFlow installed)."""
+    if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "dapple":
+        _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # the CLI's output stays readable
+    _keras2.select_before_tensorflow()
+    if _HAS_TF and tensorflow:
+        from dapple.runtime.tf_cluster.cluster import connect_from_environment
+        if not connect_from_environment():   # under `dapple launch --runtime=tensorflow`
+            from dapple.devices import configure_local_devices
+            configure_local_devices()
+        _keras2.check_tf_keras()
+        from dapple import seed_workaround
+        seed_workaround.install()
+
+
+if _os.environ.get(ENV_CONFIGURE_ON_IMPORT, "1") != "0":
+    configure(tensorflow=not _invocation_without_tensorflow())
 
 _LAZY = {
     "PipelinedModel": "dapple.pipelined_model",

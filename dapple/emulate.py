@@ -4,7 +4,7 @@
 
 builds the network (`dapple.emulated_network`), starts Horovod's own rendezvous server inside
 host 0's namespace, starts every rank inside its host's namespace with the environment
-horovodrun's Gloo launcher gives it, streams their output (`dapple.rank_processes`), and
+horovodrun's Gloo launcher gives it, streams their output (`dapple.runtime.rank_processes`), and
 returns the job's exit status. Whatever happens (success, a failing or killed rank, SIGINT,
 SIGTERM, SIGHUP, an error while building), the ranks are ended and the network is deleted.
 
@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence
 
 from dapple.emulate_spec import EmulatedCluster, EmulateError
 from dapple.emulated_network import NIC, EmulatedNetwork, check_prerequisites
-from dapple.rank_processes import StopFlag, end_ranks, start_rank, watch
+from dapple.runtime.rank_processes import StopFlag, end_ranks, start_rank, watch
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

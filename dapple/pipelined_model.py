@@ -21,10 +21,10 @@ The plan is checked against the model before anything runs: its layer count, its
 (when the plan has them), and the model signature of the profile it was made from (when
 present). The global batch must be the plan's, and must divide into micro-batches x replicas.
 
-Where the step runs is a `Runtime` (`dapple.runtime`) chosen once, when it is made
-(`dapple.runtime_choice`): every unit in this process (`dapple.local_runtime`), one unit per
-Horovod rank under horovodrun (`dapple.horovod_runtime`), or every unit from this process on
-a TensorFlow cluster's tasks (`dapple.tf_cluster`). This class runs the same actions on all.
+Where the step runs is a `Runtime` (`dapple.runtime.base`) chosen once, when it is made
+(`dapple.runtime.choice`): every unit in this process (`dapple.runtime.local.runtime`), one unit per
+Horovod rank under horovodrun (`dapple.runtime.horovod.runtime`), or every unit from this process on
+a TensorFlow cluster's tasks (`dapple.runtime.tf_cluster`). This class runs the same actions on all.
 
 A data-parallel plan's lanes run as loops over their micro-batches
 (`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M;
@@ -45,8 +45,8 @@ from dapple.data import (check_whole_batches, dataset_batch_rows, elements, glob
 from dapple.eager_build import build_metrics
 from dapple.keras2 import require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
-from dapple.runtime import Runtime, loss_scale
-from dapple.runtime_choice import make_runtime
+from dapple.runtime.base import Runtime, loss_scale
+from dapple.runtime.choice import make_runtime
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan
@@ -72,6 +72,7 @@ class PipelinedModel:
         self._relaxed: Optional[RelaxedTraining] = None
         self.optimizer = None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
+        self._metrics_built = False
 
     # ---- Keras-style API ---------------------------------------------------------------------
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
@@ -89,12 +90,13 @@ class PipelinedModel:
                            loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
         self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
-        self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss)
-        self._step.micro_batch_loop = self.micro_batch_loop
+        self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,
+                                            micro_batch_loop=self.micro_batch_loop)
         self._relaxed = RelaxedTraining(
             self.model, self.plan, self.runtime, self._loss, self.optimizer, steps_per_execution,
             self._update_metrics) if is_relaxed(self.plan) else None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
+        self._metrics_built = False
 
     # ---- where this process runs (the runtime's) ------------------------------------------------
     @property
@@ -125,6 +127,34 @@ class PipelinedModel:
     @property
     def global_batch_size(self) -> Optional[int]:
         return self.plan.global_batch_size
+
+    @property
+    def pipeline_step(self) -> PipelineStep:
+        """The pipelined step (`graph_rewrite.pipeline.PipelineStep`) that `train_step`,
+        `gradients`, `evaluate` and `predict` run, for inspection: its stages (`stages`), the
+        device of each unit (`device(stage, replica)`), `run(x, y)` to trace it alone. Made by
+        `compile` (or a `predict` before it); relaxed plans: their synchronous step."""
+        if self._step is None:
+            raise RuntimeError("no pipelined step yet: call compile(optimizer, loss) first")
+        return self._step
+
+    @property
+    def train_function(self):
+        """The compiled train step `train_step` calls (as Keras's `Model.train_function`),
+        None until it is made (`make_train_function`, or the first `train_step`)."""
+        return self._train_fn
+
+    def make_train_function(self, force: bool = False):
+        """Make (again, with `force`) the compiled train step, as Keras's
+        `Model.make_train_function`; the next `train_step` traces it."""
+        self._require_compiled()
+        if self._train_fn is None or force:
+            self._train_fn = self._build_train_fn()
+        return self._train_fn
+
+    def check_batch_size(self, n: int) -> None:
+        """Raise ValueError unless `n` rows are one global batch of the plan."""
+        self._check_batch(n)
 
     def _require_compiled(self):
         if self._loss is None:
@@ -201,10 +231,10 @@ class PipelinedModel:
     def _train(self, x, y, sample_weight):
         if self._relaxed:
             return self._relaxed.train(x, y, sample_weight)
-        if self._train_fn is None:
+        if not self._metrics_built:
             build_metrics(self.model, y)
-            self._train_fn = self._build_train_fn()
-        return self._train_fn(x, y, sample_weight)
+            self._metrics_built = True
+        return self.make_train_function()(x, y, sample_weight)
 
     def _batch_size(self, batch_size) -> int:
         if batch_size is None:

@@ -30,7 +30,6 @@ import tensorflow as tf
 from dapple.data import elements
 from dapple.eager_build import build_metrics, build_optimizer
 from graph_rewrite.batch_statistics import is_batch_normalization
-from graph_rewrite.model_graph import cut_model
 from planner.multi_batch import DEFAULT_BATCHES
 from planner.plan import Plan
 from planner.schedules.one_f_one_b import ONE_F_ONE_B
@@ -49,7 +48,7 @@ def synchronous_plan(plan: Plan) -> Plan:
                                vertical_sync=None)
 
 
-def check_relaxed(model: tf.keras.Model, plan: Plan, optimizer) -> None:
+def check_relaxed(model: tf.keras.Model, plan: Plan, optimizer, stages) -> None:
     """Refuse what the relaxed runtime would not train by its rule (module docstring)."""
     name = plan.schedule.name
     for layer in model._flatten_layers(include_self=False):
@@ -65,7 +64,7 @@ def check_relaxed(model: tf.keras.Model, plan: Plan, optimizer) -> None:
                          f"whole gradient to clip by its global norm: use clipnorm (per "
                          f"variable) or a synchronous schedule")
     holders = {}
-    for s, graph in enumerate(cut_model(model, [tuple(st.layers) for st in plan.stages])):
+    for s, graph in enumerate(stages):
         for v in graph.trainable_variables:
             first = holders.setdefault(id(v), s)
             if first != s:
@@ -79,7 +78,7 @@ class RelaxedTraining:
 
     def __init__(self, model, plan: Plan, runtime, loss, optimizer,
                  steps_per_execution: Optional[int], update_metrics: Callable):
-        check_relaxed(model, plan, optimizer)
+        check_relaxed(model, plan, optimizer, runtime.stages)
         k = steps_per_execution if steps_per_execution is not None else (
             plan.batches or DEFAULT_BATCHES)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:

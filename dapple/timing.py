@@ -67,12 +67,13 @@ def _slice(tensors: Dict[str, tf.Tensor], lo: int, hi: int) -> Dict[str, tf.Tens
 
 def measure_stages(pm, x, y, warmup: int = 3, runs: int = 10) -> List[StageTiming]:
     """Forward and backward ms of every stage's unit (replica 0, micro-batch 0), each alone."""
-    pm._require_compiled()
-    step = pm._step
+    step = pm.pipeline_step
+    if step.loss is None:
+        raise RuntimeError("call compile(optimizer, loss) before training or evaluating")
     xs = tf.nest.flatten(x)
     ys = [tf.convert_to_tensor(t) for t in tf.nest.flatten(y)]
     batch = int(xs[0].shape[0])
-    pm._check_batch(batch)
+    pm.check_batch_size(batch)
     mb_lo, mb_hi = step.rows(0, 0, 0, batch)
     # Micro-batch 0 through every stage, eagerly: the inputs each stage's unit sees.
     values = {tid: tf.convert_to_tensor(t) for tid, t in zip(step.input_ids, xs)}

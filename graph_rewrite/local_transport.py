@@ -8,7 +8,7 @@ it from the send, receive and allreduce actions of the lowered schedule.
 Here a receiver reads the senders' tensors directly and slices and concatenates the row ranges
 it needs on its own device (`planner.slicing.overlaps`): split, concat, both, or nothing when
 replica counts are equal. Replica gradients are added on the stage's first device. Across
-processes, `graph_rewrite.horovod_transport` implements the same methods with Horovod.
+processes, `dapple.runtime.horovod.transport` implements the same methods with Horovod.
 """
 from __future__ import annotations
 

@@ -115,6 +115,11 @@ class LaneLoop:
         self._lane = tf.function(self._loop, autograph=False,
                                  experimental_attributes={"_noinline": True})
 
+    @property
+    def traces(self) -> int:
+        """How many times the lane's function was traced (0: the lanes ran unrolled)."""
+        return self._lane.experimental_get_tracing_count()
+
     def __call__(self, inputs, labels, weights, loss_scale, training: bool, backward: bool,
                  global_rows: int, scratch=()):
         return self._lane(inputs, labels, weights, loss_scale, training, backward, global_rows,
@@ -191,8 +196,8 @@ def _weight_penalty(step, state: StepState, unit: Unit, variables: List[tf.Varia
     """(penalty term, its gradients) for the unit that counts the stage's weight penalties
     (replica 0), or None."""
     stage, _ = unit
-    penalties = step._penalties[stage]
-    if state.labels is None or not penalties or not step._loss_share(state, unit, 0)[1]:
+    penalties = step.weight_penalties[stage]
+    if state.labels is None or not penalties or not step.loss_share(state, unit, 0)[1]:
         return None
     with tf.GradientTape() as tape:
         term = tf.add_n([tf.cast(c(), tf.float32) for c in penalties])

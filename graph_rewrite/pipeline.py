@@ -16,7 +16,7 @@ simulator replays):
   A split backward (zb-h1's I and W) runs its stage inline: `graph_rewrite.split_backward`.
 * Boundaries. A `Transport` moves boundary tensors forward and their gradients backward: the
   local one (`graph_rewrite.local_transport`) slices and concatenates row ranges on the
-  receiving device; `graph_rewrite.horovod_transport` moves them between processes.
+  receiving device; `dapple.runtime.horovod.transport` moves them between processes.
 * Update. Each unit's variable gradients are accumulated over micro-batches; ALLREDUCE sums
   them across the stage's replicas (locally an add on the stage's first device), and they are
   handed back aligned with `model.trainable_variables` for one `apply_gradients`.
@@ -45,7 +45,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
-from graph_rewrite.accumulation import Accumulator, model_gradients
 from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
 from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane
@@ -79,23 +78,26 @@ class StepResult:
 
 class PipelineStep:
     """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
-    micro_batch_loop = False    # data-parallel lanes as loops (`micro_batch_loop`)
-
     def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
-                 devices: Sequence[str], transport=None):
+                 devices: Sequence[str], transport=None,
+                 stages: Optional[List[StageGraph]] = None, micro_batch_loop: bool = False):
+        """`stages`: the model cut by the plan (`model_graph.cut_model`), if already cut;
+        `micro_batch_loop`: a data-parallel plan's lanes as loops (`micro_batch_loop`)."""
         self.model = model
         self.plan = plan
         self.loss = loss
-        self.stages: List[StageGraph] = cut_model(model, [tuple(s.layers) for s in plan.stages])
+        self.micro_batch_loop = micro_batch_loop
+        self.stages: List[StageGraph] = stages if stages is not None else cut_model(
+            model, [tuple(s.layers) for s in plan.stages])
         self.replicas = [s.replicas for s in plan.stages]
         self._devices = list(devices)
         self.schedule = plan_schedule(plan)
         self.order = replay(self.schedule).order          # lowered actions, dependencies first
         self.input_ids = model_input_ids(model)
         self.output_ids = model_output_ids(model)
-        self._penalties = weight_penalties_by_stage(self.stages)
+        self.weight_penalties = weight_penalties_by_stage(self.stages)
         self.functions = [StageFunction(g, loss, self.output_ids, g is self.stages[-1],
-                                        bool(self._penalties[s]))
+                                        bool(self.weight_penalties[s]))
                           for s, g in enumerate(self.stages)]
         self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
         self._accumulate = Accumulator()
@@ -230,18 +232,18 @@ class PipelineStep:
             weights = [None if w is None else w[lo:hi] for w in state.sample_weights]
         function = self.functions[stage]
         call = function.inline if inline else function
-        loss_rows, penalized = self._loss_share(state, unit, m)
+        loss_rows, penalized = self.loss_share(state, unit, m)
         outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
                                          loss_rows, function.on(self.device(*unit)))
         if state.labels is not None and penalized:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).
-            penalties = [tf.cast(c(), tf.float32) for c in self._penalties[stage]]
+            penalties = [tf.cast(c(), tf.float32) for c in self.weight_penalties[stage]]
             if penalties:
                 term = tf.add_n(penalties + ([term] if term is not None else []))
         return outputs, term, statistics
 
-    def _loss_share(self, state: StepState, unit: Unit, m: int) -> Tuple[int, bool]:
+    def loss_share(self, state: StepState, unit: Unit, m: int) -> Tuple[int, bool]:
         """(rows a loss term averages over, adds the weight penalties) for `unit`'s m-th."""
         return state.global_batch, unit[1] == 0 and m == 0
 
@@ -398,3 +400,44 @@ class PipelineStep:
         would specialize (copy and re-optimize) the backward function per call."""
         both = self._constants.read_value()
         return both[0], both[1]
+
+
+# ---- accumulation ----------------------------------------------------------------------------
+def _add_lists(accumulated, gradients):
+    return [a + g for a, g in zip(accumulated, gradients)]
+
+
+class Accumulator:
+    """A unit's variable gradients summed over its micro-batches, one call op per micro-batch:
+    adding a stage's gradient tensors op by op made the adds most of the step's graph (and of
+    its tracing and optimization time); one non-inlined function adds the whole list, traced
+    once per list of shapes, on the device of the call site."""
+
+    def __init__(self):
+        self._add = tf.function(_add_lists, experimental_attributes={"_noinline": True})
+
+    def __call__(self, accumulated: Optional[List[Optional[tf.Tensor]]],
+                 gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+        """`accumulated` + `gradients` elementwise (None: no gradient yet / none here)."""
+        if accumulated is None:
+            return list(gradients)
+        both = [i for i, (a, g) in enumerate(zip(accumulated, gradients))
+                if a is not None and g is not None]
+        out = [g if a is None else a for a, g in zip(accumulated, gradients)]
+        if both:
+            sums = self._add([accumulated[i] for i in both], [gradients[i] for i in both])
+            for i, s in zip(both, sums):
+                out[i] = s
+        return out
+
+
+def model_gradients(model, stages, reduced: Dict[int, List[tf.Tensor]]):
+    """Every stage's summed gradients (`reduced`, by stage), aligned with the model's trainable
+    variables: a variable used by several stages gets the sum, one no stage here holds None."""
+    by_var: Dict[int, tf.Tensor] = {}
+    for stage, graph in enumerate(stages):
+        if stage not in reduced:
+            continue
+        for v, g in zip(graph.trainable_variables, reduced[stage]):
+            by_var[id(v)] = g if id(v) not in by_var else by_var[id(v)] + g
+    return [by_var.get(id(v)) for v in model.trainable_variables]

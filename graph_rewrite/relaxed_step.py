@@ -220,7 +220,7 @@ class RelaxedSteps:
         B = self.plan.global_batch_size
         return B // self.plan.micro_batches if self.plan.schedule.updates_every_micro_batch else B
 
-    def _loss_share(self, state, unit, m: int) -> Tuple[int, bool]:
+    def loss_share(self, state, unit, m: int) -> Tuple[int, bool]:
         """PipeDream: every micro-batch is a minibatch of its own (its mean loss, the weight
         penalties once in it); 2BW: the global batch; AvgPipe: each pipeline's global batch."""
         first = m % (1 if self.plan.schedule.updates_every_micro_batch

@@ -5,7 +5,7 @@
 # hand when a change may depend on the stack. Arguments go to pytest:
 #
 #   scripts/test_tf215.sh                 # the suite, as `make test` runs it
-#   scripts/test_tf215.sh -m "" tests/horovod
+#   scripts/test_tf215.sh -m "" tests/dapple/runtime/horovod
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DAPPLE_TF=2.15

@@ -103,7 +103,7 @@ def assert_trains_like_plain_model(pm, model, reference, loss, make_optimizer, b
 def assert_ran_as_loops(pm, loop=True):
     """`pm`'s step built its lanes as loops (`graph_rewrite.micro_batch_loop`) iff `loop`:
     the lane loop's function was traced. Keeps a looped case from passing on the unrolled path."""
-    traced = pm._step.lane_loops[0]._lane.experimental_get_tracing_count() > 0
+    traced = pm.pipeline_step.lane_loops[0].traces > 0
     assert traced == loop, f"lanes {'not ' if loop else ''}built as loops"
 
 

@@ -101,7 +101,7 @@ def test_a_layer_called_twice_updates_twice_like_keras():
     for name, want in moving_statistics(reference).items():
         np.testing.assert_allclose(moving_statistics(model)[name], want, atol=1e-5, rtol=1e-5)
     # Across processes the two stages' updates could not be ordered: refused by name there.
-    from graph_rewrite.horovod_transport import check_shared_across_processes
+    from dapple.runtime.horovod.transport import check_shared_across_processes
     from graph_rewrite.model_graph import cut_model
     with pytest.raises(UnsupportedLayerError, match="'bn'.*stages 0 and 1"):
         check_shared_across_processes(cut_model(model, [(0, 1), (2, 6)]))
@@ -160,7 +160,7 @@ def test_forwards_on_different_devices_are_not_ordered_by_the_moving_statistics(
     x, y = next(batches(model, 1))
     pm.train_step(x, y)
     assert_ran_as_loops(pm, loop)
-    graph = pm._train_fn.get_concrete_function(x, y, None).graph
+    graph = pm.train_function.get_concrete_function(x, y, None).graph
     calls = [op for op in graph.get_operations()
              if op.type == "StatefulPartitionedCall" and op.name.startswith("stage0/replica")]
     on = {op: op.name.split("/")[1] for op in calls}

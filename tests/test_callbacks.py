@@ -3,7 +3,7 @@ checkpoints that load into the plain model, EarlyStopping's best weights, Backup
 resumed after an interrupt, CSVLogger and TensorBoard. References: plain Keras on a second model
 built with the same seed, trained on the same batches.
 
-The same under horovodrun, across ranks: tests/horovod/test_callbacks_horovod.py."""
+The same under horovodrun, across ranks: tests/dapple/runtime/horovod/test_callbacks_horovod.py."""
 import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
 import os
 

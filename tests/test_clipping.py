@@ -1,7 +1,7 @@
 """Gradient clipping sees the whole model's gradient, as on the plain model: `clipnorm` (per
 variable), `global_clipnorm` (over all variables, across stages) and `clipvalue`. The reference
 is plain Keras `train_on_batch` with the same optimizer (across processes:
-tests/horovod/test_training_semantics_horovod.py)."""
+tests/dapple/runtime/horovod/test_training_semantics_horovod.py)."""
 import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
 import numpy as np
 import pytest

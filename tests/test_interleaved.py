@@ -84,7 +84,7 @@ def test_every_schedule_edge_is_enforced_per_device(case):
     pm = dapple.PipelinedModel(model, plan)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, GLOBAL_BATCH, seed=0)
-    graph = tf.function(lambda x, y: pm._step.run(x, y).gradients) \
+    graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients) \
         .get_concrete_function(x, y).graph
     replicas = [s.replicas for s in plan.stages[:plan.num_positions]]
     assert unenforced_edges(graph, plan_schedule(plan), replicas) == []

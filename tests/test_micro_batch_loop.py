@@ -26,7 +26,7 @@ def step_ops(m, schedule, replicas=2, loop=True):
     pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, 8 * m, seed=0)
-    fn = tf.function(lambda x, y: pm._step.run(x, y).gradients)
+    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
     graph_def = fn.get_concrete_function(x, y).graph.as_graph_def()
     outer = collections.Counter(n.op for n in graph_def.node)
     every = outer + collections.Counter(n.op for f in graph_def.library.function

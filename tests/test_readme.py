@@ -79,14 +79,3 @@ def test_files_named_in_backticks_exist(doc):
     for path in re.findall(r"`((?:[a-z_]+/)+[\w.-]+\.(?:py|sh|md|json|png|toml))`", read(doc)):
         assert os.path.exists(os.path.join(ROOT, path)), f"{doc}: {path}"
 
-
-def test_no_module_over_400_lines_outside_tests():
-    long = []
-    for package in ("topology", "planner", "reports", "graph_rewrite", "dapple", "examples"):
-        for folder, _, files in os.walk(os.path.join(ROOT, package)):
-            for name in files:
-                if name.endswith(".py"):
-                    with open(os.path.join(folder, name)) as f:
-                        if sum(1 for _ in f) > 400:
-                            long.append(os.path.relpath(os.path.join(folder, name), ROOT))
-    assert not long, long

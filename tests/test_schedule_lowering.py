@@ -24,7 +24,7 @@ def traced_graph(plan):
     pm = dapple.PipelinedModel(model, plan)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, plan.global_batch_size, seed=0)
-    fn = tf.function(lambda x, y: pm._step.run(x, y).gradients)
+    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
     return fn.get_concrete_function(x, y).graph
 
 

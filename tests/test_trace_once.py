@@ -30,12 +30,12 @@ def deep_mlp(seed=0, depth=8):
 def counting_runs(pm):
     """Wrap the step's `run` (what the step function traces) to count traces."""
     calls = []
-    run = pm._step.run
+    run = pm.pipeline_step.run
 
     def counted(*args, **kwargs):
         calls.append(1)
         return run(*args, **kwargs)
-    pm._step.run = counted
+    pm.pipeline_step.run = counted
     return calls
 
 
@@ -85,7 +85,7 @@ def step_graph_nodes(micro_batches: int) -> int:
 
     @tf.function
     def step(x, y):
-        return pm._step.run(x, y).gradients
+        return pm.pipeline_step.run(x, y).gradients
     return len(step.get_concrete_function(x, y).graph.as_graph_def().node), \
         len(model.trainable_variables)
 

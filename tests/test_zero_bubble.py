@@ -116,7 +116,7 @@ def test_split_backward_equals_full_and_does_no_work_twice(builder):
 def ops_by_action(pm, x, y):
     """The ops each action built, from the executor's own dispatch (tape gradient ops are
     named after their forward, so names cannot tell I from W): (chunk, replica, kind, m)."""
-    step, built = pm._step, {}
+    step, built = pm.pipeline_step, {}
     graph_of = {}
 
     def recording(kind, method):

@@ -6,7 +6,7 @@ trained through the pipeline; the references are plain Keras:
   after one step every moving mean and variance equals what Keras's own layer computes when
   called once on all the rows that reached it in that step.
 * A transformer language model with tied input/output embeddings: gradients equal the plain
-  model's on the whole batch (its horovodrun check: tests/horovod/test_training_semantics_horovod).
+  model's on the whole batch (its horovodrun check: tests/dapple/runtime/horovod/test_training_semantics_horovod).
 * A model with seeded Dropout: gradients equal the plain model run slice by slice with the same
   seeds (same masks); recomputation is refused for it, with the reason.
 
@@ -157,7 +157,7 @@ def test_dropout_draws_new_masks_for_every_micro_batch_and_replica(micro_batches
     half = np.random.RandomState(0).randn(4, 6).astype("float32")
     x = tf.constant(np.concatenate([half, half]))
     tf.keras.utils.set_random_seed(5)
-    out = tf.function(lambda x: tf.concat(pm._step.run(x, None).predictions[0], 0))(x)
+    out = tf.function(lambda x: tf.concat(pm.pipeline_step.run(x, None).predictions[0], 0))(x)
     assert relative_difference([out[:4]], [out[4:]]) > 1e-2
     without = tf.concat([model(half, training=False)] * 2, 0)
     assert relative_difference([out], [without]) > 1e-2          # dropout did run

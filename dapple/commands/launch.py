@@ -4,8 +4,9 @@
 
 `--runtime=horovod` (the default): prints the horovodrun command (with the environment it
 adds), then runs it and exits with its status. `-np` and `-H` come from the plan (see
-`dapple.launch`); `--dry_run` only prints. `--runtime=tensorflow`: a `tf.distribute.Server` per
-slot and the script once, as the chief (`dapple.tf_cluster.launch`).
+`dapple.runtime.launch`); `--dry_run` only prints. `--runtime=tensorflow`: a
+`tf.distribute.Server` per slot and the script once, as the chief
+(`dapple.runtime.tf_cluster.launch`).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ flags.DEFINE_bool("dry_run", False, "print the command without running it")
 
 
 def main(argv):
-    from dapple import launch
+    from dapple.runtime import launch
 
     program = list(argv[1:])
     try:
@@ -59,7 +60,7 @@ def main(argv):
 
 def _tensorflow(plan, program, hosts) -> int:
     import os
-    from dapple.tf_cluster import launch as tf_launch
+    from dapple.runtime.tf_cluster import launch as tf_launch
     if FLAGS.dry_run:
         raise tf_launch.LaunchError("--dry_run prints horovodrun's command; "
                                     "--runtime=tensorflow runs no single command")

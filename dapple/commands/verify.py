@@ -159,7 +159,7 @@ def _reference_slices(pm, batch):
 
     plan = pm.plan
     sizes, example = {}, None
-    for graph, stage in zip(pm._step.stages, plan.stages):
+    for graph, stage in zip(pm.pipeline_step.stages, plan.stages):
         for node in graph.nodes:
             if updates_in_training(node.layer, {"training": True}):
                 sizes.setdefault(batch // (plan.micro_batches * stage.replicas), graph.index)

@@ -1,6 +1,6 @@
 """Run `dapple emulate` from the tests, with a deadline, and say why emulation is impossible.
 
-Ranks are kept light as in `tests/horovod/hvdrun.py` (its LIGHT_RANK_ENV). On timeout the
+Ranks are kept light as in `tests/dapple/runtime/horovod/hvdrun.py` (its LIGHT_RANK_ENV). On timeout the
 launcher's whole session is killed; its namespaces would then be left behind, which the tests
 check for (`namespaces()` before and after).
 """
@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Dict, Optional, Sequence
 
-from tests.horovod.hvdrun import REPO, SCRIPTS, RunResult, light_rank_env
+from tests.dapple.runtime.horovod.hvdrun import REPO, SCRIPTS, RunResult, light_rank_env
 
 DAPPLE = os.path.join(os.path.dirname(sys.executable), "dapple")
 
@@ -53,7 +53,7 @@ def emulate(topology: str, program: Sequence[str], timeout: float = 180,
             env: Optional[Dict[str, str]] = None, signal_after: Optional[float] = None,
             signum: int = signal.SIGTERM) -> RunResult:
     """`dapple emulate --topology=topology -- program...`; a program starting with a script of
-    tests/horovod/scripts runs it with this Python. `signal_after` sends the launcher `signum`
+    tests/dapple/runtime/horovod/scripts runs it with this Python. `signal_after` sends the launcher `signum`
     after that many seconds."""
     program = list(program)
     if not os.path.isabs(program[0]) and os.path.exists(os.path.join(SCRIPTS, program[0])):

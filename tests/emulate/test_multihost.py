@@ -3,7 +3,7 @@
 host of its own, so the boundary crosses the hosts, or each stage's replicas on both hosts, so
 its allreduce does) compute the plain Keras model's gradients and, after 3 Adam steps, its
 weights; and a rank that fails on one host ends the job within 60 s, named. The rank program
-is the one of the single-machine Horovod tests (`tests/horovod/scripts/pipelined_rank.py`)."""
+is the one of the single-machine Horovod tests (`tests/dapple/runtime/horovod/scripts/pipelined_rank.py`)."""
 import json
 import re
 

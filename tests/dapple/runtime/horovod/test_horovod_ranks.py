@@ -5,7 +5,7 @@ replica counts, including a hand-written plan whose devices are not in replica o
 import numpy as np
 import pytest
 
-from graph_rewrite.horovod_ranks import RankLayout, WorldSizeError
+from dapple.runtime.horovod.ranks import RankLayout, WorldSizeError
 from planner.plan import Plan, Stage, straight_plan
 
 

@@ -1,6 +1,6 @@
 """One task's `tf.distribute.Server`, as `dapple launch --runtime=tensorflow` starts it.
 
-    python -m dapple.tf_cluster.server --cluster='["h1:2222","h1:2223"]' --task=1
+    python -m dapple.runtime.tf_cluster.server --cluster='["h1:2222","h1:2223"]' --task=1
 
 Serves until ended (the launcher ends it when the training script ends). Its thread pools
 follow `TF_NUM_INTRAOP_THREADS` and `TF_NUM_INTEROP_THREADS` when set, as TensorFlow's own
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cluster", required=True, help="JSON list of host:port, task 0 first")
     parser.add_argument("--task", type=int, required=True)
     args = parser.parse_args(argv)
-    from dapple.tf_cluster.cluster import JOB, parse_addresses
+    from dapple.runtime.tf_cluster.cluster import JOB, parse_addresses
     tasks = parse_addresses(args.cluster)
     if not 0 < args.task < len(tasks):
         print(f"--task={args.task}: a server runs tasks 1..{len(tasks) - 1} (task 0 is the "

@@ -1,6 +1,6 @@
 """The TensorFlow-cluster runtime: the local runtime's step with plan device d on task d.
 
-This process (the chief, task 0) builds and runs every unit, as `dapple.local_runtime` does;
+This process (the chief, task 0) builds and runs every unit, as `dapple.runtime.local.runtime` does;
 only the devices differ: unit (s, r) runs on the task of its plan device, so TensorFlow's
 distributed runtime partitions the step's graph by task and moves every tensor crossing a
 stage boundary with its buffered Send/Recv (a producer never waits for the consumer). Replica
@@ -22,8 +22,8 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from dapple.local_runtime import LocalRuntime
-from dapple.tf_cluster.cluster import ClusterError, addresses_from_environment, task_device
+from dapple.runtime.local.runtime import LocalRuntime
+from dapple.runtime.tf_cluster.cluster import ClusterError, addresses_from_environment, task_device
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.plan import Plan
@@ -42,7 +42,7 @@ def task_devices(tasks: int) -> List[str]:
 
 
 class TFClusterRuntime(LocalRuntime):
-    def __init__(self, plan: Plan, devices: Optional[List[str]] = None):
+    def __init__(self, plan: Plan, devices: Optional[List[str]] = None, stages=None):
         tasks = addresses_from_environment()
         if tasks is None:
             raise ClusterError("runtime='tensorflow' needs a cluster: run the script under "
@@ -52,13 +52,15 @@ class TFClusterRuntime(LocalRuntime):
             raise ClusterError(f"the plan uses {needed} devices but the cluster has {len(tasks)} "
                                f"tasks (one per device): launch with {needed} slots, e.g. "
                                f"--hosts=localhost:{needed}")
-        super().__init__(plan, devices if devices is not None else task_devices(len(tasks)))
+        super().__init__(plan, devices if devices is not None else task_devices(len(tasks)),
+                         stages)
 
-    def make_step(self, model: tf.keras.Model, plan: Plan,
-                  loss: Optional[PipelineLoss]) -> PipelineStep:
+    def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
+                  micro_batch_loop: bool = False) -> PipelineStep:
         if os.environ.get(ENV_WORKING_COPIES, "1") == "0":
-            return super().make_step(model, plan, loss)
-        return CopyingStep(model, plan, loss, self.devices)
+            return super().make_step(model, plan, loss, micro_batch_loop)
+        return CopyingStep(model, plan, loss, self.devices, stages=self.stages,
+                           micro_batch_loop=micro_batch_loop)
 
 
 class CopyingStep(PipelineStep):

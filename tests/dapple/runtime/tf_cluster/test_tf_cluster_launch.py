@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from dapple.launch import LaunchError
-from dapple.tf_cluster import launch
-from dapple.tf_cluster.cluster import ClusterError, parse_addresses
+from dapple.runtime.launch import LaunchError
+from dapple.runtime.tf_cluster import launch
+from dapple.runtime.tf_cluster.cluster import ClusterError, parse_addresses
 
 
 def test_one_task_per_slot_host_by_host_with_free_local_ports():
@@ -26,7 +26,7 @@ def test_the_chief_runs_here_so_the_first_host_must_be_this_machine():
 
 
 def test_remote_servers_start_over_ssh_in_this_directory():
-    argv = launch.remote("gpu2", ["python", "-m", "dapple.tf_cluster.server", "--task=3"],
+    argv = launch.remote("gpu2", ["python", "-m", "dapple.runtime.tf_cluster.server", "--task=3"],
                          {"A": "b c"})
     assert argv[:4] == ["ssh", "-tt", "-o", "BatchMode=yes"] and argv[4] == "gpu2"
     assert argv[5].startswith(f"cd {os.getcwd()} && env A='b c' python -m")
@@ -41,7 +41,7 @@ def test_a_bad_cluster_description_says_what_is_expected():
 
 def test_the_tensorflow_runtime_outside_a_cluster_says_how_to_launch(monkeypatch):
     import dapple  # noqa: F401  (Keras 2 first)
-    from dapple.tf_cluster.runtime import TFClusterRuntime
+    from dapple.runtime.tf_cluster.runtime import TFClusterRuntime
     from planner.plan import straight_plan
     monkeypatch.delenv("DAPPLE_TF_CLUSTER", raising=False)
     with pytest.raises(ClusterError, match="dapple launch --runtime=tensorflow"):

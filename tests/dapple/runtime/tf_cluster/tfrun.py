@@ -1,6 +1,6 @@
 """Run a script under `dapple launch --runtime=tensorflow` on this machine, with a deadline.
 
-Used by the TensorFlow-cluster tests, as `tests/horovod/hvdrun.py` runs horovodrun: processes
+Used by the TensorFlow-cluster tests, as `tests/dapple/runtime/horovod/hvdrun.py` runs horovodrun: processes
 kept light (one intra-op thread, no GPU), the whole launcher's process group killed on timeout,
 output lines prefixed `[task]<stdout>:` as horovodrun's (so `RunResult.results()` reads them).
 The plan the launcher gets is the one the script builds (`plan_file`), for its slot count.
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from hvdrun import REPO, RunResult, light_rank_env  # noqa: E402
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
-HOROVOD_SCRIPTS = os.path.join(REPO, "tests", "horovod", "scripts")
+HOROVOD_SCRIPTS = os.path.join(REPO, "tests", "dapple", "runtime", "horovod", "scripts")
 
 
 def script_path(name: str) -> str:

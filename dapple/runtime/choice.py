@@ -12,9 +12,10 @@ from typing import Optional
 
 import tensorflow as tf
 
-from dapple.local_runtime import LocalRuntime
-from dapple.runtime import Runtime
-from dapple.tf_cluster.cluster import in_cluster
+from dapple.runtime.local.runtime import LocalRuntime
+from dapple.runtime.base import Runtime
+from dapple.runtime.tf_cluster.cluster import in_cluster
+from graph_rewrite.model_graph import cut_model
 from planner.plan import Plan
 
 RUNTIMES = ("local", "horovod", "tensorflow")
@@ -22,7 +23,7 @@ RUNTIMES = ("local", "horovod", "tensorflow")
 
 def _use_horovod(runtime: Optional[str]) -> bool:
     """`runtime="horovod"`/"local" decides; by default Horovod when horovodrun started this
-    process or the user initialized Horovod (see `dapple.horovod_runtime`)."""
+    process or the user initialized Horovod (see `dapple.runtime.horovod.runtime`)."""
     if runtime not in (None,) + RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES} (or None to detect), got {runtime!r}")
     if runtime is not None:
@@ -37,11 +38,15 @@ def _use_horovod(runtime: Optional[str]) -> bool:
 
 def make_runtime(runtime: Optional[str], model: tf.keras.Model, plan: Plan,
                  devices) -> Runtime:
-    if _use_horovod(runtime):
+    """The runtime `runtime` names (None: detected), with the model cut by the plan: the one
+    cut every step of the model reads."""
+    horovod = _use_horovod(runtime)
+    stages = cut_model(model, [tuple(st.layers) for st in plan.stages])
+    if horovod:
         # Imported only when chosen: it needs Horovod, which a local run may not have.
-        from dapple.horovod_runtime import HorovodRuntime
-        return HorovodRuntime(model, plan, devices)
+        from dapple.runtime.horovod.runtime import HorovodRuntime
+        return HorovodRuntime(model, plan, stages, devices)
     if runtime == "tensorflow" or (runtime is None and in_cluster()):
-        from dapple.tf_cluster.runtime import TFClusterRuntime
-        return TFClusterRuntime(plan, devices)     # `dapple launch --runtime=tensorflow`
-    return LocalRuntime(plan, devices)
+        from dapple.runtime.tf_cluster.runtime import TFClusterRuntime
+        return TFClusterRuntime(plan, devices, stages)   # `dapple launch --runtime=tensorflow`
+    return LocalRuntime(plan, devices, stages)

@@ -6,7 +6,7 @@ builds only this rank's unit and moves boundary tensors and gradients with Horov
 
 * Boundary s -> s+1: one `hvd.alltoall` per micro-batch inside the process set of both stages'
   ranks, carrying all the boundary's tensors (relayed skips included) packed side by side as
-  bytes (`graph_rewrite.packing`), with uneven `splits` (`horovod_ranks.RankLayout.
+  bytes (`graph_rewrite.packing`), with uneven `splits` (`ranks.RankLayout.
   send_splits`): split, concat or both when replica counts differ. Gradients go back the same
   way, one collective per micro-batch.
 * Replicas of a stage: `hvd.allreduce(op=Sum)` of the accumulated gradients in the stage's
@@ -15,7 +15,8 @@ builds only this rank's unit and moves boundary tensors and gradients with Horov
   collective also ends every step on all ranks together (a rank that returns early shuts
   Horovod down for the rest).
 
-Decisions a newcomer needs (tests/horovod checks each on the pinned stack, docs/stacks.md):
+Decisions a newcomer needs (tests/dapple/runtime/horovod checks each on the pinned stack,
+docs/stacks.md):
 
 * Names. Horovod pairs collectives across ranks by name, and TF prefixes the name scope,
   which differs per rank (`stage0/replica0/F3` vs `stage1/replica0/F3`). Every collective gets
@@ -50,7 +51,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from graph_rewrite.batch_statistics import UnsupportedLayerError, is_batch_normalization
-from graph_rewrite.horovod_ranks import RankLayout
+from dapple.runtime.horovod.ranks import RankLayout
 from graph_rewrite.model_graph import variable_holders
 from graph_rewrite.local_transport import Crossing, Tensors, Unit
 from graph_rewrite.packing import pack, row_bytes, unpack
@@ -262,11 +263,12 @@ class HorovodPipelineStep(PipelineStep):
     rank; `predictions` are non-empty on last-stage ranks only (their own rows).
     """
 
-    def __init__(self, model, plan, loss, device: str, process_sets, layout: RankLayout):
+    def __init__(self, model, plan, loss, device: str, process_sets, layout: RankLayout,
+                 **kwargs):
         self.layout = layout
         self.process_sets = process_sets
         super().__init__(model, plan, loss, [device] * layout.size,
-                         transport=HorovodTransport(layout, process_sets))
+                         transport=HorovodTransport(layout, process_sets), **kwargs)
         check_shared_across_processes(self.stages)
         self.holders = variable_holders(self.stages)
 
@@ -310,6 +312,33 @@ class HorovodPipelineStep(PipelineStep):
         return StepResult(loss=loss, gradients=gradients, predictions=result.predictions,
                           global_batch=result.global_batch)
 
+    def sum_over_ranks(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
+        """Allreduce (sum) over all ranks, as one of this step's collectives."""
+        return self.transport.sum_over_ranks(tensor, name)
+
+    def all_predictions(self, result: StepResult) -> List[tf.Tensor]:
+        """Every output's predictions for the whole global batch, in row order, on every rank:
+        last-stage ranks hold their rows; one allgather per output brings them together."""
+        last = self.plan.stages[-1]
+        M, R = self.schedule.micro_batches, last.replicas     # M over a relaxed run's batches
+        size = result.global_batch // (M * R)
+        replica_of_rank = {d: r for r, d in enumerate(last.devices)}
+        ranks = sorted(last.devices)
+        outs = []
+        for k, tensor in enumerate(self.model.outputs):
+            mine = result.predictions[k] if k < len(result.predictions) else []
+            if mine:
+                local = self.transport.distinct(tf.concat(mine, axis=0))
+            else:   # not a last-stage rank: contributes no rows
+                local = self.transport.empty(list(tensor.shape[1:]), tensor.dtype)
+            gathered = hvd.allgather(local, name=f"dapple.predictions.{k}",
+                                     ignore_name_scope=True)
+            blocks = tf.split(gathered, [M * size] * R, axis=0)        # by rank
+            by_replica = {replica_of_rank[rank]: tf.split(block, [size] * M, axis=0)
+                          for rank, block in zip(ranks, blocks)}
+            outs.append(tf.concat([by_replica[r][m] for m in range(M) for r in range(R)],
+                                  axis=0))
+        return outs
 
 
 def _float_ids(crossing: Crossing) -> List[str]:

@@ -11,8 +11,9 @@ import tensorflow as tf
 
 from dapple.checkpoint import save_weights_atomically
 from dapple.devices import local_devices
-from dapple.runtime import Runtime, apply_present, unscaled
+from dapple.runtime.base import Runtime, apply_present, unscaled
 from graph_rewrite.losses import PipelineLoss
+from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import PipelineStep, StepResult
 from graph_rewrite.relaxed_step import relaxed
 from planner.plan import Plan
@@ -23,17 +24,20 @@ class LocalRuntime(Runtime):
     stage = replica = None
     shuffle_seed = None             # fit shuffles with a fresh seed, as Keras does
 
-    def __init__(self, plan: Plan, devices=None):
+    def __init__(self, plan: Plan, devices=None, stages: Optional[List[StageGraph]] = None):
+        self.stages = stages
         self.devices = list(devices) if devices is not None else local_devices(
             max(d for s in plan.stages for d in s.devices) + 1)
 
-    def make_step(self, model: tf.keras.Model, plan: Plan,
-                  loss: Optional[PipelineLoss]) -> PipelineStep:
-        return PipelineStep(model, plan, loss, self.devices)
+    def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
+                  micro_batch_loop: bool = False) -> PipelineStep:
+        return PipelineStep(model, plan, loss, self.devices, stages=self.stages,
+                            micro_batch_loop=micro_batch_loop)
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int) -> PipelineStep:
-        return relaxed(PipelineStep)(model, plan, loss, self.devices, max_batches=max_batches)
+        return relaxed(PipelineStep)(model, plan, loss, self.devices, stages=self.stages,
+                                     max_batches=max_batches)
 
     def compiled(self, what: str, fn):
         return fn

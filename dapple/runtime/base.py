@@ -2,8 +2,9 @@
 
 `PipelinedModel` is the same Keras-facing object everywhere and runs the same actions (build the
 step, trace it, apply the gradients, gather predictions, write checkpoints); a runtime holds
-only what differs between running every unit in this process (`dapple.local_runtime`) and one
-unit per Horovod rank (`dapple.horovod_runtime`). `PipelinedModel` picks one when it is made.
+only what differs between running every unit in this process (`dapple.runtime.local`), one
+unit per Horovod rank (`dapple.runtime.horovod`) or every unit on a TensorFlow cluster's tasks
+(`dapple.runtime.tf_cluster`). `PipelinedModel` picks one when it is made (`choice`).
 Runtimes never import `dapple.pipelined_model`: dependencies point one way.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import tensorflow as tf
 
 from dapple.eager_build import build_optimizer
 from graph_rewrite.losses import PipelineLoss
+from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import PipelineStep, StepResult
 from planner.plan import Plan
 
@@ -25,11 +27,13 @@ class Runtime(abc.ABC):
     replica: Optional[int]
     devices: List[str]              # by plan device id
     shuffle_seed: Optional[int]     # fit's shuffle seed (one for all ranks under Horovod)
+    stages: Optional[List[StageGraph]]  # the model cut by the plan, once (`choice`)
 
     @abc.abstractmethod
-    def make_step(self, model: tf.keras.Model, plan: Plan,
-                  loss: Optional[PipelineLoss]) -> PipelineStep:
-        """The pipelined step of the units this process runs (`loss=None`: forward only)."""
+    def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
+                  micro_batch_loop: bool = False) -> PipelineStep:
+        """The pipelined step of the units this process runs (`loss=None`: forward only);
+        `micro_batch_loop`: a data-parallel plan's lanes as loops."""
 
     @abc.abstractmethod
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,

@@ -2,14 +2,14 @@
 
 `dapple.PipelinedModel(model, plan)` runs on it when the process was started by horovodrun or
 Horovod is initialized (or with `runtime="horovod"`). Every rank runs the same user script and
-`PipelinedModel`'s same actions; rank r runs plan device r (`graph_rewrite.horovod_ranks`):
+`PipelinedModel`'s same actions; rank r runs plan device r (`dapple.runtime.horovod.ranks`):
 
 * Horovod is initialized with the plan's process sets (or they are added, if the user called
   `hvd.init()` first, which needs `HOROVOD_DYNAMIC_PROCESS_SETS=1`; `dapple launch` sets it).
 * All ranks start from rank 0's weights (a broadcast), so every stage and replica starts where
   the plain model on rank 0 starts.
 * Each rank builds only its own (stage, replica) unit and runs its stage's task list; Horovod
-  moves boundaries and sums replica gradients (`graph_rewrite.horovod_transport`). The optimizer
+  moves boundaries and sums replica gradients (`dapple.runtime.horovod.transport`). The optimizer
   updates only this rank's stage; the other stages' variables on this rank are left stale until
   `save_weights` gathers them.
 * `fit` shuffles with a seed shared by all ranks, so every rank sees the same global batches.
@@ -27,7 +27,7 @@ Horovod is initialized (or with `runtime="horovod"`). Every rank runs the same u
   the plain model or any plan (`load_weights`: rank 0 reads, then broadcasts).
 * Failures: an exception prints `dapple: rank R (stage s, replica k) failed: ...` and exits
   non-zero, and horovodrun ends the other ranks; a step that stalls beyond the watchdog's
-  deadline ends the rank (`graph_rewrite.horovod_watchdog`).
+  deadline ends the rank (`dapple.runtime.horovod.watchdog`).
 """
 from __future__ import annotations
 
@@ -43,14 +43,14 @@ import tensorflow as tf
 
 from dapple.checkpoint import save_weights_atomically
 from dapple.eager_build import build_optimizer
-from dapple.runtime import Runtime, apply_present, loss_scale, unscaled
-from graph_rewrite.horovod_ranks import RankLayout, WorldSizeError
-from graph_rewrite.horovod_transport import (HorovodPipelineStep, init_horovod,
+from dapple.runtime.base import Runtime, apply_present, loss_scale, unscaled
+from dapple.runtime.horovod.ranks import RankLayout, WorldSizeError
+from dapple.runtime.horovod.transport import (HorovodPipelineStep, init_horovod,
                                              pin_gpu_to_local_rank, rank_device,
                                              shared_stage_groups)
-from graph_rewrite.horovod_watchdog import StepWatchdog
+from dapple.runtime.horovod.watchdog import StepWatchdog
 from graph_rewrite.losses import PipelineLoss
-from graph_rewrite.model_graph import cut_model
+from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import StepResult
 from graph_rewrite.relaxed_step import relaxed
 from planner.plan import Plan
@@ -79,12 +79,13 @@ def _install_failure_report(who: str) -> None:
 
 
 class HorovodRuntime(Runtime):
-    def __init__(self, model: tf.keras.Model, plan: Plan, devices=None):
+    def __init__(self, model: tf.keras.Model, plan: Plan, stages: List[StageGraph],
+                 devices=None):
         size = hvd.size() if hvd.is_initialized() else _world_size_from_env()
         self.layout = RankLayout(plan, size if size is not None else plan.num_devices)
         if not hvd.is_initialized():
             pin_gpu_to_local_rank()
-        self.stages = cut_model(model, [tuple(st.layers) for st in plan.stages])
+        self.stages = stages
         self.process_sets = init_horovod(
             self.layout.process_sets(shared_stage_groups(self.stages)))
         if hvd.size() != self.layout.size:
@@ -111,15 +112,17 @@ class HorovodRuntime(Runtime):
                              name="dapple.shuffle_seed")
         self.shuffle_seed = int(seed)
 
-    def make_step(self, model: tf.keras.Model, plan: Plan,
-                  loss: Optional[PipelineLoss]) -> HorovodPipelineStep:
+    def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
+                  micro_batch_loop: bool = False) -> HorovodPipelineStep:
         return HorovodPipelineStep(model, plan, loss, self.device, self.process_sets,
-                                   self.layout)
+                                   self.layout, stages=self.stages,
+                                   micro_batch_loop=micro_batch_loop)
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int) -> HorovodPipelineStep:
         return relaxed(HorovodPipelineStep)(model, plan, loss, self.device, self.process_sets,
-                                            self.layout, max_batches=max_batches)
+                                            self.layout, stages=self.stages,
+                                            max_batches=max_batches)
 
     def compiled(self, what: str, fn):
         """Run the compiled `fn` under the watchdog (the first call also traces)."""
@@ -140,7 +143,7 @@ class HorovodRuntime(Runtime):
                 if g is not None:
                     local = local + tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(g))),
                                             tf.float32)
-            nonfinite = step.transport.sum_over_ranks(local, "nonfinite")
+            nonfinite = step.sum_over_ranks(local, "nonfinite")
             # NaN in every rank's gradients when any rank had a non-finite one: every
             # LossScaleOptimizer then skips the step and lowers its scale alike.
             poison = tf.where(nonfinite > 0, float("nan"), 0.0)
@@ -151,7 +154,7 @@ class HorovodRuntime(Runtime):
             for g, v in zip(gradients, step.model.trainable_variables):
                 if g is not None and step.owns_norm_of(v):
                     squares = squares + tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
-            norm = tf.sqrt(step.transport.sum_over_ranks(squares, "gradnorm"))
+            norm = tf.sqrt(step.sum_over_ranks(squares, "gradnorm"))
             # tf.clip_by_global_norm's factor; the optimizer's own clip, on this rank's share
             # only, then changes nothing (that share's norm is at most the clipped norm).
             scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
@@ -171,28 +174,7 @@ class HorovodRuntime(Runtime):
         build_optimizer(optimizer, variables or [self._placeholder])
 
     def predictions(self, step: HorovodPipelineStep, result: StepResult) -> List[tf.Tensor]:
-        """Every output's predictions for the whole global batch, in row order, on every rank:
-        last-stage ranks hold their rows; one allgather per output brings them together."""
-        last = step.plan.stages[-1]
-        M, R = step.schedule.micro_batches, last.replicas     # M over a relaxed run's batches
-        size = result.global_batch // (M * R)
-        replica_of_rank = {d: r for r, d in enumerate(last.devices)}
-        ranks = sorted(last.devices)
-        outs = []
-        for k, tensor in enumerate(step.model.outputs):
-            mine = result.predictions[k] if k < len(result.predictions) else []
-            if mine:
-                local = step.transport.distinct(tf.concat(mine, axis=0))
-            else:   # not a last-stage rank: contributes no rows
-                local = step.transport.empty(list(tensor.shape[1:]), tensor.dtype)
-            gathered = hvd.allgather(local, name=f"dapple.predictions.{k}",
-                                     ignore_name_scope=True)
-            blocks = tf.split(gathered, [M * size] * R, axis=0)        # by rank
-            by_replica = {replica_of_rank[rank]: tf.split(block, [size] * M, axis=0)
-                          for rank, block in zip(ranks, blocks)}
-            outs.append(tf.concat([by_replica[r][m] for m in range(M) for r in range(R)],
-                                  axis=0))
-        return outs
+        return step.all_predictions(result)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def gather_weights(self) -> None:

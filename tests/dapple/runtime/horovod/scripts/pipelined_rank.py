@@ -95,7 +95,7 @@ if args.checkpoint:
     checkpoint_diff = max(float(np.max(np.abs(a - b)))
                           for a, b in zip(fresh.get_weights(), reference.get_weights()))
 # This rank's device group runs chunks stage, stage + S, ... (one stage unless interleaved).
-stage_vars = sum(len(graph.trainable_variables) for c, graph in enumerate(pm._step.stages)
+stage_vars = sum(len(graph.trainable_variables) for c, graph in enumerate(pm.pipeline_step.stages)
                  if c % plan.num_positions == pm.stage)
 print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.stage, "replica": pm.replica, "grad_diff": grad_diff,

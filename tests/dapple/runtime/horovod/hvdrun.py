@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
@@ -65,7 +65,7 @@ def light_rank_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 def horovodrun(np: int, argv: Sequence[str], timeout: float = 180,
                env: Optional[Dict[str, str]] = None) -> RunResult:
     """`horovodrun -np np -H localhost:np --gloo <python> <argv...>`; argv[0] may be a script
-    name in tests/horovod/scripts."""
+    name in tests/dapple/runtime/horovod/scripts."""
     argv = list(argv)
     if not os.path.isabs(argv[0]) and os.path.exists(os.path.join(SCRIPTS, argv[0])):
         argv[0] = os.path.join(SCRIPTS, argv[0])

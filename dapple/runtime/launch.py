@@ -11,7 +11,7 @@
   `localhost`; a plan made for several hosts needs their names, with the slot counts the plan
   was made for (checked, so a plan for 8+8 devices is not silently run as 12+4).
 * The environment carries `DAPPLE_PLAN` (scripts may read their plan from it), the step
-  watchdog's deadlines (`graph_rewrite.horovod_watchdog`), and `HOROVOD_DYNAMIC_PROCESS_SETS=1`
+  watchdog's deadlines (`dapple.runtime.horovod.watchdog`), and `HOROVOD_DYNAMIC_PROCESS_SETS=1`
   so that a script that calls `hvd.init()` itself can still get the plan's process sets.
   horovodrun passes the launching environment to every rank.
 * A plain `horovodrun -np N -H ... python train.py` works as well: `PipelinedModel` detects
@@ -122,7 +122,7 @@ def default_horovodrun() -> str:
 def launch_env(plan_path: Optional[str], step_timeout: Optional[float] = None,
                first_step_timeout: Optional[float] = None) -> Dict[str, str]:
     """Environment variables the launch adds (horovodrun passes them on to every rank)."""
-    from graph_rewrite.horovod_watchdog import ENV_FIRST_STEP_TIMEOUT, ENV_STEP_TIMEOUT
+    from dapple.runtime.horovod.watchdog import ENV_FIRST_STEP_TIMEOUT, ENV_STEP_TIMEOUT
     env = {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}
     if plan_path:
         env["DAPPLE_PLAN"] = os.path.abspath(plan_path)

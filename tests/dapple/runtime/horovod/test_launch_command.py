@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dapple import launch
+from dapple.runtime import launch
 from planner.plan import straight_plan
 
 HVD = "horovodrun"

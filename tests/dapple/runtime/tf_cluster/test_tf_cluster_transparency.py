@@ -1,5 +1,5 @@
 """Transparency on TensorFlow's distributed runtime: `dapple launch --runtime=tensorflow` runs
-`tests/horovod/scripts/pipelined_rank.py` once, as the chief, with one `tf.distribute.Server`
+`tests/dapple/runtime/horovod/scripts/pipelined_rank.py` once, as the chief, with one `tf.distribute.Server`
 per other plan device; `PipelinedModel(model, plan)` finds the cluster in its environment. Its
 gradients, loss and weights after 3 Adam steps equal the plain single-process Keras model's,
 computed in the same script (max abs difference < 1e-5), with different data in every
@@ -81,7 +81,7 @@ def test_training_semantics_equal_plain_keras(tmp_path, case, processes):
 
 @pytest.mark.horovod
 def test_fit_evaluate_predict_equal_plain_keras(tmp_path):
-    """A user's unchanged script (`tests/horovod/scripts/fit_rank.py`: fit with accuracy,
+    """A user's unchanged script (`tests/dapple/runtime/horovod/scripts/fit_rank.py`: fit with accuracy,
     sample weights and validation data, evaluate, predict on the plan in $DAPPLE_PLAN) on a
     1:2 plan over 3 processes gives what plain Keras gives."""
     from planner.plan import straight_plan

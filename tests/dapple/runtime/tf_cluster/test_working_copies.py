@@ -1,6 +1,6 @@
 """Working copies (`graph_rewrite.working_copies`): units on a device other than their
 variables' read per-device copies refreshed at every step (the TensorFlow-cluster runtime's
-step, `dapple.tf_cluster.runtime.CopyingStep`), run here on logical CPU devices of one process,
+step, `dapple.runtime.tf_cluster.runtime.CopyingStep`), run here on logical CPU devices of one process,
 where the model's variables live on the first. Training equals plain Keras's (3 steps, 1e-5) on
 every path that reads weights (SGD: Adam would scale up the float noise of the gradient of
 the bias before BatchNormalization, zero in exact arithmetic): unrolled, looped data parallelism, the split backward of zb-h1,
@@ -9,16 +9,16 @@ import dapple  # noqa: F401  (Keras 2 and logical devices first)
 import pytest
 import tensorflow as tf
 
-from dapple.local_runtime import LocalRuntime
-from dapple.tf_cluster.runtime import CopyingStep
+from dapple.runtime.local.runtime import LocalRuntime
+from dapple.runtime.tf_cluster.runtime import CopyingStep
 from graph_rewrite.model_graph import layer_order
 from planner.plan import straight_plan
 from tests import models
 
 
 class CopyingRuntime(LocalRuntime):
-    def make_step(self, model, plan, loss):
-        return CopyingStep(model, plan, loss, self.devices)
+    def make_step(self, model, plan, loss, micro_batch_loop=False):
+        return CopyingStep(model, plan, loss, self.devices, micro_batch_loop=micro_batch_loop)
 
 
 def pipelined(model, plan):
@@ -42,7 +42,7 @@ def test_training_with_copies_equals_plain_keras(builder, cuts, replicas, schedu
     pm = pipelined(model, plan)
     models.assert_trains_like_plain_model(pm, model, reference, models.losses_for(model),
                                           lambda: tf.keras.optimizers.SGD(0.1), 24)
-    step = pm._step
+    step = pm.pipeline_step
     made = [step.functions[s].copies.on(step.device(s, r))
             for s, n in enumerate(replicas) for r in range(n)]
     assert any(made), "no unit got working copies"
@@ -55,11 +55,11 @@ def test_units_read_the_copies(monkeypatch):
     pm.compile(optimizer=tf.keras.optimizers.SGD(0.0), loss=models.losses_for(model))
     x, y = models.data_for(model, 24, seed=1)
     fresh = float(pm.train_step(x, y))
-    copies = pm._step.functions[1].copies
-    assert copies.on(pm._step.device(1, 0)), "stage 1 (on the second device) has no copies"
+    copies = pm.pipeline_step.functions[1].copies
+    assert copies.on(pm.pipeline_step.device(1, 0)), "stage 1 (on the second device) has no copies"
     monkeypatch.setattr(type(copies), "refresh", lambda self: None)
-    pm._train_fn = None                      # trace again, without the refresh
-    for c in copies.on(pm._step.device(1, 0)):
+    pm.make_train_function(force=True)       # trace again, without the refresh
+    for c in copies.on(pm.pipeline_step.device(1, 0)):
         c.assign(tf.zeros_like(c))
     assert abs(float(pm.train_step(x, y)) - fresh) > 1e-3
 
@@ -71,7 +71,7 @@ def test_no_copies_where_a_read_could_bypass_them():
     plan = straight_plan([1], 2, 2, 8)
     pm = pipelined(regularized, plan)
     pm.compile(optimizer="sgd", loss="mse")
-    assert not pm._step.functions[1].copies.possible          # the penalty reads the variable
-    assert pm._step.functions[0].copies.on(pm._step.device(0, 0)) == []   # variables live there
-    assert [id(v) for v in pm._step.unit_variables((1, 0))] == [
+    assert not pm.pipeline_step.functions[1].copies.possible          # the penalty reads the variable
+    assert pm.pipeline_step.functions[0].copies.on(pm.pipeline_step.device(0, 0)) == []   # variables live there
+    assert [id(v) for v in pm.pipeline_step.unit_variables((1, 0))] == [
         id(v) for v in regularized.layers[1].trainable_variables]

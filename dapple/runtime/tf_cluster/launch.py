@@ -3,16 +3,16 @@
     dapple launch --runtime=tensorflow --plan=plan.json --hosts=localhost:3 -- python train.py
 
 * One task per slot, hosts in `--hosts` order (checked against the plan as for horovodrun:
-  `dapple.launch.hosts_for_plan`), task t holding plan device t. Task 0 is the chief: the
+  `dapple.runtime.launch.hosts_for_plan`), task t holding plan device t. Task 0 is the chief: the
   training script itself, run once, on this machine (so the first host must be this one). Every
-  other task is a `tf.distribute.Server` (`dapple.tf_cluster.server`): a subprocess here, or
+  other task is a `tf.distribute.Server` (`dapple.runtime.tf_cluster.server`): a subprocess here, or
   over `ssh -tt` on another host (as horovodrun reaches hosts; the remote end is hung up, so
   its server ends, when the launcher ends the ssh).
 * The chief's environment describes the cluster (`DAPPLE_TF_CLUSTER`, with `DAPPLE_PLAN`);
   `import dapple` connects to it and `PipelinedModel(model, plan)` picks this runtime.
 * The job ends when the script ends (with its status), when a server exits (the task is named
   and the status is non-zero), or on SIGINT/SIGTERM (128 + the signal); then every process is
-  ended, each with its whole process group (`dapple.rank_processes.end_ranks`). Output lines
+  ended, each with its whole process group (`dapple.runtime.rank_processes.end_ranks`). Output lines
   are prefixed `[task]<stdout>:` as horovodrun prefixes ranks'.
 
 Plain Python (no TensorFlow import), so it is testable anywhere.
@@ -28,10 +28,10 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from dapple.launch import Hosts, LaunchError, hosts_for_plan
-from dapple.rank_processes import (POLL_SECONDS, Rank, StopFlag, describe_exit, end_ranks,
+from dapple.runtime.launch import Hosts, LaunchError, hosts_for_plan
+from dapple.runtime.rank_processes import (POLL_SECONDS, Rank, StopFlag, describe_exit, end_ranks,
                                    exit_status, start_rank)
-from dapple.tf_cluster.cluster import ENV_CLUSTER
+from dapple.runtime.tf_cluster.cluster import ENV_CLUSTER
 from planner.plan import Plan
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", socket.gethostname())
@@ -67,8 +67,8 @@ def task_addresses(hosts: Hosts, port: Optional[int] = None) -> List[Tuple[int, 
 
 
 def server_argv(addresses: Sequence[str], task: int, python: str = sys.executable) -> List[str]:
-    return [python, "-m", "dapple.tf_cluster.server", f"--cluster={json.dumps(list(addresses))}",
-            f"--task={task}"]
+    return [python, "-m", "dapple.runtime.tf_cluster.server",
+            f"--cluster={json.dumps(list(addresses))}", f"--task={task}"]
 
 
 def remote(host: str, argv: Sequence[str], env: Dict[str, str]) -> List[str]:
