@@ -124,7 +124,7 @@ else
   skip "predicted against measured step time: no pipelined run on GPUs"
 fi
 
-SHAPE=$("$PY" -c "import sys; from planner.plan import Plan; p = Plan.load(sys.argv[1]); \
+SHAPE=$("$PY" -c "import sys; from planner.formats.plan import Plan; p = Plan.load(sys.argv[1]); \
 print(f'{p.shape()}, M={p.micro_batches}')" "$OUT/plan.json")
 SPEEDUP=""
 if [[ -n "$PIPE_MS" && -n "$DP_MS" ]]; then

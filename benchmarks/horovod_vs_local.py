@@ -49,7 +49,7 @@ def worker(micro_batches: int, steps: int) -> None:
     import dapple
     import numpy as np
     import tensorflow as tf
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
 
     model = build_model()
     plan = straight_plan([3], 5, micro_batches, GLOBAL_BATCH)

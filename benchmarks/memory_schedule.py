@@ -58,8 +58,8 @@ def step_peak_bytes(schedule: str, M: int) -> float:
     import tensorflow as tf
 
     from dapple.pipelined_model import PipelinedModel
-    from planner.chunking import interleaved_plan
-    from planner.plan import straight_plan
+    from planner.search.chunking import interleaved_plan
+    from planner.formats.plan import straight_plan
 
     model = build_model(FLAGS.width, FLAGS.layers)
     n = len(model.layers) - 1                       # layers without the InputLayer

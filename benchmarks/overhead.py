@@ -9,7 +9,7 @@
 (b) Pipeline: a 2-stage straight plan (M = `--micro_batches`, early backward) on two logical
     CPU devices against the same model on one device (a 1-stage plan), with one intra-op thread
     per op (`TF_NUM_INTRAOP_THREADS=1`) so each device computes on one core at a time. Printed
-    next to the speedup the planner predicts (`planner.cost_model.evaluate` on a profile
+    next to the speedup the planner predicts (`planner.estimate.cost_model.evaluate` on a profile
     measured here with `dapple.profile` and `topology.local_topology(2)`).
 
 Timings are wall-clock on a shared machine: read the ratios, not the absolute numbers.
@@ -80,8 +80,8 @@ def main(argv):
 
     from dapple.pipelined_model import PipelinedModel
     from dapple.profiler import profile
-    from planner.cost_model import evaluate
-    from planner.plan import straight_plan
+    from planner.estimate.cost_model import evaluate
+    from planner.formats.plan import straight_plan
     from topology.parse import local_topology
 
     tf.get_logger().setLevel("ERROR")

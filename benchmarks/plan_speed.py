@@ -25,13 +25,13 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.simulate_table_v import CONFIGS, TABLE_V  # noqa: E402
 from benchmarks.tables import print_table  # noqa: E402
-from planner.costs import PipelineCosts  # noqa: E402
-from planner.exact_search import SearchStats  # noqa: E402
-from planner.plan_space import plan_dapple  # noqa: E402
-from planner.profile_readers import load_profile  # noqa: E402
-from planner.schedule import build_schedule  # noqa: E402
-from planner.schedule_choice import choose_schedule  # noqa: E402
-from planner.simulator import simulate  # noqa: E402
+from planner.estimate.pipeline_costs import PipelineCosts  # noqa: E402
+from planner.search.exact_search import SearchStats  # noqa: E402
+from planner.search.plan_space import plan_dapple  # noqa: E402
+from planner.formats.profile_readers import load_profile  # noqa: E402
+from planner.schedules.by_name import build_schedule  # noqa: E402
+from planner.search.schedule_choice import choose_schedule  # noqa: E402
+from planner.estimate.simulator import simulate  # noqa: E402
 from topology import parse_topology  # noqa: E402
 
 PROFILES = os.environ.get("DAPPLE_PROFILES", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "profiles"))

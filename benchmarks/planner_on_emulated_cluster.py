@@ -10,7 +10,7 @@ Issue #17, item 3. Needs root (`dapple emulate`). In one run:
 2. per rate: `dapple emulate --topology=2x1,net=RATE -- dapple topology --measure` (one rank a
    host: the link between hosts is measured, the in-host link is not used by any plan);
 3. per rate: the planner's best data-parallel plan, best straight pipeline and best plan
-   (`planner.baselines`, `planner.plan_space.plan_dapple`, even slices as the runtime needs),
+   (`planner.search.baselines`, `planner.search.plan_space.plan_dapple`, even slices as the runtime needs),
    each with the planner's estimate and the simulator's replay;
 4. per rate: each distinct plan trained under `dapple emulate` at that rate, median of `--steps`
    steps after 3 warm-up steps, plans alternating, `--repeats` rounds (median kept); and, for
@@ -85,7 +85,7 @@ def worker() -> None:
     import dapple  # before TensorFlow: it selects Keras 2
     import numpy as np
     import tensorflow as tf
-    from planner.plan import Plan
+    from planner.formats.plan import Plan
     tf.get_logger().setLevel("ERROR")
     pm = dapple.PipelinedModel(build(), Plan.load(FLAGS.worker_plan))
     pm.compile(tf.keras.optimizers.SGD(0.01),
@@ -143,11 +143,11 @@ def main(argv):
     del argv
     if FLAGS.worker_plan:
         return worker()
-    from planner.baselines import best_data_parallel_plan, best_straight_plan
-    from planner.cost_model import pipeline_costs
-    from planner.plan_space import plan_dapple
-    from planner.profile_readers import load_profile
-    from planner.simulator import simulate_plan
+    from planner.search.baselines import best_data_parallel_plan, best_straight_plan
+    from planner.estimate.cost_model import pipeline_costs
+    from planner.search.plan_space import plan_dapple
+    from planner.formats.profile_readers import load_profile
+    from planner.estimate.simulator import simulate_plan
     from topology.parse import parse_topology
 
     B = FLAGS.global_batch_size

@@ -61,7 +61,7 @@ def main(argv):
     del argv
     from absl import flags
     F = flags.FLAGS
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
 
     env = dict(os.environ, TF_NUM_INTRAOP_THREADS=str(F.intra_op_threads),
                TF_NUM_INTEROP_THREADS=str(F.inter_op_threads), DAPPLE_NUM_CPU_DEVICES="2",

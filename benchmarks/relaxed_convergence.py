@@ -46,9 +46,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.tables import print_table  # noqa: E402
-from planner.cost_model import pipeline_costs  # noqa: E402
-from planner.plan import straight_plan  # noqa: E402
-from planner.simulator import simulate_plan  # noqa: E402
+from planner.estimate.cost_model import pipeline_costs  # noqa: E402
+from planner.formats.plan import straight_plan  # noqa: E402
+from planner.estimate.simulator import simulate_plan  # noqa: E402
 from topology.parse import parse_topology  # noqa: E402
 
 B, M, TEST_ROWS, TRAIN_BATCHES = 32, 4, 512, 40    # 1792 of the 1797 images

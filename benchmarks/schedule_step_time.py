@@ -11,8 +11,8 @@ dispatch does not dominate. In one run:
 1. profile it with one TF thread at the micro-batch size (`dapple profile`, which measures each
    layer's input-gradient share too);
 2. measure the links between two ranks (`horovodrun -np 2 dapple topology --measure`);
-3. predict each plan's step with the simulator on those (`planner.cost_model.pipeline_costs`,
-   `planner.simulator.simulate_plan`; also with dapple's own transfer cost, with rendezvous
+3. predict each plan's step with the simulator on those (`planner.estimate.cost_model.pipeline_costs`,
+   `planner.estimate.simulator.simulate_plan`; also with dapple's own transfer cost, with rendezvous
    transfers, and with Horovod's: rendezvous and one collective at a time per rank): 1f1b and
    zb-h1 on the same 2 stages (cut in the middle), interleaved with v = 2 (4 chunks, cut at the
    quarters);
@@ -61,8 +61,8 @@ def model_args() -> dict:
 
 
 def plans(num_layers: int) -> dict:
-    from planner.chunking import interleaved_plan
-    from planner.plan import straight_plan
+    from planner.search.chunking import interleaved_plan
+    from planner.formats.plan import straight_plan
     half, quarter = num_layers // 2, num_layers // 4
     M, B = FLAGS.micro_batches, FLAGS.batch
     return {"1f1b": straight_plan([half], num_layers, M, B, schedule="1f1b"),
@@ -77,7 +77,7 @@ def worker() -> None:
     import numpy as np
     import tensorflow as tf
     from benchmarks.predicted_vs_measured import build
-    from planner.plan import Plan
+    from planner.formats.plan import Plan
     tf.get_logger().setLevel("ERROR")
     plan = Plan.load(FLAGS.worker_plan)
     pm = dapple.PipelinedModel(build(**model_args()), plan)
@@ -166,9 +166,9 @@ def main(argv):
     del argv
     if FLAGS.worker_plan:
         return worker()
-    from planner.cost_model import pipeline_costs
-    from planner.profile_readers import load_profile
-    from planner.simulator import simulate_plan
+    from planner.estimate.cost_model import pipeline_costs
+    from planner.formats.profile_readers import load_profile
+    from planner.estimate.simulator import simulate_plan
     from topology.parse import parse_topology
 
     print(f"command: python benchmarks/schedule_step_time.py --width={FLAGS.width} "

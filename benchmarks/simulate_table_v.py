@@ -4,9 +4,9 @@ for the 15 cells of the paper's Table V (5 models x configs A, B, C, 16 devices)
     .venv/bin/python benchmarks/simulate_table_v.py [--markdown] [--models=bert,xlnet]
                                                     [--plan_space=paper|full]
 
-For every cell: plan with `planner.plan_space.plan_dapple`, take the formula's latency from the
+For every cell: plan with `planner.search.plan_space.plan_dapple`, take the formula's latency from the
 plan's estimate, simulate the same plan with the same `PipelineCosts`
-(`planner.cost_model.pipeline_costs`), and print both and their ratio. The target is agreement
+(`planner.estimate.cost_model.pipeline_costs`), and print both and their ratio. The target is agreement
 within 10% on every cell; docs/simulator.md explains cells beyond 5%. Also prints the
 simulator's bubble fraction and the pivot stage, which show where the formula's assumption
 (no bubbles inside the pivot stage) breaks.
@@ -21,10 +21,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.tables import print_table  # noqa: E402
-from planner.cost_model import pipeline_costs  # noqa: E402
-from planner.profile_readers import load_profile  # noqa: E402
-from planner.plan_space import plan_dapple  # noqa: E402
-from planner.simulator import simulate_plan  # noqa: E402
+from planner.estimate.cost_model import pipeline_costs  # noqa: E402
+from planner.formats.profile_readers import load_profile  # noqa: E402
+from planner.search.plan_space import plan_dapple  # noqa: E402
+from planner.estimate.simulator import simulate_plan  # noqa: E402
 from topology.parse import parse_topology  # noqa: E402
 
 PROFILES = os.environ.get("DAPPLE_PROFILES", os.path.join(
@@ -69,8 +69,8 @@ def with_round_trip_ms(costs, M, warmup) -> float:
     L = max over q of Tw + W_q + (K_q - 1)(F_q + B_q) + (M - K_q) loop + Te (the planner's Te).
     With K_q = 1 (VGG-19 capped by memory) every micro-batch pays the loop; with K_q = M none
     does (charging both the wait and M - 1 loops counts the round trip twice)."""
-    from planner.latency import interleave
-    from planner.reference_formulas import latency_with_pivot
+    from planner.estimate.latency import interleave
+    from tests.planner.reference_formulas import latency_with_pivot
     F, B, AR = interleave(costs)
     best = 0.0
     for q in range(len(F)):
@@ -134,7 +134,7 @@ def main():
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--models", default="", help="comma-separated model name filter")
     parser.add_argument("--plan_space", default="paper", choices=["paper", "full"],
-                        help="the planner's plan space (planner/plan_space.py)")
+                        help="the planner's plan space (planner/search/plan_space.py)")
     args = parser.parse_args()
     table = rows([m for m in args.models.split(",") if m], plan_space=args.plan_space,
                  progress=lambda r: print("  ".join(cells(r)) + f"  (planned in "

@@ -80,7 +80,7 @@ def measure(root: str, M: int, unrolled: bool) -> dict:
     import tensorflow as tf
     from dapple.pipelined_model import PipelinedModel
     from graph_rewrite.model_graph import layer_order
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     tf.get_logger().setLevel("ERROR")
 
     tf.keras.utils.set_random_seed(0)

@@ -124,9 +124,9 @@ def predicted_ms(plans: dict) -> dict:
     import dataclasses
     import json
 
-    from planner.cost_model import pipeline_costs
-    from planner.profile_readers import load_profile
-    from planner.simulator import simulate_plan
+    from planner.estimate.cost_model import pipeline_costs
+    from planner.formats.profile_readers import load_profile
+    from planner.estimate.simulator import simulate_plan
     from topology.parse import parse_topology
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "mlp.json")

@@ -83,7 +83,7 @@ def dapple_step(width: int, micro_batches: int):
     import dapple
     import numpy as np
     import tensorflow as tf
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
 
     class Spread(tf.keras.layers.Layer):          # stage 0: (1,) -> (width,), one weight
         def build(self, shape):

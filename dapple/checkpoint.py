@@ -8,7 +8,7 @@ import tempfile
 
 import tensorflow as tf
 
-from planner.files import write_atomically
+from planner.formats.files import write_atomically
 
 
 @contextlib.contextmanager

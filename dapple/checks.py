@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from graph_rewrite.batch_statistics import check_batch_normalization
 from graph_rewrite.model_graph import draws_random_numbers, layer_order, model_signature
-from planner.plan import Plan, PlanError
+from planner.formats.plan import Plan, PlanError
 
 
 class PlanMismatchError(PlanError):

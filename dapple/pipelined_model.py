@@ -49,9 +49,9 @@ from dapple.runtime.base import Runtime, loss_scale
 from dapple.runtime.choice import make_runtime
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
-from planner.plan import Plan
-from planner.schedule import require_runtime_support
-from planner.slicing import check_even
+from planner.formats.plan import Plan
+from planner.schedules.by_name import require_runtime_support
+from planner.formats.slicing import check_even
 
 
 class PipelinedModel:

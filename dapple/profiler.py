@@ -26,7 +26,7 @@ the positions a Plan's `layers: [first, last]` refer to. For each layer:
   such as a tied embedding) goes to the top-level `shared_parameters` instead: one entry per
   set of positions, `{"bytes": B, "positions": [...]}`, where the positions are the call
   positions of every call whose layer's `weights` hold the variable (identified by object, not
-  by name). `planner.profile` says how the planner counts them.
+  by name). `planner.formats.profile` says how the planner counts them.
 
 `compute_dtype` is the layers' compute dtype (`mixed_float16` gives float16), the dtype of the
 activations the output bytes measure.
@@ -47,7 +47,7 @@ from dapple.keras2 import require_keras2_model
 from dapple.measure import MIN_BACKWARD_MS, median_ms
 from graph_rewrite.model_graph import (call_positions, layer_order, model_input_ids,
                                        model_signature, node_call_arguments)
-from planner.profile import Layer, Profile, SharedParameters
+from planner.formats.profile import Layer, Profile, SharedParameters
 
 
 def _nbytes(tensors) -> int:

@@ -30,8 +30,8 @@ import tensorflow as tf
 from dapple.data import elements
 from dapple.eager_build import build_metrics, build_optimizer
 from graph_rewrite.batch_statistics import is_batch_normalization
-from planner.multi_batch import DEFAULT_BATCHES
-from planner.plan import Plan
+from planner.schedules.relaxed_lists import DEFAULT_BATCHES
+from planner.formats.plan import Plan
 from planner.schedules.one_f_one_b import ONE_F_ONE_B
 
 

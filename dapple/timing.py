@@ -6,9 +6,9 @@
 
 Three step times of one plan, side by side (`dapple verify --timing` prints them):
 
-* predicted: the planner's formula, `planner.cost_model.evaluate(plan, profile, topology)`;
+* predicted: the planner's formula, `planner.estimate.cost_model.evaluate(plan, profile, topology)`;
 * simulated: the discrete-event replay of the plan's schedule with the cost model's task
-  durations, `planner.simulator.simulate_plan(plan, pipeline_costs(...))`;
+  durations, `planner.estimate.simulator.simulate_plan(plan, pipeline_costs(...))`;
 * measured: the median of `PipelinedModel.train_step` calls after warm-up (the optimizer's
   apply included, which the cost model does not charge; `gradients_ms`, the pipelined
   forward/backward alone, is measured too so the two can be told apart).
@@ -179,9 +179,9 @@ class TimingReport:
 
 
 def timing_report(plan, profile, topology, measured: MeasuredPlan) -> TimingReport:
-    from planner.cost_model import evaluate, pipeline_costs
-    from planner.costs import PipelineCosts
-    from planner.simulator import simulate_plan
+    from planner.estimate.cost_model import evaluate, pipeline_costs
+    from planner.estimate.pipeline_costs import PipelineCosts
+    from planner.estimate.simulator import simulate_plan
 
     costs = pipeline_costs(plan, profile, topology)
     estimate = evaluate(plan, profile, topology)

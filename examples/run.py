@@ -8,7 +8,7 @@ An example module (`examples/<name>.py`) provides only its model: `build(**kwarg
 `TINY` and `FULL` keyword arguments, `GLOBAL_BATCH = {"tiny": ..., "full": ...}`, and,
 when its labels are not class ids of one output, `labels(model, batch, rng)`. The driver feeds synthetic data (random inputs of the model's
 shapes, integer ids for int inputs; see `dapple.user_model`), measures the profile with
-`dapple.profile`, plans with the DAPPLE planner (`planner.plan_space.plan_dapple`) for `--devices`
+`dapple.profile`, plans with the DAPPLE planner (`planner.search.plan_space.plan_dapple`) for `--devices`
 local logical devices (`topology.local_topology`) or for `--topology`, prints the plan, and
 trains `--steps` global batches with `dapple.PipelinedModel.fit`.
 
@@ -80,9 +80,9 @@ def run(name: str, size: str = "tiny", devices: int = 2, batch_size: Optional[in
     from dapple.pipelined_model import PipelinedModel
     from dapple.profiler import profile
     from dapple.user_model import random_inputs
-    from planner.plan import Plan
-    from planner.finish import finish_plan
-    from planner.plan_space import plan_dapple
+    from planner.formats.plan import Plan
+    from planner.search.plan_finishing import finish_plan
+    from planner.search.plan_space import plan_dapple
     from topology.parse import local_topology, parse_topology
 
     example = load_example(name)
@@ -140,7 +140,7 @@ def run(name: str, size: str = "tiny", devices: int = 2, batch_size: Optional[in
 
 def even_straight_plan(prof, stages: int, micro_batches: int, batch: int):
     """One stage a device, cut where the profile's forward+backward time splits evenly."""
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     n = prof.num_layers
     if stages > n:
         raise ValueError(f"{stages} stages need at least {stages} layers; the model has {n}")

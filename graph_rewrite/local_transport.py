@@ -6,7 +6,7 @@ gradients over its replicas. It takes all it needs as arguments; `graph_rewrite.
 it from the send, receive and allreduce actions of the lowered schedule.
 
 Here a receiver reads the senders' tensors directly and slices and concatenates the row ranges
-it needs on its own device (`planner.slicing.overlaps`): split, concat, both, or nothing when
+it needs on its own device (`planner.formats.slicing.overlaps`): split, concat, both, or nothing when
 replica counts are equal. Replica gradients are added on the stage's first device. Across
 processes, `dapple.runtime.horovod.transport` implements the same methods with Horovod.
 """
@@ -17,7 +17,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from planner.slicing import overlaps
+from planner.formats.slicing import overlaps
 
 Unit = Tuple[int, int]                 # (stage, replica)
 Tensors = Dict[str, tf.Tensor]         # boundary tensors by Keras tensor id

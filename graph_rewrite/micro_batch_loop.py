@@ -41,7 +41,7 @@ from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.local_transport import Unit
 from graph_rewrite.stage_gradients import scaled_one, stage_gradients
 from graph_rewrite.step_state import StepState
-from planner.actions import ALLREDUCE, BACKWARD, FORWARD, Action
+from planner.schedules.actions import ALLREDUCE, BACKWARD, FORWARD, Action
 
 
 def loops_lanes(step, state: StepState) -> bool:

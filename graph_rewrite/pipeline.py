@@ -1,11 +1,11 @@
 """The pipelined training step: a Keras model + a Plan -> gradients of one global batch.
 
 Built inside a `tf.function`, one graph per step (the paper's §V design on TF2), by a small
-executor over the plan's lowered schedule (`planner.lowering`: the same action lists the
+executor over the plan's lowered schedule (`planner.schedules.lowering`: the same action lists the
 simulator replays):
 
 * Units. Every (stage s, replica r) is a unit; it runs stage s's action list on its rows of
-  every micro-batch, on the replica's device. The executor takes the actions in `planner.replay`
+  every micro-batch, on the replica's device. The executor takes the actions in `planner.schedules.replay`
   order (which respects every data dependency) and dispatches each to one method per kind
   (`_forward`, `_backward`, `_send_forward`, ...) over an explicit `StepState`.
 * Forward and backward. A forward calls the stage's traced-once function
@@ -54,12 +54,12 @@ from graph_rewrite.split_backward import find_weight_uses, weight_pass
 from graph_rewrite.stage_gradients import (is_float, stage_gradients, stage_input_gradients,
                                            watch_inputs)
 from graph_rewrite.step_state import Stashed, StepState
-from planner.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
+from planner.schedules.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
                              RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action)
-from planner.plan import Plan
-from planner.replay import replay
-from planner.schedule import plan_schedule
-from planner.slicing import check_even, unit_rows
+from planner.formats.plan import Plan
+from planner.schedules.replay import replay
+from planner.schedules.by_name import plan_schedule
+from planner.formats.slicing import check_even, unit_rows
 
 FORWARD_ONLY = (FORWARD, SEND_FORWARD, RECV_FORWARD)
 

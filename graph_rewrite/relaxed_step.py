@@ -1,5 +1,5 @@
 """The relaxed schedules in the runtime: PipeDream, PipeDream-2BW and AvgPipe, whose lists
-(`planner.multi_batch`, `planner.avgpipe`) run k global batches without a flush and update the
+(`planner.schedules.relaxed_lists`, `planner.schedules.avgpipe_pipelines`) run k global batches without a flush and update the
 weights inside the step.
 
 `relaxed(step_class)` is `step_class` (the local `PipelineStep` or Horovod's) with these
@@ -9,7 +9,7 @@ schedule of k batches is built once per k, micro-batch j of the run is rows bloc
 global batch j // M.
 
 * Versions. A forward reads the weight version its action names, relative to the run's start
-  (`planner.run_versions`: negative for the versions earlier runs made, which the rule reads
+  (`planner.schedules.run_versions`: negative for the versions earlier runs made, which the rule reads
   across a run boundary; all of them the initial weights on the first run). The stage computes
   with its Keras variables, so `graph_rewrite.version_book` plans, from the run's events, which
   version the variables hold before each forward and which versions wait in slots
@@ -39,11 +39,11 @@ import tensorflow as tf
 
 from graph_rewrite.version_book import MovePlan, Read, Write, plan_moves
 from graph_rewrite.weight_store import WeightStore
-from planner.actions import BACKWARD, FORWARD, UPDATE, Schedule
-from planner.replay import replay
-from planner.run_versions import carried, relative_versions, update_count
-from planner.schedule import plan_schedule
-from planner.slicing import unit_rows
+from planner.schedules.actions import BACKWARD, FORWARD, UPDATE, Schedule
+from planner.schedules.replay import replay
+from planner.schedules.run_versions import carried, relative_versions, update_count
+from planner.schedules.by_name import plan_schedule
+from planner.formats.slicing import unit_rows
 
 
 @dataclass

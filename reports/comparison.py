@@ -14,15 +14,15 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from planner.cost_model import pipeline_costs
-from planner.pipedream import plan_pipedream
-from planner.plan import Plan, PlanError, Stage
-from planner.baselines import best_data_parallel_plan, best_straight_plan
-from planner.plan_space import plan_dapple
+from planner.estimate.cost_model import pipeline_costs
+from planner.search.pipedream import plan_pipedream
+from planner.formats.plan import Plan, PlanError, Stage
+from planner.search.baselines import best_data_parallel_plan, best_straight_plan
+from planner.search.plan_space import plan_dapple
 from planner.schedules.gpipe import GPIPE
 from planner.schedules.one_f_one_b import ONE_F_ONE_B
-from planner.schedule_choice import ScheduleOption, choose_schedule
-from planner.simulator import SimulationResult, simulate_plan
+from planner.search.schedule_choice import ScheduleOption, choose_schedule
+from planner.estimate.simulator import SimulationResult, simulate_plan
 
 
 class Alternative(enum.Enum):
@@ -176,7 +176,7 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan: Optional[
                  virtual_stages: Optional[int] = None, batches: Optional[int] = None
                  ) -> ReportRow:
     """One report row: the DAPPLE plan (`best_plan`, or planned here and, when `schedule` is
-    given, put under it: `planner.schedule_choice`), then each of `planners`
+    given, put under it: `planner.search.schedule_choice`), then each of `planners`
     ((name, function(profile, topology, global_batch_size) -> Plan) pairs; default: the
     `BASELINES`), each simulated with the cost model's durations. A planner that finds no plan
     gives an infeasible candidate whose note says why."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from planner.plan import Plan
-from planner.schedule_choice import ScheduleOption
+from planner.formats.plan import Plan
+from planner.search.schedule_choice import ScheduleOption
 from reports.comparison import Alternative
 from topology.units import format_bytes
 

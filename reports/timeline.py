@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from planner.simulator import (ALLREDUCE_KIND, BACKWARD_INPUT_KIND, BACKWARD_KIND,
+from planner.estimate.simulator import (ALLREDUCE_KIND, BACKWARD_INPUT_KIND, BACKWARD_KIND,
                                BACKWARD_WEIGHT_KIND, FORWARD_KIND, SEND_BACKWARD_KIND,
                                SEND_FORWARD_KIND, SimulationResult)
 

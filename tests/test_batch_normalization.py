@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from graph_rewrite.batch_statistics import UnsupportedLayerError
 from graph_rewrite.model_graph import layer_order
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests.models import (assert_ran_as_loops, conv_batchnorm, dense_batchnorm,
                           ghost_batch_loss_and_grads)
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from dapple.pipelined_model import PipelinedModel
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests.models import data_for, losses_for, mlp_with_skip
 
 BATCH = 8

@@ -50,7 +50,7 @@ def test_bert_tiny_two_stage_pipeline_trains_and_matches_plain_gradients():
 
 
 def test_even_straight_plan_cuts_where_time_splits_evenly():
-    from planner.profile import Layer, Profile
+    from planner.formats.profile import Layer, Profile
     layers = [Layer(f"l{i}", "Dense", t, t, 1.0, 1.0, (i - 1,)) for i, t in
               enumerate([1.0, 1.0, 1.0, 1.0, 4.0, 4.0])]
     prof = Profile(name="p", batch_size=4, layers=layers)

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from planner.plan import Plan
+from planner.formats.plan import Plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

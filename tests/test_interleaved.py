@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from graph_rewrite.model_graph import layer_order
-from planner.chunking import interleaved_plan
-from planner.schedule import plan_schedule
+from planner.search.chunking import interleaved_plan
+from planner.schedules.by_name import plan_schedule
 from tests.models import (assert_trains_like_plain_model, data_for, dense_batchnorm, losses_for,
                           mlp_with_skip, plain_loss_and_grads, two_in_two_out)
 from tests.test_schedule_lowering import unenforced_edges

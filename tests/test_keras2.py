@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import dapple
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_MINOR = tuple(int(p) for p in tf.__version__.split(".")[:2])
@@ -96,7 +96,7 @@ def test_a_keras3_model_gets_one_clear_error(tmp_path):
     version = keras3_version()
     proc = fresh(
         "import numpy as np, dapple\n"
-        "from planner.plan import straight_plan\n"
+        "from planner.formats.plan import straight_plan\n"
         "from tests.models import keras3_mlp\n"
         "m = keras3_mlp()\n"
         "for name, call in [('PipelinedModel', lambda: dapple.PipelinedModel(m, "

@@ -17,8 +17,8 @@ from dapple.devices import DeviceError
 from dapple.checks import PlanMismatchError
 from dapple.pipelined_model import PipelinedModel
 from graph_rewrite.model_graph import layer_order, model_signature
-from planner.plan import straight_plan
-from planner.slicing import BatchSplitError
+from planner.formats.plan import straight_plan
+from planner.formats.slicing import BatchSplitError
 from tests.models import data_for, losses_for, mlp_with_skip, small_conv, two_in_two_out
 
 BATCH = 16
@@ -323,7 +323,7 @@ def test_tensorflow_initialized_before_dapple_gives_a_clear_error():
         "import tensorflow as tf\n"
         "tf.constant(1.0) + 1.0\n"                # initializes TensorFlow: one CPU device
         "import dapple\n"
-        "from planner.plan import straight_plan\n"
+        "from planner.formats.plan import straight_plan\n"
         "i = tf.keras.Input((3,)); o = tf.keras.layers.Dense(2)(tf.keras.layers.Dense(3)(i))\n"
         "dapple.PipelinedModel(tf.keras.Model(i, o), straight_plan([1], 2, 1, 4))\n")
     proc = run_python(script, TF_CPP_MIN_LOG_LEVEL="3")
@@ -433,7 +433,7 @@ def test_fit_evaluate_predict_read_no_dataset_past_its_end():
     of sequence' (at its default log level) on every fit."""
     script = (
         "import dapple, numpy as np, tensorflow as tf\n"
-        "from planner.plan import straight_plan\n"
+        "from planner.formats.plan import straight_plan\n"
         "from tests.models import data_for, mlp_with_skip\n"
         "m = mlp_with_skip(seed=1); x, y = data_for(m, 32, seed=1)\n"
         "pm = dapple.PipelinedModel(m, straight_plan([2], 5, 2, 16))\n"

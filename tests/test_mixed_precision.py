@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from dapple.pipelined_model import PipelinedModel
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests.models import assert_ran_as_loops, float32_logits_mlp as mlp
 
 BATCH, STEPS, BAD_STEP = 16, 20, 7

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from planner.plan import Plan, PlanError, straight_plan
+from planner.formats.plan import Plan, PlanError, straight_plan
 
 
 def test_json_round_trip_keeps_everything():

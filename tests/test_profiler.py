@@ -13,9 +13,9 @@ import tensorflow as tf
 from dapple.pipelined_model import PipelinedModel
 from dapple.profiler import profile
 from graph_rewrite.model_graph import model_signature
-from planner.plan import straight_plan
-from planner.profile import SharedParameters
-from planner.profile_readers import load_profile
+from planner.formats.plan import straight_plan
+from planner.formats.profile import SharedParameters
+from planner.formats.profile_readers import load_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from dapple.pipelined_model import PipelinedModel
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests.models import data_for, mlp_with_skip, two_in_two_out
 
 BATCH, ROWS = 16, 64

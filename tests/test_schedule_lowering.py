@@ -1,4 +1,4 @@
-"""The schedule (planner.schedule task lists) is what the traced graph enforces.
+"""The schedule (planner.schedules.by_name task lists) is what the traced graph enforces.
 
 We trace the pipelined step, read the graph back, and check that for every unit (stage,
 replica) and every consecutive pair of tasks (t, t+1) in its list, every op of t+1 is reachable
@@ -12,8 +12,8 @@ import dapple  # noqa: F401
 import pytest
 import tensorflow as tf
 
-from planner.plan import straight_plan
-from planner.schedule import plan_schedule, pipeline_schedule
+from planner.formats.plan import straight_plan
+from planner.schedules.by_name import plan_schedule, pipeline_schedule
 from tests.models import data_for, losses_for, mlp_with_skip
 
 SCOPE = re.compile(r"stage(\d+)/replica(\d+)/([FB])(\d+)/")

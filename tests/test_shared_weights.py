@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from graph_rewrite.model_graph import cut_model, layer_order, variable_holders
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests.models import plain_loss_and_grads, tied_language_model, token_batch
 
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)

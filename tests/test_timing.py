@@ -19,10 +19,10 @@ from dapple.pipelined_model import PipelinedModel
 from dapple.measure import median_ms
 from dapple.timing import (MeasuredPlan, StageTiming, format_report, measure_plan,
                            measure_stages, timing_report)
-from planner.cost_model import evaluate
-from planner.plan import Plan, straight_plan
-from planner.profile import Layer, Profile
-from planner.profile_readers import load_profile
+from planner.estimate.cost_model import evaluate
+from planner.formats.plan import Plan, straight_plan
+from planner.formats.profile import Layer, Profile
+from planner.formats.profile_readers import load_profile
 from tests.models import mlp_with_skip
 from topology import local_topology, parse_topology
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from dapple.pipelined_model import PipelinedModel
 from graph_rewrite.model_graph import layer_order
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests.models import mlp_with_skip
 
 

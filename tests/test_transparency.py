@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests.models import (assert_ran_as_loops, assert_trains_like_plain_model, data_for,
                           losses_for, mlp_with_skip, plain_loss_and_grads, small_conv,
                           two_in_two_out)

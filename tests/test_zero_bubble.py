@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from graph_rewrite.model_graph import layer_order
 from graph_rewrite.split_backward import find_weight_uses, input_pass, weight_pass
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests.models import (assert_trains_like_plain_model, data_for, dense_batchnorm,
                           integer_boundary, losses_for, mlp_with_skip, plain_loss_and_grads,
                           small_conv, two_in_two_out)
@@ -138,7 +138,7 @@ def ops_by_action(pm, x, y):
 
 @pytest.mark.parametrize("reps,m", [([1, 1], 4), ([2, 1], 3)])
 def test_the_graph_enforces_every_position_order(reps, m):
-    from planner.schedule import plan_schedule
+    from planner.schedules.by_name import plan_schedule
     model = mlp_with_skip()
     plan = straight_plan([2], 5, m, GLOBAL_BATCH, replicas=reps, schedule="zb-h1")
     pm = dapple.PipelinedModel(model, plan)

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from dapple.profiler import measure_profile
 from graph_rewrite.batch_statistics import is_batch_normalization
-from planner.baselines import best_straight_plan
+from planner.search.baselines import best_straight_plan
 from tests.models import ghost_batch_loss_and_grads, tied_language_model, token_batch
 from topology import local_topology
 
@@ -149,7 +149,7 @@ def test_dropout_draws_new_masks_for_every_micro_batch_and_replica(micro_batches
     # A stage's forward is traced once and called for every micro-batch and replica: its
     # random ops must still draw a new mask each call. Both halves of the batch hold the same
     # rows: shared masks would give them equal training-mode outputs.
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     model = dropout_mlp()
     pm = dapple.PipelinedModel(model, straight_plan([2], 5, micro_batches, 8,
                                                     replicas=[replicas, 1]))
@@ -164,7 +164,7 @@ def test_dropout_draws_new_masks_for_every_micro_batch_and_replica(micro_batches
 
 
 def test_recomputation_is_refused_for_a_model_that_draws_random_numbers():
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     plan = straight_plan([2], 5, 4, BATCH * 2)
     plan.recompute = True
     with pytest.raises(ValueError, match="drop1.*recompute"):

@@ -9,7 +9,7 @@ Decisions a newcomer needs:
   Hosts may hold different numbers of devices (heterogeneous hosts); all devices share one
   memory size.
 * Bandwidths are the rates one transfer achieves on that link class; the cost model
-  (`planner.cost_model`) decides how collectives and split/concat transfers use them.
+  (`planner.estimate.cost_model`) decides how collectives and split/concat transfers use them.
 * Links are assumed (presets, spec strings: `topology.constants`) unless the topology carries
   `measured`, the record `dapple topology --measure` writes: when (`at`, ISO 8601), how, each
   measured rank pair, and which link classes it could not measure (`assumed`, in words). Files

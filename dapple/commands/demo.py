@@ -21,10 +21,10 @@ def main(argv):
     import tensorflow as tf
 
     from dapple import demo_model
-    from planner.profile_readers import load_profile
+    from planner.formats.profile_readers import load_profile
     from reports.text_report import strategy_report
-    from planner.baselines import best_straight_plan
-    from planner.plan_space import plan_dapple
+    from planner.search.baselines import best_straight_plan
+    from planner.search.plan_space import plan_dapple
     from topology import local_topology
 
     os.makedirs(FLAGS.output_dir, exist_ok=True)

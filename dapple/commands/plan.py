@@ -12,9 +12,9 @@
 --schedule: the search plans under early backward (1f1b, the default); another schedule is then
 put on the same device groups and micro-batches (interleaved re-cuts the layers into V chunks
 per group), and `auto` takes the one the simulator finds fastest among those that fit in
-memory (`planner.schedule_choice`). The text report shows all of them side by side; the dapple
+memory (`planner.search.schedule_choice`). The text report shows all of them side by side; the dapple
 runtime runs each. The relaxed schedules pipedream, 2bw and avgpipe (stale or averaged weights,
-over K consecutive global batches, `planner.multi_batch`) are listed as alternatives and taken
+over K consecutive global batches, `planner.schedules.relaxed_lists`) are listed as alternatives and taken
 only when named: `auto` never picks one.
 
 With --format=json stdout is the Plan JSON and nothing else. --compute_dtype rescales the
@@ -29,7 +29,7 @@ import sys
 from absl import flags
 
 from planner import schedules
-from planner.multi_batch import DEFAULT_BATCHES
+from planner.schedules.relaxed_lists import DEFAULT_BATCHES
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profile", None, "profile file: PipeDream/DAPPLE graph.txt or dapple JSON")
@@ -55,7 +55,7 @@ flags.DEFINE_enum("transfers", "async", ["async", "horovod", "tensorflow"],
 flags.DEFINE_enum("plan_space", "paper", ["paper", "full"],
                   "paper: data parallelism, two-stage plans and the straight pipeline (the shapes "
                   "the DAPPLE paper reports; searched deeper only if none fits); full: every "
-                  "pipeline, however deep (planner/plan_space.py explains both)")
+                  "pipeline, however deep (planner/search/plan_space.py explains both)")
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 flags.DEFINE_string("compute_dtype", None,
                     "activation dtype to plan for: float32, float16 or bfloat16 (Keras mixed "
@@ -100,10 +100,10 @@ def _fail(message: str) -> None:
 def main(argv) -> None:
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}")
-    from planner.actions import ScheduleError
-    from planner.plan import PlanError
-    from planner.profile import ProfileError
-    from planner.profile_readers import load_profile
+    from planner.schedules.actions import ScheduleError
+    from planner.formats.plan import PlanError
+    from planner.formats.profile import ProfileError
+    from planner.formats.profile_readers import load_profile
     from topology import TopologyError, parse_topology
     for name in ("profile", "topology"):
         if not getattr(FLAGS, name):
@@ -141,9 +141,9 @@ def main(argv) -> None:
 
 
 def _evaluate(profile, topo) -> None:
-    from planner.plan import Plan, PlanError
+    from planner.formats.plan import Plan, PlanError
     from reports.text_report import strategy_report
-    from planner.finish import finish_plan
+    from planner.search.plan_finishing import finish_plan
     plan = Plan.load(FLAGS.evaluate)
     if FLAGS.global_batch_size:
         plan.global_batch_size = int(FLAGS.global_batch_size)
@@ -165,14 +165,14 @@ def _evaluate(profile, topo) -> None:
     if FLAGS.format == "json":
         print(plan.to_json())
     else:
-        from planner.schedule_choice import schedule_options
+        from planner.search.schedule_choice import schedule_options
         options = schedule_options(plan, profile, topo, plan.virtual_stages) \
             if plan.num_positions == plan.num_stages else None
         print(strategy_report(plan, profile, topo, schedules=options))
 
 
 def _plan(profile, topo) -> None:
-    from planner.plan_space import plan_dapple
+    from planner.search.plan_space import plan_dapple
     from reports.comparison import BASELINES, Alternative, alternatives
     from reports.text_report import strategy_report
     if not FLAGS.global_batch_size:
@@ -216,7 +216,7 @@ def _plan(profile, topo) -> None:
 def _scheduled(plan, profile, topo):
     """(the plan under --schedule, every schedule compared on it)."""
     import dataclasses
-    from planner.schedule_choice import choose_schedule
+    from planner.search.schedule_choice import choose_schedule
     plan = dataclasses.replace(plan, transfers=FLAGS.transfers)
     return choose_schedule(plan, profile, topo, FLAGS.schedule or schedules.DEFAULT.name,
                            FLAGS.virtual_stages, FLAGS.batches)
@@ -242,7 +242,7 @@ def _report(profile, topo, sizes) -> None:
 
 
 def _table(profile, topo, sizes) -> None:
-    from planner.plan_space import plan_dapple
+    from planner.search.plan_space import plan_dapple
     from reports.comparison import Alternative, alternatives, single_device_ms
     print(f"{profile.name} on {topo.describe()}")
     print(f"{'global batch':>12}  {'plan':>14}  {'M':>5}  {'latency ms':>11}  "

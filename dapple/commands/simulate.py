@@ -10,13 +10,13 @@
 --schedule puts the plan's stages under another schedule before simulating (gpipe, 1f1b, zb-h1,
 pipedream, 2bw and avgpipe keep the stages, so --costs works; interleaved re-cuts the layers
 into --virtual_stages chunks per device group and auto compares all of them, which both need
---profile and --topology: `planner.schedule_choice`). The relaxed schedules (pipedream, 2bw,
+--profile and --topology: `planner.search.schedule_choice`). The relaxed schedules (pipedream, 2bw,
 avgpipe) run --batches consecutive global batches (default 4) as one run; the results give the
 run and its time per global batch. With --costs, an avgpipe plan keeps its advance (0 when put
 under avgpipe here) and the costs are one pipeline's; with --profile and --topology the
 advance is tuned as AvgPipe's Algorithm 1 does.
 
-Durations come from `planner.cost_model.pipeline_costs(plan, profile, topology)`, or from a
+Durations come from `planner.estimate.cost_model.pipeline_costs(plan, profile, topology)`, or from a
 `--costs` JSON file holding `PipelineCosts` fields (hand-made costs, or measured ones). Planner
 only: never imports TensorFlow.
 """
@@ -78,7 +78,7 @@ class UsageError(Exception):
 
 
 def load_costs(path: str, num_stages: int):
-    from planner.costs import PipelineCosts
+    from planner.estimate.pipeline_costs import PipelineCosts
     try:
         with open(path) as f:
             data = json.load(f)
@@ -103,7 +103,7 @@ def load_costs(path: str, num_stages: int):
 def profile_and_topology(why: str):
     if not FLAGS.profile or not FLAGS.topology:
         raise UsageError(f"{why}: pass --profile and --topology")
-    from planner.profile_readers import load_profile
+    from planner.formats.profile_readers import load_profile
     from topology.parse import parse_topology
     return (load_profile(FLAGS.profile, batch_size=FLAGS.profile_batch_size),
             parse_topology(FLAGS.topology))
@@ -117,7 +117,7 @@ def costs_for(plan):
         return load_costs(FLAGS.costs, plan.num_stages)
     profile, topology = profile_and_topology(
         "durations are needed (or give --costs=costs.json)")
-    from planner.cost_model import pipeline_costs
+    from planner.estimate.cost_model import pipeline_costs
     plan.validate(num_layers=profile.num_layers, num_devices=topology.num_devices)
     return pipeline_costs(plan, profile, topology)
 
@@ -141,7 +141,7 @@ def rescheduled(plan):
         if k is not None:
             plan = dataclasses.replace(plan, batches=k).validate()
         return plan, None
-    from planner.schedule_choice import choose_schedule, with_schedule
+    from planner.search.schedule_choice import choose_schedule, with_schedule
     spec = None if name == "auto" else schedules.get(name)
     # Same stages, no cost model needed, unless the cost model tunes a parameter (advance).
     if spec is not None and not spec.rechunks and (not spec.takes("advance") or FLAGS.costs):
@@ -183,8 +183,8 @@ def format_text(plan, result) -> str:
 
 
 def run() -> int:
-    from planner.plan import Plan
-    from planner.simulator import simulate_plan
+    from planner.formats.plan import Plan
+    from planner.estimate.simulator import simulate_plan
     if not FLAGS.plan:
         raise UsageError("--plan=plan.json is required (write one with `dapple plan`)")
     plan, options = rescheduled(Plan.load(FLAGS.plan).validate())
@@ -231,9 +231,9 @@ def main(argv):
         print(f"dapple simulate: unexpected arguments {argv[1:]}; all inputs are --flags",
               file=sys.stderr)
         return 2
-    from planner.plan import PlanError
-    from planner.profile import ProfileError
-    from planner.actions import ScheduleError
+    from planner.formats.plan import PlanError
+    from planner.formats.profile import ProfileError
+    from planner.schedules.actions import ScheduleError
     try:
         from topology import TopologyError
     except ImportError:   # pragma: no cover - topology is part of the same package

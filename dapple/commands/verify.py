@@ -16,8 +16,8 @@ so by default (`--random_layers=inference`) they run as in inference (rate 0) on
 the command says so; `--random_layers=train` keeps them drawing, and names them if that fails.
 
 With `--timing` it then holds the cost model to measurement (`dapple.timing`): it prints the
-plan's step time predicted by the formula (`planner.cost_model.evaluate`), simulated
-(`planner.simulator`) and measured (median `train_step`), and per-stage forward/backward
+plan's step time predicted by the formula (`planner.estimate.cost_model.evaluate`), simulated
+(`planner.estimate.simulator`) and measured (median `train_step`), and per-stage forward/backward
 times, predicted against measured with each stage's unit timed alone:
 
     dapple profile --model=m:build --batch_size=64 --output=m.profile.json
@@ -68,7 +68,7 @@ def main(argv):
 
     from dapple.pipelined_model import PipelinedModel
     from dapple.user_model import build_model, random_inputs, random_targets
-    from planner.plan import Plan, PlanError
+    from planner.formats.plan import Plan, PlanError
 
     def fail(message):
         print(f"dapple verify: {message}", file=sys.stderr)
@@ -216,8 +216,8 @@ def _timing(pm, model, plan, x, y, batch) -> int:
     import tensorflow as tf
 
     from dapple.timing import format_report, measure_plan, timing_report
-    from planner.profile import ProfileError
-    from planner.profile_readers import load_profile
+    from planner.formats.profile import ProfileError
+    from planner.formats.profile_readers import load_profile
     from topology import TopologyError, local_topology, parse_topology
 
     threads = tf.config.threading.get_intra_op_parallelism_threads()

@@ -18,7 +18,7 @@ from dapple.eager_build import build_optimizer
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import PipelineStep, StepResult
-from planner.plan import Plan
+from planner.formats.plan import Plan
 
 
 class Runtime(abc.ABC):

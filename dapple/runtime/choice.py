@@ -16,7 +16,7 @@ from dapple.runtime.local.runtime import LocalRuntime
 from dapple.runtime.base import Runtime
 from dapple.runtime.tf_cluster.cluster import in_cluster
 from graph_rewrite.model_graph import cut_model
-from planner.plan import Plan
+from planner.formats.plan import Plan
 
 RUNTIMES = ("local", "horovod", "tensorflow")
 

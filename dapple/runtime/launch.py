@@ -28,9 +28,9 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from planner.actions import ScheduleError
-from planner.plan import Plan, PlanError
-from planner.schedule import require_runtime_support
+from planner.schedules.actions import ScheduleError
+from planner.formats.plan import Plan, PlanError
+from planner.schedules.by_name import require_runtime_support
 
 Hosts = List[Tuple[str, int]]
 CONTROLLERS = ("gloo", "mpi")

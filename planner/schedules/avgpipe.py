@@ -1,12 +1,12 @@
 """AvgPipe: one pipeline per stage replica, elastic averaging, `advance` forwards ahead
-(`planner.avgpipe`); a flush between batches."""
+(`planner.schedules.avgpipe_pipelines`); a flush between batches."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from planner.actions import Schedule, ScheduleError
-from planner.avgpipe import advance_depths, pipelines
-from planner.multi_batch import flushed
+from planner.schedules.actions import Schedule, ScheduleError
+from planner.schedules.avgpipe_pipelines import advance_depths, pipelines
+from planner.schedules.relaxed_lists import flushed
 from planner.schedules.forward_backward import forward_backward_schedule
 from planner.schedules.relaxed import ADVANCE, BATCHES, RelaxedSpec
 

@@ -6,7 +6,7 @@ spec says which of them it takes, their defaults and how they are checked, how i
 action lists, and what the planner, the simulator and the runtime need to know of it (the
 attributes below). Code outside `planner.schedules` asks a spec these questions instead of
 comparing names. Its memory follows from its lists: the activations they hold at their peak
-(`planner.schedule_memory`) and the weight versions its updates keep (`planner.weight_versions`).
+(`planner.schedules.memory`) and the weight versions its updates keep (`planner.schedules.weight_versions`).
 A spec compares equal to its name, so `plan.schedule == "1f1b"` reads as before; `str(spec)`
 and formatting give the name.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from planner.actions import Schedule, ScheduleError
+from planner.schedules.actions import Schedule, ScheduleError
 
 # The runtimes of `dapple` (`dapple.runtime`): one process, horovodrun, TensorFlow's cluster.
 RUNTIMES = ("local", "horovod", "tensorflow")
@@ -73,7 +73,7 @@ class ScheduleSpec:
     # ---- warm-up and actions --------------------------------------------------------------
     def default_warmup(self, num_stages: int, micro_batches: int) -> Optional[List[int]]:
         """K_i when a plan gives none, or None when the schedule fixes its own (read it from
-        the actions: `planner.schedule.first_backward_depths`)."""
+        the actions: `planner.schedules.by_name.first_backward_depths`)."""
         return None
 
     def actions(self, num_positions: int, micro_batches: int,

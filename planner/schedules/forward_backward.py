@@ -8,13 +8,13 @@ backward (DAPPLE §III-B, §V-C) choose smaller depths:
 
 A memory limit D (micro-batches whose activations fit on a device) caps K_i further.
 Correctness condition: K_i >= K_{i+1} >= 1 and K_i <= M. With it, replaying all stages together
-never deadlocks (`planner.replay` checks this, and tests check it).
+never deadlocks (`planner.schedules.replay` checks this, and tests check it).
 """
 from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from planner.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError, \
+from planner.schedules.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError, \
     one_chunk_per_position
 from planner.schedules.base import ScheduleSpec
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from planner.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError
+from planner.schedules.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError
 from planner.schedules.base import Parameter, ScheduleSpec
 
 

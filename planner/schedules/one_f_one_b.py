@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from planner.actions import Schedule
-from planner.multi_batch import flushed
+from planner.schedules.actions import Schedule
+from planner.schedules.relaxed_lists import flushed
 from planner.schedules.forward_backward import (ForwardBackwardSpec, forward_backward_schedule,
                                                 given_or_default, policy_a_depths,
                                                 policy_b_depths)

@@ -1,8 +1,8 @@
-"""PipeDream with weight stashing: an update after every backward (`planner.multi_batch`)."""
+"""PipeDream with weight stashing: an update after every backward (`planner.schedules.relaxed_lists`)."""
 from __future__ import annotations
 
-from planner.actions import Schedule
-from planner.multi_batch import pipedream
+from planner.schedules.actions import Schedule
+from planner.schedules.relaxed_lists import pipedream
 from planner.schedules.relaxed import BATCHES, VERTICAL_SYNC, OverOneFOneB
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from planner.actions import Schedule, ScheduleError
-from planner.multi_batch import DEFAULT_BATCHES, check_batches
+from planner.schedules.actions import Schedule, ScheduleError
+from planner.schedules.relaxed_lists import DEFAULT_BATCHES, check_batches
 from planner.schedules.avgpipe import AVGPIPE
 from planner.schedules.base import ScheduleSpec, UnknownSchedule
 from planner.schedules.gpipe import GPIPE
@@ -123,7 +123,7 @@ RELAXED_PARAMETERS = ("batches", "advance", "vertical_sync")
 
 
 def plan_problem(plan) -> Optional[str]:
-    """What is wrong with a `planner.plan.Plan`'s schedule and its parameters, or None."""
+    """What is wrong with a `planner.formats.plan.Plan`'s schedule and its parameters, or None."""
     spec = plan.schedule
     if not spec.known:
         return (f"schedule {spec.name!r} is not one of {names()} (or the early-backward "

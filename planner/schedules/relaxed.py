@@ -1,13 +1,13 @@
-"""What the relaxed schedules share (`planner.multi_batch`): they run `batches` consecutive
+"""What the relaxed schedules share (`planner.schedules.relaxed_lists`): they run `batches` consecutive
 global batches in one list with the weight updates in it; their weights are stale or averaged,
 which a user opts in to (`auto` never takes one)."""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from planner.actions import Schedule, ScheduleError
-from planner.avgpipe import advance_depths
-from planner.multi_batch import DEFAULT_BATCHES, check_batches
+from planner.schedules.actions import Schedule, ScheduleError
+from planner.schedules.avgpipe_pipelines import advance_depths
+from planner.schedules.relaxed_lists import DEFAULT_BATCHES, check_batches
 from planner.schedules.base import Parameter, ScheduleSpec
 from planner.schedules.forward_backward import (forward_backward_schedule, given_or_default,
                                                 policy_a_depths)

@@ -1,9 +1,9 @@
 """PipeDream-2BW: 1F1B, an update per global batch, two weight versions
-(`planner.multi_batch`)."""
+(`planner.schedules.relaxed_lists`)."""
 from __future__ import annotations
 
-from planner.actions import Schedule
-from planner.multi_batch import two_bw
+from planner.schedules.actions import Schedule
+from planner.schedules.relaxed_lists import two_bw
 from planner.schedules.relaxed import OverOneFOneB
 
 

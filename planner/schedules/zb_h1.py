@@ -17,7 +17,7 @@ The last stage, which 1F1B keeps busiest at the end, defers the most Ws; the fir
 With F = I = W the bubble is (S - 1)(F + I - W) = (S - 1) F per stage, a third of 1F1B's
 (S - 1)(F + B). Micro-batches whose forward ran and whose I has not (the full activations) peak
 at K_s on stage s, as in 1F1B with the same depths; up to s + 1 more await their W (s of them deferred), holding only
-what W reads (the layers' inputs and output gradients, `planner.schedule_memory`). Counted from
+what W reads (the layers' inputs and output gradients, `planner.schedules.memory`). Counted from
 forward to W, with the default depths every stage has min(S, M) micro-batches in flight, 1F1B's
 first-stage peak.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from planner.actions import (BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
+from planner.schedules.actions import (BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
                              ScheduleError)
 from planner.schedules.base import ScheduleSpec
 from planner.schedules.forward_backward import check_warmup, policy_a_depths
@@ -51,7 +51,7 @@ def zb_h1_schedule(num_stages: int, micro_batches: int,
                    warmup: Optional[Sequence[int]] = None,
                    name: Optional[str] = None) -> Schedule:
     """ZB-H1 for `num_stages` stages (stage s runs on position s) after `warmup` forwards per
-    stage (default min(S - s, M); other depths as `planner.schedule.check_warmup` accepts);
+    stage (default min(S - s, M); other depths as `planner.schedules.by_name.check_warmup` accepts);
     named as the spec below unless `name` says otherwise."""
     for what, value in (("stages", num_stages), ("micro-batches", micro_batches)):
         if not isinstance(value, int) or value < 1:

@@ -1,5 +1,5 @@
 """The exact search as it was at e0aa918, before #29's pass on its speed, kept verbatim as an
-oracle (only renamed and its imports adjusted): the search in planner/exact_search.py must
+oracle (only renamed and its imports adjusted): the search in planner/search/exact_search.py must
 visit the same candidates in the same order, so with any candidate budget it returns the same
 plan, value and statistics (test_search_oracle.py). Its seeding is the former one too: every
 seed shape offered at every M, one call each."""
@@ -9,12 +9,12 @@ import bisect
 import math
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from planner import cost_model as cm
-from planner.cost_model import StageModel
-from planner.exact_search import LARGE_TOPOLOGY_DEVICES, SearchStats
-from planner.placement import POLICIES, canonical_state, place
-from planner.profile import Profile
-from planner.seeds import seed_shapes
+from planner.estimate import cost_model as cm
+from planner.estimate.cost_model import StageModel
+from planner.search.exact_search import LARGE_TOPOLOGY_DEVICES, SearchStats
+from planner.search.placement import POLICIES, canonical_state, place
+from planner.formats.profile import Profile
+from planner.search.seed_plans import seed_shapes
 
 _INF = math.inf
 

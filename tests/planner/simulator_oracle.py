@@ -7,20 +7,20 @@ from __future__ import annotations
 import heapq
 from typing import Dict, List, Optional, Tuple
 
-from planner.actions import (ALLREDUCE, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
+from planner.schedules.actions import (ALLREDUCE, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
                              SEND_FORWARD, UPDATE, Action, Schedule)
-from planner.costs import PipelineCosts
-from planner.event_loop import EVENT_KIND as _EVENT_KIND, _duration
-from planner.lowering import Located, needs
-from planner.replay import replay
-from planner.simulation_result import (SEND_BACKWARD_KIND, SEND_FORWARD_KIND,
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.estimate.event_loop import EVENT_KIND as _EVENT_KIND, _duration
+from planner.schedules.lowering import Located, needs
+from planner.schedules.replay import replay
+from planner.estimate.simulation_result import (SEND_BACKWARD_KIND, SEND_FORWARD_KIND,
                                        SimulationResult, TimelineEvent)
-from planner.simulator import check_inputs, timed_result
+from planner.estimate.simulator import check_inputs, timed_result
 
 
 def reference_simulate(schedule: Schedule, costs: PipelineCosts,
                        link_duplex: str = "full", rendezvous: bool = False) -> SimulationResult:
-    """Run the lowered `schedule` (`planner.lowering.lower`) with the durations in `costs`
+    """Run the lowered `schedule` (`planner.schedules.lowering.lower`) with the durations in `costs`
     (one entry per chunk)."""
     check_inputs(schedule, costs, link_duplex)
     lowered = replay(schedule).schedule      # checks every action once and no deadlock

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from planner import cost_model as cm
-from planner import reference_formulas as ref
-from planner.latency import round_trip_phases
-from planner.plan import Plan, PlanError, Stage, straight_plan
-from planner.profile import parse_native_json
+from planner.estimate import cost_model as cm
+from tests.planner import reference_formulas as ref
+from planner.estimate.latency import round_trip_phases
+from planner.formats.plan import Plan, PlanError, Stage, straight_plan
+from planner.formats.profile import parse_native_json
 from topology import parse_topology
 
 
@@ -121,7 +121,7 @@ def test_round_trip_wait_by_hand():
 
 
 def test_warmup_for_caps_by_memory_and_keeps_depths_non_increasing():
-    from planner.costs import PipelineCosts
+    from planner.estimate.pipeline_costs import PipelineCosts
     costs = PipelineCosts([1.0] * 3, [2.0] * 3, [0.0] * 2, [0.0] * 2, [0.0] * 3)
     assert cm.warmup_for(costs, [8, 8, 8], 8) == ("A", [3, 2, 1])     # ACR 0: policy A
     assert cm.warmup_for(costs, [1, 8, 0], 8) == ("A", [1, 1, 1])

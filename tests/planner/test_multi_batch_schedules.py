@@ -16,12 +16,12 @@ import itertools
 
 import pytest
 
-from planner.actions import (BACKWARD, FORWARD, UPDATE, Action, Schedule, ScheduleError,
+from planner.schedules.actions import (BACKWARD, FORWARD, UPDATE, Action, Schedule, ScheduleError,
                              actions)
-from planner.lowering import lower
-from planner.replay import replay
-from planner.schedule import build_schedule
-from planner.weight_versions import resident_versions, staleness, weight_copies
+from planner.schedules.lowering import lower
+from planner.schedules.replay import replay
+from planner.schedules.by_name import build_schedule
+from planner.schedules.weight_versions import resident_versions, staleness, weight_copies
 
 GOLDEN = {
     # S = 2, M = 2, 3 batches; 1F1B warm-up K = [2, 1].
@@ -171,8 +171,8 @@ def test_weight_copies_and_staleness_per_stage_by_hand(S, M):
 def test_avgpipe_runs_ahead_on_every_stage_but_the_last():
     # K_s = min(S - s + floor(advance (S - 1 - s) / (S - 1)), M), the last stage 1. By hand,
     # S = 4, M = 8: advance 2 adds 2, 4 // 3 = 1 and 2 // 3 = 0 forwards to stages 0, 1, 2.
-    from planner.avgpipe import advance_depths
-    from planner.schedule import first_backward_depths, warmup_depths
+    from planner.schedules.avgpipe_pipelines import advance_depths
+    from planner.schedules.by_name import first_backward_depths, warmup_depths
     assert advance_depths(4, 8, 0) == [4, 3, 2, 1]             # 1F1B (Algorithm 1's start)
     assert advance_depths(4, 8, 2) == [6, 4, 2, 1]
     assert advance_depths(4, 8, 3) == [7, 5, 3, 1] == warmup_depths("B", 4, 8)

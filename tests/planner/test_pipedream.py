@@ -1,4 +1,4 @@
-"""PipeDream's hierarchical DP (`planner.pipedream`, bottom-up with numpy) against the recursive,
+"""PipeDream's hierarchical DP (`planner.search.pipedream`, bottom-up with numpy) against the recursive,
 memoized form of its recurrence (the reference), and both against brute force: on random small
 instances the returned partition, valued here independently from the profile, is optimal over
 every hierarchical partition, and equals the reference's partition (the same tie-breaking); on
@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import pytest
 
-from planner.pipedream import pipedream_partition
-from planner.profile_readers import load_profile
+from planner.search.pipedream import pipedream_partition
+from planner.formats.profile_readers import load_profile
 from tests.paths import PROFILES
 from tests.planner.test_search_optimal import random_profile
 from topology import parse_topology

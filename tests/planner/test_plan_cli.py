@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from planner import cost_model as cm
-from planner.plan import Plan
-from planner.profile import parse_native_json
-from planner.plan_space import plan_dapple
+from planner.estimate import cost_model as cm
+from planner.formats.plan import Plan
+from planner.formats.profile import parse_native_json
+from planner.search.plan_space import plan_dapple
 from topology import parse_topology
 
 LAYERS = [(2.0, 4.0, 4e6, 8e6), (3.0, 6.0, 2e6, 4e7), (1.0, 2.0, 1e6, 2e8), (2.0, 4.0, 1e5, 4e6)]
@@ -144,8 +144,8 @@ def test_truncated_profile_and_bad_hand_plans(tmp_path):
 
 
 def test_data_parallel_batch_smaller_than_replicas(tmp_path):
-    from planner.plan import PlanError
-    from planner.baselines import best_data_parallel_plan
+    from planner.formats.plan import PlanError
+    from planner.search.baselines import best_data_parallel_plan
     _, profile = write_profile(tmp_path)
     with pytest.raises(PlanError, match="global batch 3 is smaller than the 4 replicas"):
         best_data_parallel_plan(profile, parse_topology("2x2"), 3)
@@ -155,7 +155,7 @@ def test_plan_space_flag_and_the_report_names_the_other_space():
     # AmoebaNet-36 on config B: the paper's space gives the straight pipeline, the full space
     # a deeper replicated one that the model rates faster; the report must say so.
     from tests.paths import PROFILES
-    from planner.profile_readers import load_profile
+    from planner.formats.profile_readers import load_profile
     path = os.path.join(PROFILES, "dapple", "amoeba-36-pbs-1.txt")
     profile, topo = load_profile(path), parse_topology("B")
     r = dapple(f"--profile={path}", "--topology=B", "--global_batch_size=128",

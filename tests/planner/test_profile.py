@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from planner.profile import ProfileError
-from planner.profile_readers import load_profile, parse_graph_txt
+from planner.formats.profile import ProfileError
+from planner.formats.profile_readers import load_profile, parse_graph_txt
 from tests.paths import published_profile
 
 DAG = """node3 -- Add -- forward_compute_time=3.0, backward_compute_time=6.0, activation_size=30.0, parameter_size=0.0

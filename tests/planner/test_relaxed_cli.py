@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from planner.plan import Plan
-from planner.plan_space import plan_dapple
-from planner.schedule_choice import choose_schedule
+from planner.formats.plan import Plan
+from planner.search.plan_space import plan_dapple
+from planner.search.schedule_choice import choose_schedule
 from tests.planner.test_schedule_cli import dapple, simulated, toy_files, uniform_files, write
 from topology import parse_topology
 

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from planner import cost_model as cm
-from planner.plan import Plan, PlanError, straight_plan
-from planner.schedule import require_runtime_support
-from planner.schedule_choice import choose_schedule, schedule_options, with_schedule
+from planner.estimate import cost_model as cm
+from planner.formats.plan import Plan, PlanError, straight_plan
+from planner.schedules.by_name import require_runtime_support
+from planner.search.schedule_choice import choose_schedule, schedule_options, with_schedule
 from reports.text_report import strategy_report
 from tests.planner.test_schedule_choice import toy_profile
 from topology import parse_topology
@@ -109,7 +109,7 @@ def test_avgpipe_advance_is_algorithm_1_over_simulations():
     # On slow links forwards ahead hide transfers. The planner's advance a must be where
     # Algorithm 1 stops: each step up to a faster than the one before, a + 1 not faster.
     import dataclasses
-    from planner.cost_model import PlanCosts
+    from planner.estimate.cost_model import PlanCosts
     p, t = toy_profile(), parse_topology("4x1,net=100Mbps")
     plan = straight_plan([2, 4, 6], 8, micro_batches=8, global_batch_size=64)
     chosen, _ = choose_schedule(plan, p, t, "avgpipe")

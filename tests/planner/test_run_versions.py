@@ -1,14 +1,14 @@
-"""planner.run_versions: what a run that continues earlier runs reads, by hand from the rules
+"""planner.schedules.run_versions: what a run that continues earlier runs reads, by hand from the rules
 (2BW: batch t reads W(t - 1); PipeDream: micro-batch j on stage s reads W_s(j - K_s + 1);
 AvgPipe flushes, so batch t reads version t)."""
 import dataclasses
 
 import pytest
 
-from planner.actions import ScheduleError
-from planner.plan import straight_plan
-from planner.run_versions import carried, relative_versions, update_count
-from planner.schedule import plan_schedule
+from planner.schedules.actions import ScheduleError
+from planner.formats.plan import straight_plan
+from planner.schedules.run_versions import carried, relative_versions, update_count
+from planner.schedules.by_name import plan_schedule
 
 M = 4
 

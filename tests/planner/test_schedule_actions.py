@@ -9,10 +9,10 @@ import itertools
 
 import pytest
 
-from planner.actions import Action, Schedule, ScheduleError, actions
-from planner.lowering import lower
-from planner.replay import replay
-from planner.schedule import check_warmup, pipeline_schedule, warmup_depths
+from planner.schedules.actions import Action, Schedule, ScheduleError, actions
+from planner.schedules.lowering import lower
+from planner.schedules.replay import replay
+from planner.schedules.by_name import check_warmup, pipeline_schedule, warmup_depths
 
 
 def table(text):

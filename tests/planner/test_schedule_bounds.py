@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from planner.actions import ScheduleError
-from planner.costs import PipelineCosts
-from planner.schedule import build_schedule
-from planner.schedule_bounds import iteration_lower_bound
-from planner.simulator import simulate
+from planner.schedules.actions import ScheduleError
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.schedules.by_name import build_schedule
+from planner.search.schedule_bounds import iteration_lower_bound
+from planner.estimate.simulator import simulate
 from tests.planner.test_simulator_equivalence import TRANSFERS, random_costs, random_order
 
 

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from planner import cost_model as cm
-from planner.chunking import balanced_cuts, interleave_plan
-from planner.plan import PlanError, straight_plan
-from planner.profile import parse_native_json
-from planner.schedule_choice import (ScheduleOption, choose_schedule, fastest,
+from planner.estimate import cost_model as cm
+from planner.search.chunking import balanced_cuts, interleave_plan
+from planner.formats.plan import PlanError, straight_plan
+from planner.formats.profile import parse_native_json
+from planner.search.schedule_choice import (ScheduleOption, choose_schedule, fastest,
                                      schedule_options, with_schedule)
-from planner.simulator import SimulationResult
+from planner.estimate.simulator import SimulationResult
 from topology import parse_topology
 
 

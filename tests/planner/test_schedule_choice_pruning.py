@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from planner import cost_model as cm
-from planner.plan import PlanError, straight_plan
-from planner.schedule_choice import TIE_ORDER, choose_schedule, schedule_options
+from planner.estimate import cost_model as cm
+from planner.formats.plan import PlanError, straight_plan
+from planner.search.schedule_choice import TIE_ORDER, choose_schedule, schedule_options
 from tests.planner.test_schedule_choice import toy_profile
 from tests.planner.test_table_v import CELLS, planned
 from topology import parse_topology

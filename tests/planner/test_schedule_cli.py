@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from planner.cost_model import pipeline_costs
-from planner.plan import Plan
-from planner.plan_space import plan_dapple
-from planner.schedule_choice import choose_schedule
-from planner.simulator import simulate_plan
+from planner.estimate.cost_model import pipeline_costs
+from planner.formats.plan import Plan
+from planner.search.plan_space import plan_dapple
+from planner.search.schedule_choice import choose_schedule
+from planner.estimate.simulator import simulate_plan
 from tests.planner.test_schedule_choice import toy_profile
 from topology import parse_topology
 

@@ -15,10 +15,10 @@ import itertools
 
 import pytest
 
-from planner.actions import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule, ScheduleError
+from planner.schedules.actions import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule, ScheduleError
 from planner.schedules.interleaved import interleaved_schedule, micro_batch_groups
-from planner.replay import replay
-from planner.schedule import (SCHEDULES, build_schedule, first_backward_depths,
+from planner.schedules.replay import replay
+from planner.schedules.by_name import (SCHEDULES, build_schedule, first_backward_depths,
                               pipeline_schedule, require_runtime_support, runtime_supported,
                               warmup_depths)
 from planner.schedules.zb_h1 import zb_h1_schedule
@@ -143,7 +143,7 @@ def test_names_old_and_new():
 
 
 def test_the_runtime_check_names_the_schedule_and_what_runs():
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     for name in ("gpipe", "1f1b", "A", "B", "zb-h1", "pipedream", "2bw"):
         require_runtime_support(straight_plan([1], 2, 4, schedule=name))
     require_runtime_support(straight_plan([1], 2, 4, replicas=[2, 2], schedule="avgpipe"))

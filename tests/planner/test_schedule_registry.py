@@ -18,9 +18,9 @@ import tokenize
 import pytest
 
 from planner import schedules
-from planner.actions import ScheduleError
-from planner.plan import Plan, Stage, straight_plan
-from planner.schedule import build_schedule, first_backward_depths
+from planner.schedules.actions import ScheduleError
+from planner.formats.plan import Plan, Stage, straight_plan
+from planner.schedules.by_name import build_schedule, first_backward_depths
 from planner.schedules.base import Parameter
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

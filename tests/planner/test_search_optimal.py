@@ -11,14 +11,14 @@ import random
 
 import pytest
 
-from planner import cost_model as cm
-from planner.placement import POLICIES, assign_devices, place
-from planner.plan import Plan, Stage
-from planner.profile import parse_native_json
-from planner.plan import PlanError
-from planner.baselines import best_data_parallel_plan
-from planner.exact_search import SearchStats
-from planner.plan_space import plan_dapple
+from planner.estimate import cost_model as cm
+from planner.search.placement import POLICIES, assign_devices, place
+from planner.formats.plan import Plan, Stage
+from planner.formats.profile import parse_native_json
+from planner.formats.plan import PlanError
+from planner.search.baselines import best_data_parallel_plan
+from planner.search.exact_search import SearchStats
+from planner.search.plan_space import plan_dapple
 from topology.model import Topology
 
 

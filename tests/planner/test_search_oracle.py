@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from planner.exact_search import Search, SearchStats
-from planner.finish import micro_batch_choices
-from planner.seeds import seed_search
-from planner import cost_model as cm
+from planner.search.exact_search import Search, SearchStats
+from planner.search.plan_finishing import micro_batch_choices
+from planner.search.seed_plans import seed_search
+from planner.estimate import cost_model as cm
 from tests.planner.search_oracle import OracleSearch, oracle_seed_search
 from tests.planner.test_search_optimal import random_profile
 from topology.model import Topology

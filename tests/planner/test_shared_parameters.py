@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from planner import cost_model as cm
-from planner.pipedream import parameter_table
-from planner.plan import straight_plan
-from planner.profile import Layer, Profile, ProfileError, SharedParameters, parse_native_json
-from planner.profile_readers import load_profile, parse_graph_txt
+from planner.estimate import cost_model as cm
+from planner.search.pipedream import parameter_table
+from planner.formats.plan import straight_plan
+from planner.formats.profile import Layer, Profile, ProfileError, SharedParameters, parse_native_json
+from planner.formats.profile_readers import load_profile, parse_graph_txt
 from tests.paths import published_profile
 
 OWN = [10.0, 20.0, 0.0, 40.0, 5.0]

@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from planner.costs import PipelineCosts
-from planner.plan import Plan, straight_plan
-from planner.actions import Action, Schedule, ScheduleError
-from planner.replay import replay
-from planner.schedule import pipeline_schedule
-from planner.simulator import (ALLREDUCE_KIND, BACKWARD_KIND, FORWARD_KIND, SEND_BACKWARD_KIND,
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.formats.plan import Plan, straight_plan
+from planner.schedules.actions import Action, Schedule, ScheduleError
+from planner.schedules.replay import replay
+from planner.schedules.by_name import pipeline_schedule
+from planner.estimate.simulator import (ALLREDUCE_KIND, BACKWARD_KIND, FORWARD_KIND, SEND_BACKWARD_KIND,
                                SEND_FORWARD_KIND, simulate, simulate_plan)
 
 
@@ -72,7 +72,7 @@ def test_held_activations_over_time_on_first_stage():
     assert max(c for _, c in gpipe.held_over_time(0)) == 3
 
 
-# ---- against the unit-time replay of planner.schedule (an independent implementation) -------
+# ---- against the unit-time replay of planner.schedules.by_name (an independent implementation) -------
 @pytest.mark.parametrize("policy", ["gpipe", "A", "B"])
 @pytest.mark.parametrize("p,m", [(3, 5), (4, 2), (5, 8)])
 def test_unit_durations_reproduce_the_unit_time_replay(policy, p, m):

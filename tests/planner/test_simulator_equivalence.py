@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from planner.actions import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action,
+from planner.schedules.actions import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action,
                              Schedule, ScheduleError)
-from planner.costs import PipelineCosts
-from planner.schedule import build_schedule
-from planner.simulator import LINK_DUPLEX_MODES, simulate
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.schedules.by_name import build_schedule
+from planner.estimate.simulator import LINK_DUPLEX_MODES, simulate
 from tests.planner.simulator_oracle import reference_simulate
 
 TRANSFERS = [(duplex, rendezvous) for duplex in LINK_DUPLEX_MODES for rendezvous in (False, True)]

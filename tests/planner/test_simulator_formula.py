@@ -1,15 +1,15 @@
-"""The cost model's latency formula (eq. 1-3, `planner.reference_formulas.phases`) against the
+"""The cost model's latency formula (eq. 1-3, `tests.planner.reference_formulas.phases`) against the
 simulator, on pipelines where eq. 1 makes no approximation: the pivot is the last stage and its
 steady phase is bubble-free, or the plan is data parallel. (Where eq. 1 does approximate, the
 benchmark benchmarks/simulate_table_v.py reports the gap.) The simulator itself is checked
 against hand-computed timelines in test_simulator.py."""
 import pytest
 
-from planner.latency import interleave
-from planner.reference_formulas import phases
-from planner.costs import PipelineCosts
-from planner.schedule import pipeline_schedule
-from planner.simulator import simulate
+from planner.estimate.latency import interleave
+from tests.planner.reference_formulas import phases
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.schedules.by_name import pipeline_schedule
+from planner.estimate.simulator import simulate
 
 
 def formula_ms(costs, M):
@@ -51,7 +51,7 @@ def test_round_trip_formula_when_memory_allows_one_micro_batch_in_flight():
     # By hand, every micro-batch goes round alone: F0 2, send 1, F1 1, B1 2, send 1, B0 4 =
     # 11 ms each, 33 ms in all. Eq. 1 as printed ignores the wait; the round-trip form
     # (the planner's latency, `round_trip_phases`) charges it.
-    from planner.latency import round_trip_phases
+    from planner.estimate.latency import round_trip_phases
     costs = PipelineCosts([2.0, 1.0], [4.0, 2.0], [1.0], [1.0], [0.0, 0.0])
     schedule = pipeline_schedule(2, 3, "A", warmup=[1, 1])
     simulated = simulate(schedule, costs).iteration_ms

@@ -14,10 +14,10 @@ The issue's target: uniform stages (F = 1, B = 2, no communication), p = 4, m = 
 """
 import pytest
 
-from planner.avgpipe import tune_advance
-from planner.costs import PipelineCosts
-from planner.schedule import build_schedule
-from planner.simulator import simulate
+from planner.schedules.avgpipe_pipelines import tune_advance
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.schedules.by_name import build_schedule
+from planner.estimate.simulator import simulate
 
 
 def uniform(stages, forward, backward, transfer=0.0, allreduce=0.0):

@@ -18,10 +18,10 @@ import itertools
 
 import pytest
 
-from planner.costs import PipelineCosts
-from planner.schedule import build_schedule
-from planner.schedule_memory import peak_bytes, peak_counts
-from planner.simulator import (BACKWARD_INPUT_KIND, BACKWARD_WEIGHT_KIND, SEND_BACKWARD_KIND,
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.schedules.by_name import build_schedule
+from planner.schedules.memory import peak_bytes, peak_counts
+from planner.estimate.simulator import (BACKWARD_INPUT_KIND, BACKWARD_WEIGHT_KIND, SEND_BACKWARD_KIND,
                                SEND_FORWARD_KIND, simulate)
 
 
@@ -105,7 +105,7 @@ def test_interleaved_transfers_wrap_from_the_last_position_to_the_first_by_hand(
                                         for S, M in itertools.product([1, 2, 3, 5], [1, 3, 8])])
 def test_timed_peaks_equal_the_peaks_of_the_lists(name, v, S, M):
     # Two implementations: the simulator's step functions over time, and the prefix maxima of
-    # each list (planner.schedule_memory). Costs uneven on purpose.
+    # each list (planner.schedules.memory). Costs uneven on purpose.
     schedule = build_schedule(name, S, M, virtual_stages=v)
     C = schedule.num_chunks
     held_bytes = [3.0 + c for c in range(C)]

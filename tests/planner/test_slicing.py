@@ -1,7 +1,7 @@
 """The one row rule, as literal tables."""
 import pytest
 
-from planner.slicing import (BatchSplitError, check_even, overlaps, replica_rows, slice_sizes,
+from planner.formats.slicing import (BatchSplitError, check_even, overlaps, replica_rows, slice_sizes,
                              unit_rows)
 
 

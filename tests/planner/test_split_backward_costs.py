@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from planner.cost_model import pipeline_costs
-from planner.costs import PipelineCosts
-from planner.plan import straight_plan
-from planner.profile import ProfileError
-from planner.profile_readers import parse_native_json
-from planner.simulator import simulate
+from planner.estimate.cost_model import pipeline_costs
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.formats.plan import straight_plan
+from planner.formats.profile import ProfileError
+from planner.formats.profile_readers import parse_native_json
+from planner.estimate.simulator import simulate
 from planner.schedules.zb_h1 import zb_h1_schedule
 from topology.parse import parse_spec
 

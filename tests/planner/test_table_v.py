@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from planner import cost_model as cm
-from planner.pipedream import plan_pipedream
-from planner.profile_readers import load_profile
-from planner.plan_space import plan_dapple
+from planner.estimate import cost_model as cm
+from planner.search.pipedream import plan_pipedream
+from planner.formats.profile_readers import load_profile
+from planner.search.plan_space import plan_dapple
 from tests.paths import PROFILES as SHARED_PROFILES
 from topology import parse_topology
 

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from planner.costs import PipelineCosts
-from planner.plan import straight_plan
-from planner.schedule import pipeline_schedule
-from planner.simulator import simulate, simulate_plan
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.formats.plan import straight_plan
+from planner.schedules.by_name import pipeline_schedule
+from planner.estimate.simulator import simulate, simulate_plan
 from tests.paths import published_profile
 from reports.timeline import (MAX_DEVICE_ROWS, figure_png, held_activations_figure,
                               save_figure, timeline_figure)
@@ -177,8 +177,8 @@ def test_simulate_command_explains_missing_inputs(tmp_path):
 
 def test_simulate_command_with_profile_and_topology_matches_the_library(tmp_path):
     # The command must simulate the plan with the cost model's durations, nothing else.
-    from planner.cost_model import pipeline_costs
-    from planner.profile_readers import load_profile
+    from planner.estimate.cost_model import pipeline_costs
+    from planner.formats.profile_readers import load_profile
     from topology.parse import parse_topology
     profile_path = published_profile("dapple/bert-48-pbs-2.txt")
     profile, topology = load_profile(profile_path), parse_topology("A")

@@ -4,11 +4,11 @@ import re
 
 import pytest
 
-from planner.costs import PipelineCosts
-from planner.plan import Estimate, straight_plan
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.formats.plan import Estimate, straight_plan
 from reports.comparison import Candidate, ReportRow, speedups
 from reports.html_report import stage_notation, table_rows, write_report
-from planner.simulator import simulate_plan
+from planner.estimate.simulator import simulate_plan
 
 
 def estimate(ms):
@@ -80,7 +80,7 @@ def test_markdown_report_writes_pictures_next_to_it(tmp_path):
 
 
 def tiny_profile():
-    from planner.profile import Layer, Profile
+    from planner.formats.profile import Layer, Profile
     layers = [Layer(name=f"l{i}", type="Dense", forward_ms=f, backward_ms=2 * f,
                     output_bytes=1000.0, parameter_bytes=4000.0,
                     inputs=(i - 1,))
@@ -89,7 +89,7 @@ def tiny_profile():
 
 
 def test_single_device_reference_runs_every_micro_batch_on_one_device():
-    from planner.cost_model import SMALL_BATCH_HALF_SAMPLES as H, TASK_OVERHEAD_MS
+    from planner.estimate.cost_model import SMALL_BATCH_HALF_SAMPLES as H, TASK_OVERHEAD_MS
     from reports.comparison import single_device_ms
     from topology.parse import parse_topology
     # The cost model's documented task time: t(b) = T_profile (b + H) / (pbs + H) + overhead.
@@ -114,7 +114,7 @@ def test_alternatives_are_keyed_by_enum_in_order_with_none_where_infeasible():
 
 
 def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
-    from planner.plan import PlanError
+    from planner.formats.plan import PlanError
     from reports.comparison import strategy_row
     from topology.parse import parse_topology
 
@@ -122,7 +122,7 @@ def test_strategy_row_simulates_every_candidate_and_names_infeasible_ones():
         raise PlanError("does not fit; more detail")
 
     def two_stage(profile, topology, gbs):
-        from planner.finish import finish_plan
+        from planner.search.plan_finishing import finish_plan
         return finish_plan(straight_plan([2], num_layers=4, micro_batches=2,
                                          global_batch_size=gbs), profile, topology)
 

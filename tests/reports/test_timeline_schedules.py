@@ -3,10 +3,10 @@ artists: I and W in the legend and apart on every row; one row per device of an 
 plan (not per chunk), its later chunks hatched."""
 import pytest
 
-from planner.costs import PipelineCosts
-from planner.plan import Plan
-from planner.schedule import build_schedule
-from planner.simulator import simulate, simulate_plan
+from planner.estimate.pipeline_costs import PipelineCosts
+from planner.formats.plan import Plan
+from planner.schedules.by_name import build_schedule
+from planner.estimate.simulator import simulate, simulate_plan
 from reports.timeline import held_activations_figure, timeline_figure
 
 pytest.importorskip("matplotlib")

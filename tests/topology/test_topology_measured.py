@@ -41,8 +41,8 @@ def test_a_measured_record_needs_its_time(record):
 
 
 def test_the_strategy_report_says_measured_or_assumed(tmp_path):
-    from planner.plan_space import plan_dapple
-    from planner.profile import Layer, Profile
+    from planner.search.plan_space import plan_dapple
+    from planner.formats.profile import Layer, Profile
     from reports.text_report import strategy_report
     layers = [Layer(f"l{i}", "Dense", 1.0, 2.0, 1e5, 1e6, (i - 1,)) for i in range(4)]
     profile = Profile("tiny", 8, layers, input_bytes=1e5)

@@ -143,7 +143,7 @@ def dapple_step(model, M, R, rows):
     import tensorflow as tf
     from dapple.pipelined_model import PipelinedModel
     from graph_rewrite.model_graph import layer_order
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     batch = rows * R * M
     plan = straight_plan([], len(layer_order(model)), M, batch, replicas=[R])
     pm = PipelinedModel(model, plan)

@@ -1,7 +1,7 @@
 """Task 3: a pipeline schedule (per-device action lists, e.g. 1F1B) run as warm-up (unrolled),
 ONE tf.while_loop over the steady periods of every device, cool-down (unrolled).
 
-The lists are dapple's (`planner.schedule.plan_schedule(plan).lists`, compute actions F/B).
+The lists are dapple's (`planner.schedules.by_name.plan_schedule(plan).lists`, compute actions F/B).
 Each device's list is cut into prefix + n_d periods of P actions + suffix, where period i
 repeats period 0 with every micro-batch + i (found by `periodic`). The loop runs iterations
 t = 0 .. min_d n_d - 1; in iteration t device d runs its period t; earlier actions form the
@@ -234,8 +234,8 @@ class LoopPipeline:
 
 
 def schedule_lists(num_stages, M, num_layers, cut, rows):
-    from planner.plan import straight_plan
-    from planner.schedule import plan_schedule
+    from planner.formats.plan import straight_plan
+    from planner.schedules.by_name import plan_schedule
     plan = straight_plan([cut], num_layers, M, rows * M, schedule="1f1b")
     sched = plan_schedule(plan)
     return plan, [[(a.kind, a.micro_batch) for a in l] for l in sched.lists]

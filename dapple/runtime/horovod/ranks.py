@@ -11,7 +11,7 @@ Plain Python (no TensorFlow, no Horovod), so it can be checked on its own.
 * A boundary transfer is one `alltoall` inside the boundary's set: each sender replica sends
   every receiver replica the rows of the micro-batch that both hold (DAPPLE §V-B2: split,
   concat or both), receivers send nothing. Rows are relative to the micro-batch; replica k of
-  R holds rows [k n/R, (k+1) n/R) (`planner.slicing`). Splits are listed in the
+  R holds rows [k n/R, (k+1) n/R) (`planner.formats.slicing`). Splits are listed in the
   set's rank order (ascending global rank), which is also the order an alltoall concatenates
   what it receives. A stage may list its devices out of replica order (a hand-made plan), so a
   sender orders its rows by destination rank (`send_row_order`), and a receiver puts the pieces
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from planner.plan import Plan, PlanError
-from planner.slicing import overlap as _overlap, replica_rows
+from planner.formats.plan import Plan, PlanError
+from planner.formats.slicing import overlap as _overlap, replica_rows
 
 
 class WorldSizeError(PlanError):

@@ -53,7 +53,7 @@ from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import StepResult
 from graph_rewrite.relaxed_step import relaxed
-from planner.plan import Plan
+from planner.formats.plan import Plan
 
 
 LOG_RANKS = "DAPPLE_LOG_RANKS"     # "all": every rank logs warnings, not only rank 0

@@ -16,7 +16,7 @@ from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import PipelineStep, StepResult
 from graph_rewrite.relaxed_step import relaxed
-from planner.plan import Plan
+from planner.formats.plan import Plan
 
 
 class LocalRuntime(Runtime):

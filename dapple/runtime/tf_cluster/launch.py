@@ -32,7 +32,7 @@ from dapple.runtime.launch import Hosts, LaunchError, hosts_for_plan
 from dapple.runtime.rank_processes import (POLL_SECONDS, Rank, StopFlag, describe_exit, end_ranks,
                                    exit_status, start_rank)
 from dapple.runtime.tf_cluster.cluster import ENV_CLUSTER
-from planner.plan import Plan
+from planner.formats.plan import Plan
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", socket.gethostname())
 DEFAULT_PORT = 2222          # remote hosts: task slots use ports DEFAULT_PORT + slot

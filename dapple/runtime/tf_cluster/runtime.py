@@ -26,7 +26,7 @@ from dapple.runtime.local.runtime import LocalRuntime
 from dapple.runtime.tf_cluster.cluster import ClusterError, addresses_from_environment, task_device
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
-from planner.plan import Plan
+from planner.formats.plan import Plan
 
 ENV_WORKING_COPIES = "DAPPLE_TF_WORKING_COPIES"
 

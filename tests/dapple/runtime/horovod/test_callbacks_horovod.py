@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hvdrun import LIGHT_RANK_ENV, REPO, SCRIPTS
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 
 
 def launch(tmp_path, replicas, *args, check=True):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dapple.runtime.horovod.ranks import RankLayout, WorldSizeError
-from planner.plan import Plan, Stage, straight_plan
+from planner.formats.plan import Plan, Stage, straight_plan
 
 
 def simulate_alltoall(layout, sender_stage, receiver_stage, rows):
@@ -85,7 +85,7 @@ def test_world_size_must_match_the_plan():
 def test_an_interleaved_group_rank_runs_all_its_chunks():
     """4 chunks on 2 groups of 2 and 1 devices: ranks 0 and 1 run chunks 0 and 2, rank 2
     runs chunks 1 and 3 (hand-listed); the world is 3 ranks, not the 6 chunk-device pairs."""
-    from planner.chunking import interleaved_plan
+    from planner.search.chunking import interleaved_plan
     layout = RankLayout(interleaved_plan([1, 2, 3], 5, 2, 2, 24, [2, 1]), 3)
     assert [layout.units(r) for r in range(3)] == [[(0, 0), (2, 0)], [(0, 1), (2, 1)],
                                                    [(1, 0), (3, 0)]]

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from dapple.runtime import launch
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 
 HVD = "horovodrun"
 

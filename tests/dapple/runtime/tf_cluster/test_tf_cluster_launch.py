@@ -42,7 +42,7 @@ def test_a_bad_cluster_description_says_what_is_expected():
 def test_the_tensorflow_runtime_outside_a_cluster_says_how_to_launch(monkeypatch):
     import dapple  # noqa: F401  (Keras 2 first)
     from dapple.runtime.tf_cluster.runtime import TFClusterRuntime
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     monkeypatch.delenv("DAPPLE_TF_CLUSTER", raising=False)
     with pytest.raises(ClusterError, match="dapple launch --runtime=tensorflow"):
         TFClusterRuntime(straight_plan([2], 5, 2, 8))

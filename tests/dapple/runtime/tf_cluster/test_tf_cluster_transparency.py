@@ -84,7 +84,7 @@ def test_fit_evaluate_predict_equal_plain_keras(tmp_path):
     """A user's unchanged script (`tests/dapple/runtime/horovod/scripts/fit_rank.py`: fit with accuracy,
     sample weights and validation data, evaluate, predict on the plan in $DAPPLE_PLAN) on a
     1:2 plan over 3 processes gives what plain Keras gives."""
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     path = str(tmp_path / "plan.json")
     straight_plan([3], 5, 2, 12, replicas=[1, 2]).save(path)
     result = tf_launch(path, ["fit_rank.py"])

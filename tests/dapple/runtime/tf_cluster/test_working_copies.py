@@ -12,7 +12,7 @@ import tensorflow as tf
 from dapple.runtime.local.runtime import LocalRuntime
 from dapple.runtime.tf_cluster.runtime import CopyingStep
 from graph_rewrite.model_graph import layer_order
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests import models
 
 

@@ -32,7 +32,7 @@ def script_path(name: str) -> str:
 def plan_file(tmp_path, devices: int) -> str:
     """A plan on `devices` devices (data parallel over the 5-layer test MLP): what the launch
     reads is only its device count; the script builds its own plan on as many devices."""
-    from planner.plan import straight_plan
+    from planner.formats.plan import straight_plan
     path = str(tmp_path / f"plan{devices}.json")
     straight_plan([], 5, 1, 24, replicas=[devices]).save(path)
     return path

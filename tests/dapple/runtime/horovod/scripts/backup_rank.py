@@ -10,7 +10,7 @@ import dapple
 import numpy as np
 import tensorflow as tf
 
-from planner.plan import Plan
+from planner.formats.plan import Plan
 from tests import models
 
 phase, backup = sys.argv[1], sys.argv[2]

@@ -14,7 +14,7 @@ import dapple
 import numpy as np
 import tensorflow as tf
 
-from planner.plan import Plan
+from planner.formats.plan import Plan
 from tests import models
 
 where, folder, verbose = sys.argv[1], sys.argv[2], int(sys.argv[3])

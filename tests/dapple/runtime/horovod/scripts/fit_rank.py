@@ -10,7 +10,7 @@ import dapple
 import numpy as np
 import tensorflow as tf
 
-from planner.plan import Plan
+from planner.formats.plan import Plan
 from tests import models
 
 plan = Plan.load(os.environ["DAPPLE_PLAN"])

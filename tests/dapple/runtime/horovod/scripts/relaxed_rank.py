@@ -11,7 +11,7 @@ import json
 import dapple
 import tensorflow as tf
 
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests import models
 from tests import relaxed_rules as rules
 

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from graph_rewrite.model_graph import layer_order
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests import models
 
 parser = argparse.ArgumentParser()

@@ -12,7 +12,7 @@ import dapple
 import numpy as np
 import tensorflow as tf
 
-from planner.plan import straight_plan
+from planner.formats.plan import straight_plan
 from tests import models
 
 parser = argparse.ArgumentParser()

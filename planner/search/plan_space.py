@@ -1,0 +1,127 @@
+"""The DAPPLE planner's entry point, `plan_dapple`: which plans it considers (the plan space),
+in which order it tries M, and how much work each exact search may do.
+
+Two plan spaces (`plan_space`), both searched exactly (`planner.search.exact_search`):
+
+* "paper" (the default): data parallelism, every two-stage plan (any cut, any r : G - r, any
+  placement) and the straight pipeline (one device a stage on all devices). These are the
+  shapes the DAPPLE paper reports (Table V: DP, 8:8, 11:5, 15:1, straight), the only shapes its
+  authors' planner (HPGO 0.9.2) returned on the paper's profiles, and §IV-D1 argues for as few
+  stages as possible. When nothing in it fits in memory, the full space is searched
+  (`SearchStats.plan_space` says "full"): a model too big for two stages needs a deeper
+  pipeline.
+* "full": every pipeline (any number of stages, each of any size). On flat networks the cost
+  model rates deeper pipelines of small replicated stages faster than the paper's shapes
+  (their allreduces hide behind the backward chain of the stages before them); such plans have
+  not been measured on a real cluster, so they are opt-in (`dapple plan --plan_space=full`).
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence
+
+from planner.estimate import cost_model as cm
+from planner.search.exact_search import Search, SearchStats
+from planner.search.plan_finishing import (NoPlanFits, check_global_batch, finish_plan, micro_batch_choices,
+                            minimum_memory_bytes, with_memory)
+from planner.search.placement import POLICIES, assign_devices
+from planner.formats.plan import Plan, PlanError, Stage
+from planner.formats.profile import Profile
+from planner.search.seed_plans import seed_search
+
+PLAN_SPACES = ("paper", "full")
+DEFAULT_PLAN_SPACE = "paper"
+# Candidate stages one search evaluates before it settles for the best plan found (its time:
+# docs/planner.md, "Speed"). Far above what small instances need; it bounds the time on deep,
+# uniform models on flat networks, where many near-equal deep pipelines survive the bounds. A
+# candidate costs O(hosts), so beyond BUDGET_HOSTS hosts the budget shrinks in proportion.
+DEFAULT_MAX_CANDIDATES = 15000
+BUDGET_HOSTS = 16
+
+
+def _order_micro_batches(profile: Profile, topology, gbs: int) -> List[int]:
+    """The micro-batch counts most likely to be best first (a good early incumbent prunes the
+    rest): M near 4x the stage count of a balanced deep pipeline, then outwards."""
+    choices = micro_batch_choices(gbs)
+    target = 4 * min(profile.num_layers, topology.num_devices)
+    return sorted(choices, key=lambda m: abs(math.log(m / target)))
+
+
+def _build_plan(search: Search, profile: Profile, topology, gbs: int) -> Plan:
+    M, path = search.best
+    devices = assign_devices(topology, [counts for _, _, counts in path])
+    stages = [Stage(layers=[first, last], devices=devs,
+                    layer_names=profile.layer_names[first:last + 1])
+              for (first, last, _), devs in zip(path, devices)]
+    return finish_plan(Plan(stages=stages, micro_batches=M, global_batch_size=gbs),
+                       profile, topology)
+
+
+def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit=None,
+                policies: Sequence[str] = POLICIES, micro_batches: Optional[Sequence[int]] = None,
+                stage_sizes: Optional[Sequence[int]] = None,
+                stats: Optional[SearchStats] = None,
+                max_candidates: Optional[int] = DEFAULT_MAX_CANDIDATES,
+                even_slices: bool = False, plan_space: str = DEFAULT_PLAN_SPACE) -> Plan:
+    """The plan of least estimated latency in `plan_space` (see the module docstring).
+
+    `memory_limit` (bytes or '16GB') overrides the topology's device memory. `micro_batches`
+    restricts M; `stage_sizes` the replica counts tried. `max_candidates` caps the stages
+    evaluated by each search (None: no cap; on more than BUDGET_HOSTS hosts it is scaled down
+    in proportion); `stats.complete` says whether the whole space was covered and
+    `stats.plan_space` which space the plan came from. Raises NoPlanFits with the least memory
+    that would fit when nothing does.
+    """
+    check_global_batch(global_batch_size)
+    if plan_space not in PLAN_SPACES:
+        raise PlanError(f"unknown plan space {plan_space!r}; use one of {', '.join(PLAN_SPACES)}")
+    topo = with_memory(topology, memory_limit)
+    ms = list(micro_batches) if micro_batches is not None else \
+        _order_micro_batches(profile, topo, global_batch_size)
+    for M in ms:
+        if global_batch_size % M:
+            raise PlanError(f"micro_batches {M} does not divide the global batch "
+                            f"{global_batch_size}")
+    min_slice = cm.minimum_slice(profile, topo, global_batch_size)
+    ms = [M for M in ms if min_slice <= global_batch_size // M]
+    budget = math.inf if max_candidates is None else \
+        max_candidates * BUDGET_HOSTS // max(BUDGET_HOSTS, topo.num_hosts)
+    stats = stats if stats is not None else SearchStats()
+
+    def search(sizes, max_stages):
+        own = SearchStats()     # each search has its own candidate budget
+        found = Search(profile, topo, global_batch_size, policies, sizes, own,
+                       even_slices=even_slices, max_stages=max_stages, max_candidates=budget)
+        seed_search(found, ms)
+        for M in ms:
+            found.run_micro_batches(M)
+        for name in ("nodes", "candidates", "pruned", "seeds"):
+            setattr(stats, name, getattr(stats, name) + getattr(own, name))
+        stats.complete = stats.complete and own.complete
+        return found
+
+    searches = []
+    if plan_space == "paper":
+        searches.append(search(stage_sizes, 2))          # data parallelism, two stages
+        if topo.num_devices <= profile.num_layers and (stage_sizes is None or 1 in stage_sizes):
+            searches.append(search([1], None))           # the straight pipeline
+    stats.plan_space = plan_space
+    if not any(s.best is not None for s in searches):
+        stats.plan_space = "full"
+        searches.append(search(stage_sizes, None))
+    found = [s for s in searches if s.best is not None]
+    if not found:
+        need = minimum_memory_bytes(profile, topo, global_batch_size)
+        if need > topo.device_memory_bytes:
+            raise NoPlanFits(
+                f"no plan of {profile.name} fits in {topo.device_memory_bytes / 2**30:.2f} GiB "
+                f"per device on {topo.describe()}; the smallest plan needs "
+                f"{need / 2**30:.2f} GiB per device (a straight pipeline at one-sample "
+                f"micro-batches). Use devices with more memory, more devices, or a smaller model",
+                need)
+        raise PlanError(f"no plan of {profile.name} uses all {topo.num_devices} devices with a "
+                        f"global batch of {global_batch_size}: every replica needs a slice of "
+                        f"at least one sample and every stage at least one layer; use a larger "
+                        f"global batch or fewer devices")
+    best = min(found, key=lambda s: s.best_value)
+    return _build_plan(best, profile, topo, global_batch_size)

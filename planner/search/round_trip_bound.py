@@ -1,0 +1,75 @@
+"""The exact search's round-trip bound (`planner.search.exact_search`): a lower bound of the latency we
+plan with (`latency.round_trip_phases`) of every completion of a partial plan, from the pivot
+terms of its known stages.
+
+For a known stage q, Tw up to q and the s <= q terms of Te are final; the trip R_q only grows
+as stages are added (by at least `trip_rest`, the remaining work spread over the free
+devices); K_q is at most min(M, policy B's depth with the most stages still possible, the
+memory caps D of stages 0..q). The wait and the steady period fall as K grows and rise with R,
+so those values give a lower bound of the final L(q), and the latency is the maximum over q.
+
+The search keeps, for the stages on its path, their prefix terms (a "trail", `trail_entry`),
+so a bound costs the new stage's terms and one pass back over the path."""
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+_INF = math.inf
+
+
+def trail_entry(trail: List[tuple], cost, M: int) -> tuple:
+    """The prefix terms of a stage (a `cost_model.StageCost`) appended to a path whose stages
+    have `trail`: (Tw up to it, the s <= q chain of Te, the least memory cap so far (K bound),
+    F, F + B, what it adds to an earlier stage's round trip)."""
+    tf, tb, F, B, AR, cap = cost                           # StageCost fields
+    if trail:
+        acc_f, chain, runmin = trail[-1][0], trail[-1][1], trail[-1][2]
+        x = chain + tb
+        chain = tb if tb > x else x                 # max(chain + tb, tb)
+    else:
+        acc_f, chain, runmin = 0.0, -_INF, M
+    acc_f += tf + F
+    x, y = chain + B, AR + B
+    chain = y if y > x else x
+    if cap < 1:
+        cap = 1
+    if cap < runmin:
+        runmin = cap
+    fb = F + B
+    return (acc_f, chain, runmin, F, fb, fb + tf + tb)
+
+
+def round_trip_bound(trail: List[tuple], new_stage, M: int, more_stages: int,
+                     trip_rest: float) -> Tuple[float, tuple]:
+    """(The bound for the path of `trail` plus `new_stage` with at most `more_stages` stages
+    after it, the new stage's trail entry)."""
+    n = len(trail)
+    max_stages = n + 1 + more_stages
+    entry = tw_i, te_i, runmin, F, fb, link = trail_entry(trail, new_stage, M)
+    k = 2 * (max_stages - n) - 1
+    if runmin < k:
+        k = runmin
+    if k < 1:
+        k = 1
+    trip = trip_rest
+    wait = trip - (k - 1) * F
+    period = (fb + trip) / k
+    best = tw_i + (wait if wait > 0.0 else 0.0) + \
+        (M - 1) * (period if period > fb else fb) + te_i
+    trip += link
+    for i in range(n - 1, -1, -1):
+        tw_i, te_i, runmin, F, fb, link = trail[i]
+        k = 2 * (max_stages - i) - 1
+        if runmin < k:
+            k = runmin
+        if k < 1:
+            k = 1
+        wait = trip - (k - 1) * F
+        period = (fb + trip) / k
+        value = tw_i + (wait if wait > 0.0 else 0.0) + \
+            (M - 1) * (period if period > fb else fb) + te_i
+        if value > best:
+            best = value
+        trip += link
+    return best, entry
