@@ -70,7 +70,7 @@ def with_round_trip_ms(costs, M, warmup) -> float:
     With K_q = 1 (VGG-19 capped by memory) every micro-batch pays the loop; with K_q = M none
     does (charging both the wait and M - 1 loops counts the round trip twice)."""
     from planner.estimate.latency import interleave
-    from tests.planner.reference_formulas import latency_with_pivot
+    from tests.planner.estimate.reference_formulas import latency_with_pivot
     F, B, AR = interleave(costs)
     best = 0.0
     for q in range(len(F)):

@@ -1,6 +1,6 @@
 """The latency of one global batch from per-stage durations: DAPPLE eq. 1-3 plus the pivot's
 round-trip wait (docs/cost_model.md, "Latency"). Pure arithmetic on lists of numbers; the
-direct forms the tests check these against are in `tests.planner.reference_formulas`."""
+direct forms the tests check these against are in `tests.planner.estimate.reference_formulas`."""
 from __future__ import annotations
 
 import math

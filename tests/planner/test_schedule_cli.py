@@ -14,7 +14,7 @@ from planner.formats.plan import Plan
 from planner.search.plan_space import plan_dapple
 from planner.search.schedule_choice import choose_schedule
 from planner.estimate.simulator import simulate_plan
-from tests.planner.test_schedule_choice import toy_profile
+from tests.planner.search.test_schedule_choice import toy_profile
 from topology import parse_topology
 
 

@@ -117,7 +117,7 @@ def test_simulate_command_prints_json_and_draws(tmp_path):
     assert os.path.getsize(timeline_path) > 1000 and os.path.getsize(held_path) > 1000
 
 
-# tests/planner/test_simulator.py's hand examples through the command line.
+# tests/planner/estimate/test_simulator.py's hand examples through the command line.
 # Two stages (F=1, B=2, sends 0.5, allreduce 3 and 1, M=2, A): 13 ms; with rendezvous, send F1
 # waits for stage 1's receive at 4.5: 13.5 ms.
 TWO_STAGES = ([1], {"forward_ms": [1, 1], "backward_ms": [2, 2], "send_forward_ms": [0.5],

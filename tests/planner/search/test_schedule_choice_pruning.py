@@ -8,8 +8,8 @@ import pytest
 from planner.estimate import cost_model as cm
 from planner.formats.plan import PlanError, straight_plan
 from planner.search.schedule_choice import TIE_ORDER, choose_schedule, schedule_options
-from tests.planner.test_schedule_choice import toy_profile
-from tests.planner.test_table_v import CELLS, planned
+from tests.planner.search.test_schedule_choice import toy_profile
+from tests.planner.search.test_table_v import CELLS, planned
 from topology import parse_topology
 
 

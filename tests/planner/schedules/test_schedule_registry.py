@@ -23,7 +23,7 @@ from planner.formats.plan import Plan, Stage, straight_plan
 from planner.schedules.by_name import build_schedule, first_backward_depths
 from planner.schedules.base import Parameter
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 LIBRARY = ("planner", "graph_rewrite", "dapple", "topology", "reports")
 # The names plans and the CLI use, spelled as docs/formats.md spells them.
 NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "pipedream", "2bw", "avgpipe")

@@ -11,7 +11,7 @@ from planner.schedules.actions import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT
 from planner.estimate.pipeline_costs import PipelineCosts
 from planner.schedules.by_name import build_schedule
 from planner.estimate.simulator import LINK_DUPLEX_MODES, simulate
-from tests.planner.simulator_oracle import reference_simulate
+from tests.planner.estimate.simulator_oracle import reference_simulate
 
 TRANSFERS = [(duplex, rendezvous) for duplex in LINK_DUPLEX_MODES for rendezvous in (False, True)]
 

@@ -10,7 +10,7 @@ from planner.estimate.pipeline_costs import PipelineCosts
 from planner.schedules.by_name import build_schedule
 from planner.search.schedule_bounds import iteration_lower_bound
 from planner.estimate.simulator import simulate
-from tests.planner.test_simulator_equivalence import TRANSFERS, random_costs, random_order
+from tests.planner.estimate.test_simulator_equivalence import TRANSFERS, random_costs, random_order
 
 
 def bound_of(schedule, costs):

@@ -1,4 +1,4 @@
-"""The search against its former self (tests/planner/search_oracle.py, the search as it was
+"""The search against its former self (tests/planner/search/search_oracle.py, the search as it was
 before #29's pass on its speed): on random profiles and topologies, in each of plan_dapple's
 restrictions (two stages, one device a stage, the full space), seeded alike, at every M, with
 candidate budgets that stop it early and without one, both return the same plan, the same
@@ -14,8 +14,8 @@ from planner.search.exact_search import Search, SearchStats
 from planner.search.plan_finishing import micro_batch_choices
 from planner.search.seed_plans import seed_search
 from planner.estimate import cost_model as cm
-from tests.planner.search_oracle import OracleSearch, oracle_seed_search
-from tests.planner.test_search_optimal import random_profile
+from tests.planner.search.search_oracle import OracleSearch, oracle_seed_search
+from tests.planner.search.test_search_optimal import random_profile
 from topology.model import Topology
 
 RESTRICTIONS = [(None, 2), ([1], None), (None, None)]      # (stage sizes, most stages)

@@ -1,4 +1,4 @@
-"""The cost model's latency formula (eq. 1-3, `tests.planner.reference_formulas.phases`) against the
+"""The cost model's latency formula (eq. 1-3, `tests.planner.estimate.reference_formulas.phases`) against the
 simulator, on pipelines where eq. 1 makes no approximation: the pivot is the last stage and its
 steady phase is bubble-free, or the plan is data parallel. (Where eq. 1 does approximate, the
 benchmark benchmarks/simulate_table_v.py reports the gap.) The simulator itself is checked
@@ -6,7 +6,7 @@ against hand-computed timelines in test_simulator.py."""
 import pytest
 
 from planner.estimate.latency import interleave
-from tests.planner.reference_formulas import phases
+from tests.planner.estimate.reference_formulas import phases
 from planner.estimate.pipeline_costs import PipelineCosts
 from planner.schedules.by_name import pipeline_schedule
 from planner.estimate.simulator import simulate

@@ -10,7 +10,7 @@ from planner.formats.plan import Plan, PlanError, straight_plan
 from planner.schedules.by_name import require_runtime_support
 from planner.search.schedule_choice import choose_schedule, schedule_options, with_schedule
 from reports.text_report import strategy_report
-from tests.planner.test_schedule_choice import toy_profile
+from tests.planner.search.test_schedule_choice import toy_profile
 from topology import parse_topology
 
 # Two stages of two layers: 1 MB outputs and 4 MB parameters a layer, batch 8 = the profile's.

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from planner.estimate import cost_model as cm
-from tests.planner import reference_formulas as ref
+from tests.planner.estimate import reference_formulas as ref
 from planner.estimate.latency import round_trip_phases
 from planner.formats.plan import Plan, PlanError, Stage, straight_plan
 from planner.formats.profile import parse_native_json

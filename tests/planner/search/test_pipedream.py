@@ -15,7 +15,7 @@ import pytest
 from planner.search.pipedream import pipedream_partition
 from planner.formats.profile_readers import load_profile
 from tests.paths import PROFILES
-from tests.planner.test_search_optimal import random_profile
+from tests.planner.search.test_search_optimal import random_profile
 from topology import parse_topology
 
 

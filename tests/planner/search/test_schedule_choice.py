@@ -67,7 +67,7 @@ def test_memory_per_device_of_each_schedule_by_hand():
     assert zero == pytest.approx([weights + 2 * held, weights + held + awaiting])
     # Interleaved v = 2 on the same two devices: one layer per chunk, both chunks' weights on
     # a device, the reserve once; position 0 holds 5 chunk-micro-batches at its peak, position
-    # 1 holds 3 (tests/planner/test_schedule_generators.py, INTERLEAVED_PEAKS).
+    # 1 holds 3 (tests/planner/schedules/test_schedule_generators.py, INTERLEAVED_PEAKS).
     chunked = interleave_plan(plan, p, t, 2)
     per_chunk = cm.ACTIVATION_MEMORY_FACTOR * 1e6
     memory = cm.PlanCosts(chunked, p, t).memory()
