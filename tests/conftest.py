@@ -3,8 +3,8 @@
 Threads are limited so multi-device tests behave on a 2-core machine, and 8 logical CPU devices
 are configured by `import dapple` for the multi-device tests. `TF_USE_LEGACY_KERAS=1` where
 tf_keras is installed is what `import dapple` sets (tf.keras is Keras 2 on TensorFlow 2.16+),
-set here too because some test modules import TensorFlow before dapple; tests/test_keras2.py
-checks dapple's own setting in fresh processes.
+set here too because some test modules import TensorFlow before dapple;
+tests/dapple/test_keras2.py checks dapple's own setting in fresh processes.
 """
 import importlib.util
 import os

@@ -1,5 +1,5 @@
 """The relaxed schedules' update rules, written out on the plain, unpipelined Keras model with
-plain SGD (no momentum): the references of tests/test_relaxed_schedules.py and of the
+plain SGD (no momentum): the references of tests/dapple/test_relaxed_schedules.py and of the
 multi-process script. Nothing here calls dapple: each rule is taken from its paper.
 
 Weights are lists of numpy arrays in `model.trainable_variables` order; a gradient "at" some

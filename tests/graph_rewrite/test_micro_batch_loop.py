@@ -14,7 +14,7 @@ from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests.models import (assert_ran_as_loops, conv_batchnorm, data_for,
                           ghost_batch_loss_and_grads, losses_for, mlp_with_skip, two_in_two_out)
-from tests.test_sample_weights import BATCH, ROWS, assert_same, pair, weights_for
+from tests.dapple.test_sample_weights import BATCH, ROWS, assert_same, pair, weights_for
 
 CALLS = ("StatefulPartitionedCall", "PartitionedCall")
 

@@ -20,6 +20,7 @@ from graph_rewrite.model_graph import layer_order, model_signature
 from planner.formats.plan import straight_plan
 from planner.formats.slicing import BatchSplitError
 from tests.models import data_for, losses_for, mlp_with_skip, small_conv, two_in_two_out
+from tests.paths import REPO as ROOT
 
 BATCH = 16
 ROWS = 64
@@ -335,8 +336,6 @@ def test_tensorflow_initialized_before_dapple_gives_a_clear_error():
 
 # ---- dapple verify ------------------------------------------------------------------------------
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def batchnorm_model():
     """BatchNormalization normalizes each micro-batch slice on its own in a pipeline."""
@@ -365,7 +364,7 @@ def test_verify_passes_a_transparent_plan(tmp_path):
 
 
 def test_verify_compares_a_batchnorm_model_with_the_plain_model_slice_by_slice(tmp_path):
-    proc = run_verify(straight_plan([2], 5, 4, 16), "tests.test_keras_api:batchnorm_model",
+    proc = run_verify(straight_plan([2], 5, 4, 16), "tests.dapple.test_keras_api:batchnorm_model",
                       tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 slices of 4 rows (ghost batches)" in proc.stdout
@@ -374,7 +373,7 @@ def test_verify_compares_a_batchnorm_model_with_the_plain_model_slice_by_slice(t
 
 def test_verify_explains_batchnorm_stages_with_different_slice_sizes(tmp_path):
     proc = run_verify(straight_plan([2], 5, 4, 16, replicas=[2, 1]),
-                      "tests.test_keras_api:batchnorm_model", tmp_path)
+                      "tests.dapple.test_keras_api:batchnorm_model", tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "slices of [2, 4] rows in different stages" in proc.stderr
 
@@ -417,11 +416,11 @@ def dropout_model():
 
 def test_verify_runs_random_layers_at_rate_zero_unless_asked_to_keep_them(tmp_path):
     plan = straight_plan([2], 4, 4, 16)
-    proc = run_verify(plan, "tests.test_keras_api:dropout_model", tmp_path)
+    proc = run_verify(plan, "tests.dapple.test_keras_api:dropout_model", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 layer(s) that draw random numbers in training (e.g. 'drop') run at rate 0" \
         in proc.stdout and "OK" in proc.stdout
-    proc = run_verify(plan, "tests.test_keras_api:dropout_model", tmp_path,
+    proc = run_verify(plan, "tests.dapple.test_keras_api:dropout_model", tmp_path,
                       "--random_layers=train")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "draw random numbers in training (e.g. 'drop')" in proc.stderr

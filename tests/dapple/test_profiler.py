@@ -2,7 +2,6 @@
 the file it writes, and the `dapple profile` command."""
 import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
 import json
-import os
 import subprocess
 import sys
 
@@ -16,8 +15,7 @@ from graph_rewrite.model_graph import model_signature
 from planner.formats.plan import straight_plan
 from planner.formats.profile import SharedParameters
 from planner.formats.profile_readers import load_profile
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import REPO as ROOT
 
 
 def skip_model():

@@ -17,8 +17,8 @@ import tensorflow as tf
 
 import dapple
 from planner.formats.plan import straight_plan
+from tests.paths import REPO as ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_MINOR = tuple(int(p) for p in tf.__version__.split(".")[:2])
 HAS_TF_KERAS = importlib.util.find_spec("tf_keras") is not None
 FIX = "import tf_keras as keras"

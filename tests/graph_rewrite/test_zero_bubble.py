@@ -15,7 +15,7 @@ from planner.formats.plan import straight_plan
 from tests.models import (assert_trains_like_plain_model, data_for, dense_batchnorm,
                           integer_boundary, losses_for, mlp_with_skip, plain_loss_and_grads,
                           small_conv, two_in_two_out)
-from tests.test_schedule_lowering import descendants
+from tests.graph_rewrite.test_schedule_lowering import descendants
 
 GLOBAL_BATCH = 48
 

@@ -2,7 +2,7 @@
 
 References: the plain Keras model's gradients and weights (tests.models), and the schedule's
 own lists for the order the traced graph must enforce (the checker of
-tests/test_schedule_lowering.py, keyed by chunk)."""
+tests/graph_rewrite/test_schedule_lowering.py, keyed by chunk)."""
 import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ from planner.search.chunking import interleaved_plan
 from planner.schedules.by_name import plan_schedule
 from tests.models import (assert_trains_like_plain_model, data_for, dense_batchnorm, losses_for,
                           mlp_with_skip, plain_loss_and_grads, two_in_two_out)
-from tests.test_schedule_lowering import unenforced_edges
+from tests.graph_rewrite.test_schedule_lowering import unenforced_edges
 
 GLOBAL_BATCH = 48
 

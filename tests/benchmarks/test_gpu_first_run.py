@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 from planner.formats.plan import Plan
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import REPO as ROOT
 
 
 def test_gpu_first_run_on_a_cpu_machine_skips_what_needs_gpus_and_says_so(tmp_path):

@@ -24,9 +24,8 @@ from planner.formats.plan import Plan, straight_plan
 from planner.formats.profile import Layer, Profile
 from planner.formats.profile_readers import load_profile
 from tests.models import mlp_with_skip
+from tests.paths import REPO as ROOT
 from topology import local_topology, parse_topology
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def heavy_then_light(seed=0):

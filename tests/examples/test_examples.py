@@ -16,8 +16,7 @@ import tensorflow as tf
 
 from examples.run import even_straight_plan, run
 from graph_rewrite.model_graph import layer_order
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import REPO as ROOT
 
 
 def check_run(result, steps, stages=None):
