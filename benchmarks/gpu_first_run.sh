@@ -23,7 +23,7 @@
 #
 # With fewer than 2 GPUs (a CPU machine) the script still runs: it prints what it found,
 # profiles and plans a small encoder on the CPU (every step up to the plan is exercised), and
-# skips the timed runs, saying why (tests/test_gpu_first_run.py runs it so).
+# skips the timed runs, saying why (tests/benchmarks/test_gpu_first_run.py runs it so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out/gpu_first_run}

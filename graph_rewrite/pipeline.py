@@ -24,8 +24,9 @@ simulator replays):
   position and replica; an interleaved position runs several chunks, and `stage` below means
   the chunk), through control dependencies on its tensors; a send does not hold its device back,
   a receive does. Each action is built under the name scope `stage{s}/replica{r}/{kind}{m}`
-  so the traced graph can be read back and checked (`tests/test_schedule_lowering.py`); TF
-  names the gradient ops a tape builds `gradient_tape/<forward op name>`: those belong to B{m}.
+  so the traced graph can be read back and checked
+  (`tests/graph_rewrite/test_schedule_lowering.py`); TF names the gradient ops a tape builds
+  `gradient_tape/<forward op name>`: those belong to B{m}.
 * Loops: with `micro_batch_loop`, a one-stage plan's lanes as loops (`micro_batch_loop.py`).
   A unit reads the working copies of its device if a runtime made them (`working_copies.py`).
 * Training state. BatchNormalization calls normalize with their slice's statistics, as in
