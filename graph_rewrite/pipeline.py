@@ -109,10 +109,12 @@ class PipelineStep:
             self._constants = tf.Variable([1.0, 0.0], trainable=False, name="dapple_one_zero")
         for s, r in self.transport.local_units():   # where Keras's BatchNormalization updates go
             self.functions[s].scratch.make(self.device(s, r))
-        self._dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
-                          BACKWARD_INPUT: self._backward, BACKWARD_WEIGHT: self._backward_weight,
-                          SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
-                          SEND_BACKWARD: self._send_backward, RECV_BACKWARD: self._receive_backward}
+        # The method each action kind runs: a subclass adds kinds (`relaxed_step`: UPDATE); a
+        # test may wrap them to see what each action builds.
+        self.dispatch = {FORWARD: self._forward, BACKWARD: self._backward,
+                         BACKWARD_INPUT: self._backward, BACKWARD_WEIGHT: self._backward_weight,
+                         SEND_FORWARD: self._send_forward, RECV_FORWARD: self._receive_forward,
+                         SEND_BACKWARD: self._send_backward, RECV_BACKWARD: self._receive_backward}
 
     # ---- placement and rows ---------------------------------------------------------------
     def device(self, stage: int, replica: int) -> str:
@@ -203,7 +205,7 @@ class PipelineStep:
                 with tf.device(self.device(stage, replica)), \
                         tf.name_scope(task_scope(stage, replica, action.kind, action.micro_batch)), \
                         tf.control_dependencies(state.previous[lane]):
-                    done = self._dispatch[action.kind](state, (stage, replica), action)
+                    done = self.dispatch[action.kind](state, (stage, replica), action)
                 if done is not None:
                     state.previous[lane] = done
 

@@ -77,7 +77,7 @@ class RelaxedSteps:
         self.averaging = plan.schedule.averaging
         self.pipelines = self.replicas[0] if self.averaging else 1
         self.run_rows = plan.global_batch_size * self.pipelines      # rows of one batch step
-        self._dispatch[UPDATE] = self._update
+        self.dispatch[UPDATE] = self._update
         self.optimizers: Dict[Tuple[int, int], object] = {}
         units = self.transport.local_units()
         self.local = {s: sorted(r for t, r in units if t == s) for s, _ in units}

@@ -59,7 +59,7 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
     got in its list) of the lowered schedule numbered in `graph`."""
     P, first = graph.schedule.num_positions, graph.first
     actions, inputs, receiver, receive = graph.actions, graph.inputs, graph.receiver, graph.receive
-    duration = [_duration(a, costs) for a in actions]
+    duration = [action_duration(a, costs) for a in actions]
     head = list(first[:P])                  # per position, the number of its next action
     position_free = [0.0] * P
     finished: List[Optional[float]] = [None] * len(actions)
@@ -167,7 +167,8 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
     return events, position_free, [head[p] - first[p] for p in range(P)]
 
 
-def _duration(action: Action, costs: PipelineCosts) -> float:
+def action_duration(action: Action, costs: PipelineCosts) -> float:
+    """How long `action` keeps its position busy under `costs`."""
     c = action.chunk
     if action.kind == FORWARD:
         return costs.forward_ms[c]

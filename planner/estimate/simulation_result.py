@@ -15,7 +15,7 @@ BACKWARD_WEIGHT_KIND = "backward_weight"    # W of a split backward
 SEND_FORWARD_KIND = "send_forward"     # activations, boundary s -> s+1
 SEND_BACKWARD_KIND = "send_backward"   # gradients, boundary s+1 -> s
 ALLREDUCE_KIND = "allreduce"
-_COMPUTE_EVENTS = (FORWARD_KIND, BACKWARD_KIND, BACKWARD_INPUT_KIND, BACKWARD_WEIGHT_KIND)
+COMPUTE_EVENTS = (FORWARD_KIND, BACKWARD_KIND, BACKWARD_INPUT_KIND, BACKWARD_WEIGHT_KIND)
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class SimulationResult:
     def stage_events(self, stage: int) -> List[TimelineEvent]:
         """Compute and allreduce events of position `stage`, in time order."""
         return [e for e in self.events if e.position == stage and
-                e.kind in _COMPUTE_EVENTS + (ALLREDUCE_KIND,)]
+                e.kind in COMPUTE_EVENTS + (ALLREDUCE_KIND,)]
 
     def link_events(self, boundary: int) -> List[TimelineEvent]:
         return [e for e in self.events if e.stage == boundary and
@@ -114,8 +114,9 @@ class SimulationResult:
         return d
 
 
-_KIND_ORDER = {BACKWARD_KIND: 0, BACKWARD_WEIGHT_KIND: 0, BACKWARD_INPUT_KIND: 1, FORWARD_KIND: 1,
-               SEND_FORWARD_KIND: 2, SEND_BACKWARD_KIND: 3, ALLREDUCE_KIND: 4}
+# Order of events starting at one instant (the simulator sorts its timeline by it).
+KIND_ORDER = {BACKWARD_KIND: 0, BACKWARD_WEIGHT_KIND: 0, BACKWARD_INPUT_KIND: 1, FORWARD_KIND: 1,
+              SEND_FORWARD_KIND: 2, SEND_BACKWARD_KIND: 3, ALLREDUCE_KIND: 4}
 
 
 def _held_steps(events: Sequence[TimelineEvent], position: int,
@@ -151,6 +152,7 @@ def _held_steps(events: Sequence[TimelineEvent], position: int,
     return steps
 
 
-def _peak(events, position, held_weight, awaiting_weight) -> float:
+def peak_held(events, position, held_weight, awaiting_weight) -> float:
+    """The most `position` holds at once, weighted as in `_held_steps`."""
     return max(amount for _, amount in _held_steps(events, position, held_weight,
                                                    awaiting_weight))

@@ -56,7 +56,7 @@ from planner.schedules.by_name import plan_schedule
 from planner.estimate.simulation_result import (  # noqa: F401  (the names users import from here)
     ALLREDUCE_KIND, BACKWARD_INPUT_KIND, BACKWARD_KIND, BACKWARD_WEIGHT_KIND, FORWARD_KIND,
     SEND_BACKWARD_KIND, SEND_FORWARD_KIND, StageStats, SimulationResult, TimelineEvent,
-    _COMPUTE_EVENTS, _KIND_ORDER, _peak)
+    COMPUTE_EVENTS, KIND_ORDER, peak_held)
 from planner.schedules.weight_versions import staleness, weight_copies
 
 LINK_DUPLEX_MODES = ("full", "half", "serial")
@@ -113,7 +113,7 @@ def timed_result(schedule: Schedule, lowered: Schedule, costs: PipelineCosts,
         replay(lowered)
         raise ScheduleError(f"transfers waiting for receives that never come: {', '.join(stuck)}")
     iteration = max([e.end_ms for e in events] + [0.0])
-    events.sort(key=lambda e: (e.start_ms, _KIND_ORDER[e.kind], e.stage,
+    events.sort(key=lambda e: (e.start_ms, KIND_ORDER[e.kind], e.stage,
                                -1 if e.micro_batch is None else e.micro_batch))
     held_bytes = list(costs.activation_bytes) or [0.0] * C
     awaiting_bytes = list(costs.weight_gradient_bytes) or held_bytes
@@ -121,7 +121,7 @@ def timed_result(schedule: Schedule, lowered: Schedule, costs: PipelineCosts,
     copies, stale = weight_copies(lowered), staleness(lowered)
     at: List[List[TimelineEvent]] = [[] for _ in range(P)]   # each position's, in time order
     for e in events:
-        if e.kind in _COMPUTE_EVENTS:
+        if e.kind in COMPUTE_EVENTS:
             at[e.position].append(e)
     for p in range(P):
         chunks = [c for c in range(C) if placement[c] == p]
@@ -132,11 +132,11 @@ def timed_result(schedule: Schedule, lowered: Schedule, costs: PipelineCosts,
         stats.append(StageStats(
             stage=p, busy_ms=busy, idle_ms=idle, allreduce_ms=allreduce,
             bubble_fraction=idle / iteration if iteration > 0 else 0.0,
-            peak_held_micro_batches=int(round(_peak(at[p], p, [1.0] * C, [0.0] * C))),
-            peak_held_bytes=_peak(at[p], p, held_bytes, awaiting_bytes),
+            peak_held_micro_batches=int(round(peak_held(at[p], p, [1.0] * C, [0.0] * C))),
+            peak_held_bytes=peak_held(at[p], p, held_bytes, awaiting_bytes),
             end_ms=position_free[p],
-            peak_awaiting_weight_micro_batches=int(round(_peak(at[p], p, [0.0] * C,
-                                                               [1.0] * C))),
+            peak_awaiting_weight_micro_batches=int(round(peak_held(at[p], p, [0.0] * C,
+                                                                   [1.0] * C))),
             chunks=chunks, weight_copies=copies[p], staleness=stale[p]))
     return SimulationResult(iteration_ms=iteration, stages=stats, events=events, schedule=lowered,
                             link_duplex=link_duplex, rendezvous=rendezvous,

@@ -6,6 +6,7 @@ from an op of t through data or control edges: the executor cannot start t+1 bef
 The checker is also shown to reject an order the graph does not enforce.
 """
 import collections
+import functools
 import re
 
 import dapple  # noqa: F401
@@ -43,8 +44,20 @@ def ops_by_task(graph):
     return tasks
 
 
+@functools.lru_cache(maxsize=4)
+def control_consumers(graph):
+    """op -> the ops that wait for it (`Operation.control_inputs`, inverted: TensorFlow has no
+    public accessor for this direction)."""
+    consumers = collections.defaultdict(list)
+    for op in graph.get_operations():
+        for before in op.control_inputs:
+            consumers[before].append(op)
+    return consumers
+
+
 def descendants(ops):
     seen, frontier = set(), list(ops)
+    waiting = control_consumers(ops[0].graph) if ops else {}
     while frontier:
         op = frontier.pop()
         for out in op.outputs:
@@ -52,7 +65,7 @@ def descendants(ops):
                 if consumer not in seen:
                     seen.add(consumer)
                     frontier.append(consumer)
-        for consumer in op._control_outputs:
+        for consumer in waiting.get(op, ()):
             if consumer not in seen:
                 seen.add(consumer)
                 frontier.append(consumer)

@@ -129,7 +129,7 @@ def ops_by_action(pm, x, y):
             return out
         return run
 
-    step._dispatch = {k: recording(k, m) for k, m in step._dispatch.items()}
+    step.dispatch = {k: recording(k, m) for k, m in step.dispatch.items()}
     tf.function(lambda x, y: step.run(x, y).gradients).get_concrete_function(x, y)
     # Captured inputs are fed before anything runs; zeros are built once for the whole step.
     return {k: [op for op in ops if op.type != "Placeholder"

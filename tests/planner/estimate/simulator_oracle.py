@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Tuple
 from planner.schedules.actions import (ALLREDUCE, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
                              SEND_FORWARD, UPDATE, Action, Schedule)
 from planner.estimate.pipeline_costs import PipelineCosts
-from planner.estimate.event_loop import EVENT_KIND as _EVENT_KIND, _duration
+from planner.estimate.event_loop import EVENT_KIND as _EVENT_KIND, action_duration
 from planner.schedules.lowering import Located, needs
 from planner.schedules.replay import replay
 from planner.estimate.simulation_result import (SEND_BACKWARD_KIND, SEND_FORWARD_KIND,
@@ -86,7 +86,7 @@ def reference_simulate(schedule: Schedule, costs: PipelineCosts,
         if best[1][0] == "action":
             _, p, action = best[1]
             c, m = action.chunk, action.micro_batch
-            end = start + _duration(action, costs)
+            end = start + action_duration(action, costs)
             position[p] += 1
             ready_known.pop(p, None)
             if action.kind in (SEND_FORWARD, SEND_BACKWARD):
