@@ -13,10 +13,9 @@ What it builds (names start with `dpl-<pid>-`, so parallel runs and leftovers ne
   addressed 10.77.0.(h+1)/24, the host's NIC;
 * per host a file `/etc/netns/<namespace>/hosts`, which `ip netns exec` mounts over
   `/etc/hosts` for the rank: the machine's hostname resolves to that host's NIC address there
-  (Horovod 0.28.1 builds the Gloo device of every process set, the global one included, from
-  the hostname and ignores HOROVOD_GLOO_IFACE: `InitializeForProcessSet` in gloo_context.cc
-  reads an interface name it never set; the hostname would otherwise resolve to the machine's
-  own address, often 127.0.0.1, which the other hosts cannot reach);
+  (Horovod's Gloo devices are built from the hostname, not from HOROVOD_GLOO_IFACE, and the
+  hostname would otherwise resolve to an address the other hosts cannot reach: docs/cluster.md,
+  "An emulated cluster on one machine", has the versions and the source);
 * a veth pair per host, `eth0` in the host and `h<h>` in the bridge's namespace (both made
   there directly, so the machine's own namespace never sees them), both ends shaped with
   `tc qdisc ... tbf` at the cluster's rate: tbf shapes what leaves an interface, so shaping

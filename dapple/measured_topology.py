@@ -8,8 +8,8 @@ and when they were taken:
   included, as in every transfer dapple makes); its bandwidth is what the extra bytes of a
   large transfer cost: (large - small bytes) / (large - small seconds), from the fastest call
   of each size. Fastest, because on a shared machine the delays of being scheduled late only
-  add time, and they swamp the difference of two medians on a fast link (1 to 10 GB/s read
-  from the same link in consecutive runs).
+  add time, and they swamp the difference of two medians on a fast link (docs/cluster.md,
+  "Measuring the links", has the spread seen).
 * A link class (inside hosts, between hosts) takes the median over its measured pairs. A class
   with no pair to measure (one host; one rank per host) keeps the figure of
   `topology.constants` and is listed under `measured["assumed"]`.

@@ -1,6 +1,6 @@
 """A workaround for tf_keras on Python 3.12: seeded layers fail after `set_random_seed`.
 
-`tf.keras.utils.set_random_seed(seed)` (tf_keras 2.18; 2.17 upstream too) stores
+`tf.keras.utils.set_random_seed(seed)` (the tf_keras versions: docs/stacks.md) stores
 `random.Random(seed)` in `tf_keras.src.backend._SEED_GENERATOR.generator`, and every layer or
 initializer without a seed of its own then draws one with `generator.randint(1, 1e9)`. Python
 3.12's `randint` refuses the float bound (`TypeError: 'float' object cannot be interpreted as an

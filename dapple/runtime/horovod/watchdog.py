@@ -1,11 +1,10 @@
 """No rank waits forever: a per-process deadline on every collective step.
 
-Why our own: in Horovod 0.28.1 with Gloo, a rank blocked in a collective whose peers never
-submit it waits indefinitely (checked here: Horovod's stall inspector, even with
-`HOROVOD_STALL_CHECK_TIME_SECONDS` / `HOROVOD_STALL_SHUTDOWN_TIME_SECONDS` set, did not end a
-job where one rank slept before an allreduce). A rank that *raises* is handled by horovodrun
-(it terminates the others when one process exits non-zero); a rank that *hangs* is what this
-catches.
+Why our own: a rank blocked in a collective whose peers never submit it can wait
+indefinitely, and Horovod's own stall check did not end such a job (docs/cluster.md, "Failures
+and timeouts", says with which versions and how it was tried). A rank that *raises* is handled
+by horovodrun (it terminates the others when one process exits non-zero); a rank that *hangs*
+is what this catches.
 
 A daemon thread checks the armed deadline; when a step overruns it, the rank prints which rank,
 stage and step stalled and ends its process with exit status `STALL_EXIT_CODE`, and horovodrun

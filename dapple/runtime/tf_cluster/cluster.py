@@ -3,8 +3,8 @@
 The launcher describes the cluster to the chief in `DAPPLE_TF_CLUSTER`: a JSON list of the
 tasks' `host:port` addresses, one task per plan device, task 0 being the chief (this process).
 `import dapple` calls `connect_from_environment()` before anything builds a model: variables
-made before the connection live on `/job:localhost` and are unusable afterwards (measured:
-"/job:localhost/replica:0/task:0/device:CPU:0 unknown device" at the first step).
+made before the connection live on `/job:localhost` and are unusable afterwards (the first
+step fails: "/job:localhost/replica:0/task:0/device:CPU:0 unknown device").
 """
 from __future__ import annotations
 
