@@ -3,6 +3,7 @@ the Horovod runtime, measured side by side in one run (issue #27).
 
     python benchmarks/tf_runtime_step.py [--width=1024] [--depth=8] [--batch=256]
         [--micro_batches=8] [--steps=10] [--repeats=3] [--schedules=1f1b,interleaved,zb-h1]
+        [--onednn=true]
 
 The model and plans are `benchmarks/schedule_step_time.py`'s (an MLP of `depth` Dense(width),
 2 stages cut in the middle; interleaved: v = 2). Every measurement is its own job, one intra-op
@@ -49,6 +50,9 @@ flags.DEFINE_string("tf_link", "nvlink=2.8GB/s,nvlink_latency=0.1ms",
                     "the link between the 2 processes for the simulator's prediction, in a "
                     "topology spec's terms: TF Send/Recv over gRPC as measured on this machine "
                     "(issue #27: 0.11 ms for 16 KiB, 1.6 ms for 4 MiB, idle)")
+flags.DEFINE_bool("onednn", True, "TF_ENABLE_ONEDNN_OPTS=1 for every job, plain and dapple alike "
+                  "(TensorFlow 2.18 leaves oneDNN off on AVX2-only CPUs such as this machine's, "
+                  "and Eigen's products at micro-batch rows are slow: docs/cluster.md)")
 flags.DEFINE_bool("without_copies", True, "also time tensorflow 1f1b with every unit reading "
                   "the chief's variables (DAPPLE_TF_WORKING_COPIES=0)")
 
@@ -146,8 +150,10 @@ def main(argv):
     del argv
     if FLAGS.plain_worker:
         return plain_worker()
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if FLAGS.onednn else "0"   # every job inherits it
     print("command: python benchmarks/tf_runtime_step.py " + " ".join(
-        sizes() + [f"--repeats={FLAGS.repeats}", f"--schedules={','.join(FLAGS.schedules)}"]))
+        sizes() + [f"--repeats={FLAGS.repeats}", f"--schedules={','.join(FLAGS.schedules)}",
+                   f"--onednn={FLAGS.onednn}"]))
     every = sst.plans(FLAGS.depth + 1)
     jobs = [("plain", "plain", None),
             (f"plain, accumulating {FLAGS.micro_batches}", "plain-accumulating", None)] + [(f"tensorflow/{s}", "tensorflow", s)
