@@ -78,15 +78,15 @@ def as_process(path, cfg, gbs, *extra):
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
-# (table, what is timed, column of `cell_rows`' `timings`, seconds): #29's targets.
+# (table, what is timed, key of `cell_rows`' `record`, seconds): #29's targets.
 TARGETS = [("table_v", "in-process", "in_process", 0.1),
            ("table_v", "`dapple plan` process, text report", "text", 1.0),
            ("bert", "in-process", "in_process", 0.5),
            ("bert", "`dapple plan` process, text report", "text", 2.0)]
 
 
-def cell_rows(cells, repeat, timings=None):
-    """The table's rows; `timings` (a list) gets {"in_process", "json", "text"}: (wall, CPU)
+def cell_rows(cells, repeat, record=None):
+    """The table's rows; `record` (a list) gets {"in_process", "json", "text"}: (wall, CPU)
     seconds of each cell."""
     rows = []
     for model, relative, gbs, cfg in cells:
@@ -96,8 +96,8 @@ def cell_rows(cells, repeat, timings=None):
         search, choice, plan, cpu = min(timings, key=lambda t: t[0] + t[1])
         json_s, json_cpu = best_of(repeat, lambda: as_process(path, cfg, gbs, "--format=json"))
         text_s, text_cpu = best_of(repeat, lambda: as_process(path, cfg, gbs))
-        if timings is not None:
-            timings.append({"in_process": (search + choice, cpu), "json": (json_s, json_cpu),
+        if record is not None:
+            record.append({"in_process": (search + choice, cpu), "json": (json_s, json_cpu),
                             "text": (text_s, text_cpu)})
         rows.append([model, cfg, plan.shape(), str(plan.micro_batches), plan.schedule.name,
                      f"{search:.3f}", f"{choice:.3f}", f"{search + choice:.3f} ({cpu:.3f})",
