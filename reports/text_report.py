@@ -43,8 +43,8 @@ def schedule_name(plan: Plan) -> str:
 # on 16 device groups the relaxed schedules run 16,384 tasks each (about 63,000 actions).
 REPORT_TASKS = 1024
 NOT_SIMULATED = ("Not simulated: schedules of more than {tasks:,} compute tasks (micro-batches x "
-                 "device groups x chunks x batches x passes) that `--schedule=auto` did not "
-                 "need; `--simulate_all` simulates them too.")
+                 "device groups x chunks x batches x passes) that planning did not simulate; "
+                 "`--simulate_all` simulates them too.")
 
 
 def skipped(option: ScheduleOption, max_tasks: Optional[int]) -> bool:
@@ -150,6 +150,9 @@ def strategy_report(plan: Plan, profile, topology,
                   f"warm-up {est.warmup_ms:.1f} + steady {est.steady_ms:.1f} + ending "
                   f"{est.ending_ms:.1f} ms.", ""]
     if schedules:
+        for o in schedules:     # the plan's own schedule is shown simulated, whatever its size
+            if o.name == plan.schedule.name:
+                _ = o.simulation
         lines += ["Schedules on this plan's device groups and micro-batches (simulated):", ""]
         lines += markdown_table(schedule_table(schedules, max_tasks)) + [""]
         if any(o.relaxed for o in schedules):

@@ -5,6 +5,8 @@ schedule's lower bound, never above what simulating it gives), and a note says h
 them all."""
 import os
 
+import pytest
+
 from planner.schedules.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 from planner.search.plan_space import plan_dapple
 from planner.search.schedule_choice import choose_schedule, schedule_tasks
@@ -16,11 +18,11 @@ from tests.planner.test_schedule_cli import dapple
 from topology import parse_topology
 
 
-def reports(profile, topo, gbs, max_tasks):
+def reports(profile, topo, gbs, max_tasks, schedule="auto"):
     plan = plan_dapple(profile, topo, gbs)
-    chosen, options = choose_schedule(plan, profile, topo, "auto")
+    chosen, options = choose_schedule(plan, profile, topo, schedule)
     limited = strategy_report(chosen, profile, topo, schedules=options, max_tasks=max_tasks)
-    chosen, again = choose_schedule(plan, profile, topo, "auto")
+    chosen, again = choose_schedule(plan, profile, topo, schedule)
     full = strategy_report(chosen, profile, topo, schedules=again)
     return limited.splitlines(), full.splitlines(), options
 
@@ -67,6 +69,15 @@ def test_a_limit_leaves_out_only_what_auto_did_not_simulate():
     simulated = [o for o in options if o.simulated]
     assert len(skipped) == len(options) - len(simulated) > 0
     assert any(not o.relaxed for o in simulated)      # the chosen schedule is shown
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "pipedream", "avgpipe"])
+def test_the_plans_own_schedule_is_always_simulated(schedule):
+    profile, topo = toy_profile(), parse_topology("2x2,net=1Gbps")
+    limited, full, options = reports(profile, topo, 64, 0, schedule)
+    skipped = check(limited, full, options, 0)
+    assert schedule not in {cells(l)[0] for l in skipped}
+    assert len(skipped) == len(options) - 1
 
 
 def test_table_v_straight_pipeline_at_32_micro_batches():
