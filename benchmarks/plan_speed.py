@@ -4,11 +4,17 @@ for cells and processes also their CPU time, steadier when others share the mach
 * table_v: each Table V cell (benchmarks/simulate_table_v.py's profiles and batches, configs A,
   B, C) planned in-process with --schedule=auto (search, then schedule choice), and as a
   `dapple plan --schedule=auto` process (JSON output, and the default text report, which
-  simulates every schedule it lists);
+  simulates what `auto` simulated and every other schedule of at most
+  `reports.text_report.REPORT_TASKS` compute tasks);
 * bert: BERT-48 on 128x8,net=25Gbps at global batch 8192, the same way;
 * scaling: the simulator's time per action, early backward on 16 stages, M = 8 .. 512 (first
   run of a schedule, lowering included; and a run of a schedule simulated before);
 * profiles: the search alone on every profile in ../shared/profiles, configs A, B and C.
+
+After table_v and bert, the targets of #29 and whether they are met, judged on CPU seconds
+(the machine is shared; wall clock beside them): every Table V cell in-process under 0.1 s and
+as a default `dapple plan` process (text report) under 1 s; BERT-48 on 128x8 under 0.5 s
+in-process and 2 s as a process.
 
 Run: .venv/bin/python benchmarks/plan_speed.py [--only=table_v,bert,scaling,profiles]
      [--repeat=3] [--markdown]
@@ -72,7 +78,16 @@ def as_process(path, cfg, gbs, *extra):
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
-def cell_rows(cells, repeat):
+# (table, what is timed, key of `cell_rows`' `record`, seconds): #29's targets.
+TARGETS = [("table_v", "in-process", "in_process", 0.1),
+           ("table_v", "`dapple plan` process, text report", "text", 1.0),
+           ("bert", "in-process", "in_process", 0.5),
+           ("bert", "`dapple plan` process, text report", "text", 2.0)]
+
+
+def cell_rows(cells, repeat, record=None):
+    """The table's rows; `record` (a list) gets {"in_process", "json", "text"}: (wall, CPU)
+    seconds of each cell."""
     rows = []
     for model, relative, gbs, cfg in cells:
         path = os.path.join(PROFILES, relative)
@@ -81,12 +96,31 @@ def cell_rows(cells, repeat):
         search, choice, plan, cpu = min(timings, key=lambda t: t[0] + t[1])
         json_s, json_cpu = best_of(repeat, lambda: as_process(path, cfg, gbs, "--format=json"))
         text_s, text_cpu = best_of(repeat, lambda: as_process(path, cfg, gbs))
+        if record is not None:
+            record.append({"in_process": (search + choice, cpu), "json": (json_s, json_cpu),
+                            "text": (text_s, text_cpu)})
         rows.append([model, cfg, plan.shape(), str(plan.micro_batches), plan.schedule.name,
                      f"{search:.3f}", f"{choice:.3f}", f"{search + choice:.3f} ({cpu:.3f})",
                      f"{json_s:.2f} ({json_cpu:.2f})", f"{text_s:.2f} ({text_cpu:.2f})"])
     return ["model", "cfg", "plan", "M", "schedule", "search s", "choice s",
             "in-process: s (cpu)",
             "process, json: s (cpu)", "process, text: s (cpu)"], rows
+
+
+def target_rows(timings):
+    """One row per target of a table measured: the worst cell (CPU, wall) and whether met."""
+    rows = []
+    for table, what, column, limit in TARGETS:
+        if table not in timings:
+            continue
+        cpu = max(t[column][1] for t in timings[table])
+        wall = max(t[column][0] for t in timings[table])
+        rows.append([table, what, f"< {limit:g}", f"{cpu:.2f}", f"{wall:.2f}",
+                     "yes" if cpu < limit else "no",
+                     f"{sum(t[column][1] < limit for t in timings[table])} of "
+                     f"{len(timings[table])}"])
+    return ["table", "timed", "target s", "worst cpu s", "worst wall s", "met (cpu)",
+            "cells within"], rows
 
 
 def scaling_rows(repeat, stages=16):
@@ -127,10 +161,12 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
+    timings = {}
     tables = {
         "table_v": lambda: cell_rows([(model, relative, gbs, cfg) for model, relative, gbs
-                                      in TABLE_V for cfg in CONFIGS], args.repeat),
-        "bert": lambda: cell_rows([BERT_128X8], args.repeat),
+                                      in TABLE_V for cfg in CONFIGS], args.repeat,
+                                     timings.setdefault("table_v", [])),
+        "bert": lambda: cell_rows([BERT_128X8], args.repeat, timings.setdefault("bert", [])),
         "scaling": lambda: scaling_rows(args.repeat),
         "profiles": profile_rows,
     }
@@ -138,6 +174,9 @@ def main():
         print(f"\n{name}:")
         print_table(*tables[name](), markdown=args.markdown)
         sys.stdout.flush()
+    if timings:
+        print(f"\ntargets (#29; load average at the end {os.getloadavg()[0]:.1f}):")
+        print_table(*target_rows(timings), markdown=args.markdown)
 
 
 if __name__ == "__main__":

@@ -37,14 +37,36 @@ def schedule_name(plan: Plan) -> str:
     return plan.schedule.name
 
 
-def schedule_table(options: Sequence[ScheduleOption]) -> List[List[str]]:
+# The text report of `dapple plan` simulates a schedule `--schedule=auto` did not simulate only
+# when it has at most this many compute tasks (`schedule_choice.schedule_tasks`; about 80 us
+# each to lower and simulate), unless asked for all (`--simulate_all`): at 128 micro-batches
+# on 16 device groups the relaxed schedules run 16,384 tasks each (about 63,000 actions).
+REPORT_TASKS = 1024
+NOT_SIMULATED = ("Not simulated: schedules of more than {tasks:,} compute tasks (micro-batches x "
+                 "device groups x chunks x batches x passes) that planning did not simulate; "
+                 "`--simulate_all` simulates them too.")
+
+
+def skipped(option: ScheduleOption, max_tasks: Optional[int]) -> bool:
+    """Whether a report limited to `max_tasks` (None: no limit) leaves `option` unsimulated."""
+    return max_tasks is not None and not option.simulated and option.tasks > max_tasks
+
+
+def schedule_table(options: Sequence[ScheduleOption], max_tasks: Optional[int] = None
+                   ) -> List[List[str]]:
     """The synchronous schedules side by side, as text cells (header first): simulated
     iteration, bubble (idle) fraction and peak memory of each device group, whether it fits
-    and runs."""
+    and runs; those `skipped` under `max_tasks` by name and task count only."""
     out = [["schedule", "simulated ms", "bubble per device group", "peak memory per device group",
             "fits", "dapple runtime"]]
     for o in options:
         if o.relaxed:
+            continue
+        if skipped(o, max_tasks):
+            bound = o.lower_bound_ms       # no simulated iteration is shorter
+            at_least = f">= {bound:.1f} (bound), " if bound is not None else ""
+            out.append([o.name, f"{at_least}not simulated ({o.tasks:,} tasks)", "-", "-", "-",
+                        "runs" if o.runtime_supported else "planned and simulated only"])
             continue
         name = schedule_name(o.plan) if o.plan is not None else o.name
         if o.simulation is None:
@@ -59,15 +81,21 @@ def schedule_table(options: Sequence[ScheduleOption]) -> List[List[str]]:
     return out
 
 
-def relaxed_table(options: Sequence[ScheduleOption]) -> List[List[str]]:
+def relaxed_table(options: Sequence[ScheduleOption], max_tasks: Optional[int] = None
+                  ) -> List[List[str]]:
     """The relaxed schedules side by side (header first): simulated time per global batch over
     their batches, bubble, weight copies and peak memory per device group, whether it fits,
-    the update rule and how stale each device group's gradients are."""
+    the update rule and how stale each device group's gradients are; those `skipped` under
+    `max_tasks` by name, task count and update rule only."""
     out = [["schedule (opt-in)", "ms per global batch", "bubble per device group",
             "weight copies per device group", "peak memory per device group", "fits",
             "update rule", "staleness per device group (updates)"]]
     for o in options:
         if not o.relaxed:
+            continue
+        if skipped(o, max_tasks):
+            out.append([o.name, f"not simulated ({o.tasks:,} tasks)", "-", "-", "-", "-",
+                        o.update_rule, "-"])
             continue
         if o.simulation is None:
             out.append([o.name, "-", "-", "-", "-", f"no: {o.note}", o.update_rule, "-"])
@@ -90,10 +118,11 @@ def markdown_table(cells: Sequence[Sequence[str]]) -> List[str]:
 
 def strategy_report(plan: Plan, profile, topology,
                     alternatives: Optional[Dict[Alternative, Optional[Plan]]] = None,
-                    schedules: Optional[Sequence[ScheduleOption]] = None) -> str:
+                    schedules: Optional[Sequence[ScheduleOption]] = None,
+                    max_tasks: Optional[int] = None) -> str:
     """Markdown report of `plan` (estimate filled), the schedules compared on its device groups
-    if given, and the alternative plans if given (None values are shown as 'not
-    feasible')."""
+    if given (each simulated unless `skipped` under `max_tasks`), and the alternative plans if
+    given (None values are shown as 'not feasible')."""
     est = plan.estimate
     dtype = getattr(profile, "compute_dtype", "float32")
     activations = f" (activations in {dtype})" if dtype != "float32" else ""
@@ -121,11 +150,16 @@ def strategy_report(plan: Plan, profile, topology,
                   f"warm-up {est.warmup_ms:.1f} + steady {est.steady_ms:.1f} + ending "
                   f"{est.ending_ms:.1f} ms.", ""]
     if schedules:
+        for o in schedules:     # the plan's own schedule is shown simulated, whatever its size
+            if o.name == plan.schedule.name:
+                _ = o.simulation
         lines += ["Schedules on this plan's device groups and micro-batches (simulated):", ""]
-        lines += markdown_table(schedule_table(schedules)) + [""]
+        lines += markdown_table(schedule_table(schedules, max_tasks)) + [""]
         if any(o.relaxed for o in schedules):
             lines += [RELAXED_CAPTION + ":", ""]
-            lines += markdown_table(relaxed_table(schedules)) + [""]
+            lines += markdown_table(relaxed_table(schedules, max_tasks)) + [""]
+        if any(skipped(o, max_tasks) for o in schedules):
+            lines += [NOT_SIMULATED.format(tasks=max_tasks), ""]
     if alternatives:
         lines += ["| plan | shape | micro-batches | latency ms | vs this plan |", "|---|---|---|---|---|"]
         lines.append(f"| this plan (DAPPLE) | {plan.shape()} | {plan.micro_batches} | "

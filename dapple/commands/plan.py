@@ -75,6 +75,11 @@ flags.DEFINE_integer("batches", None,
                      f"between them (default {DEFAULT_BATCHES})")
 flags.DEFINE_integer("virtual_stages", None,
                      "chunks per device group of the interleaved schedule (default 2)")
+flags.DEFINE_bool("simulate_all", False,
+                  "the text report simulates every schedule it lists; by default it leaves out "
+                  "those --schedule=auto did not simulate that run more than "
+                  "reports.text_report.REPORT_TASKS compute tasks (e.g. the relaxed schedules "
+                  "at 128 micro-batches on 16 device groups, seconds each)")
 flags.DEFINE_bool("even_slices", False,
                   "consider only plans whose every stage splits a micro-batch into equal slices "
                   "(what the dapple runtime needs: the global batch divisible by M x replicas)")
@@ -135,7 +140,9 @@ def main(argv) -> None:
         if FLAGS.evaluate:
             _evaluate(profile, topo)
         else:
-            _plan(profile, topo)
+            from planner.search.plan_space import remembering_searches
+            with remembering_searches():    # the report plans the straight pipeline twice
+                _plan(profile, topo)
     except (PlanError, ProfileError, TopologyError, ScheduleError, ValueError) as e:
         _fail(str(e))
 
@@ -168,7 +175,14 @@ def _evaluate(profile, topo) -> None:
         from planner.search.schedule_choice import schedule_options
         options = schedule_options(plan, profile, topo, plan.virtual_stages) \
             if plan.num_positions == plan.num_stages else None
-        print(strategy_report(plan, profile, topo, schedules=options))
+        print(strategy_report(plan, profile, topo, schedules=options,
+                              max_tasks=_report_tasks()))
+
+
+def _report_tasks():
+    """The text report's limit on what it simulates (None: everything)."""
+    from reports.text_report import REPORT_TASKS
+    return None if FLAGS.simulate_all else REPORT_TASKS
 
 
 def _plan(profile, topo) -> None:
@@ -202,7 +216,8 @@ def _plan(profile, topo) -> None:
     compared = (*BASELINES, Alternative.other_space(FLAGS.plan_space))
     print(strategy_report(plan, profile, topo,
                           alternatives(profile, topo, gbs, compared,
-                                       even_slices=FLAGS.even_slices), schedules=options))
+                                       even_slices=FLAGS.even_slices), schedules=options,
+                          max_tasks=_report_tasks()))
     uneven = [i for i in range(plan.num_stages) if len(set(plan.slice_sizes(i))) > 1]
     if uneven:
         print(f"Note: stage(s) {uneven} split each micro-batch of {plan.micro_batch_size()} "

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
+
 from planner.estimate.pipeline_costs import PipelineCosts
 from planner.estimate.latency import interleave, round_trip_phases
 from planner.formats.plan import Estimate, Plan, PlanError, StageEstimate
@@ -37,6 +39,23 @@ WEIGHT_GRADIENT_MEMORY_FACTOR = 2.0
 DEVICE_RESERVED_BYTES = 2 ** 30
 # Warm-up policy B when the activation communication ratio reaches this (Table IV).
 POLICY_B_MIN_ACR = 0.08
+
+
+# Beyond this many hosts a transfer's per-host traffic is computed with numpy (the same
+# arithmetic per host, so the same floats; the maximum of the same numbers), not in a loop.
+VECTOR_HOSTS = 32
+
+
+def _host_traffic(nbytes: float, senders: Sequence[int], receivers: Sequence[int], r1: int,
+                  r2: int) -> Tuple[float, bool, bool]:
+    """(the most bytes a host sends or receives, whether any crosses hosts, whether a host
+    both sends and receives) of `StageModel._transfer_ms`, over numpy arrays."""
+    s, r = np.array(senders, dtype=np.float64), np.array(receivers, dtype=np.float64)
+    fs, fr = s / r1, r / r2
+    out_b, in_b = nbytes * fs * (1 - fr), nbytes * fr * (1 - fs)
+    worst_host = max(0.0, float(out_b.max()), float(in_b.max()))
+    crosses = bool((out_b > 0).any() or (in_b > 0).any())
+    return worst_host, crosses, bool(((s != 0) & (r != 0)).any())
 
 
 def minimum_slice(profile: Profile, topology, global_batch_size: int) -> int:
@@ -114,15 +133,18 @@ class StageModel:
     def _transfer_ms(self, nbytes: float, senders: Sequence[int],
                      receivers: Sequence[int]) -> float:
         r1, r2 = sum(senders), sum(receivers)
-        worst_host = 0.0
-        crosses = False
-        for s_h, r_h in zip(senders, receivers):
-            fs, fr = s_h / r1, r_h / r2
-            out_b, in_b = nbytes * fs * (1 - fr), nbytes * fr * (1 - fs)
-            worst_host = max(worst_host, out_b, in_b)
-            if out_b > 0 or in_b > 0:
-                crosses = True
-        local = any(s_h and r_h for s_h, r_h in zip(senders, receivers))
+        if len(senders) > VECTOR_HOSTS:
+            worst_host, crosses, local = _host_traffic(nbytes, senders, receivers, r1, r2)
+        else:
+            worst_host = 0.0
+            crosses = False
+            for s_h, r_h in zip(senders, receivers):
+                fs, fr = s_h / r1, r_h / r2
+                out_b, in_b = nbytes * fs * (1 - fr), nbytes * fr * (1 - fs)
+                worst_host = max(worst_host, out_b, in_b)
+                if out_b > 0 or in_b > 0:
+                    crosses = True
+            local = any(s_h and r_h for s_h, r_h in zip(senders, receivers))
         t = 0.0
         if crosses:
             t = max(t, worst_host / self.inter_bw + self.inter_lat)

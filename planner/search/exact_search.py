@@ -170,10 +170,17 @@ class Search:
         if taken != self.G:
             return
         self.stats.seeds += 1
-        # Eq. 1 of the seed (its summary's V) is at least, for each stage, the forwards up to
-        # it, then M - 1 of its F + B, then its allreduce and B (transfers only add); well
-        # above the incumbent (far beyond rounding), the seed cannot replace it: skip its
-        # costs.
+        self.value_seed(M, path, model, stage_bound)
+
+    def value_seed(self, M: int, path: List[Tuple[int, int, tuple]], model: StageModel,
+                   stage_bound: float) -> None:
+        """The rest of `seed` for a seed in the plan space (counted in `stats.seeds`), its
+        stages [(first, last, host counts)] placed: its value, the incumbent if less.
+
+        Eq. 1 of the seed (its summary's V) is at least `stage_bound`: for each stage, the
+        forwards up to it, then M - 1 of its F + B, then its allreduce and B (transfers only
+        add); well above the incumbent (far beyond rounding), the seed cannot replace it: its
+        costs are skipped."""
         if stage_bound > self.best_value * (1 + 1e-9):
             return
         prev, summary, costs = None, _EMPTY, []

@@ -17,8 +17,9 @@ Two plan spaces (`plan_space`), both searched exactly (`planner.search.exact_sea
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from planner.estimate import cost_model as cm
 from planner.search.exact_search import Search, SearchStats
@@ -37,6 +38,51 @@ DEFAULT_PLAN_SPACE = "paper"
 # candidate costs O(hosts), so beyond BUDGET_HOSTS hosts the budget shrinks in proportion.
 DEFAULT_MAX_CANDIDATES = 15000
 BUDGET_HOSTS = 16
+# Inside `remembering_searches`: the searches run so far, by everything they depend on.
+_remembered: Optional[Dict[tuple, Tuple[Profile, SearchStats, "Found"]]] = None
+
+
+@contextlib.contextmanager
+def remembering_searches():
+    """Within it, a search run again with the same arguments is not run again: a report plans
+    the straight pipeline twice (the paper space's own search, then the "best straight"
+    alternative: the same search, the same result). The search is deterministic in its
+    arguments; the profile is compared by identity (held, so its id is not reused) and content
+    hash, so use it where neither the profile nor the cost model changes (one command)."""
+    global _remembered
+    outer, _remembered = _remembered, {} if _remembered is None else _remembered
+    try:
+        yield
+    finally:
+        _remembered = outer
+
+
+class Found(NamedTuple):
+    """What a finished search found: `Search.best` and `Search.best_value`."""
+    best: Optional[Tuple[int, List[Tuple[int, int, tuple]]]]
+    best_value: float
+
+
+def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
+            sizes: Optional[Sequence[int]], max_stages: Optional[int], even_slices: bool,
+            budget: float, ms: Sequence[int]) -> Tuple[SearchStats, Found]:
+    """(its statistics, what the seeded search run over `ms` found; remembered within
+    `remembering_searches`)."""
+    key = (id(profile), profile.content_hash, topo, gbs, tuple(policies),
+           None if sizes is None else tuple(sizes), max_stages, even_slices, budget, tuple(ms))
+    hit = None if _remembered is None else _remembered.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1], hit[2]
+    own = SearchStats()     # each search has its own candidate budget
+    found = Search(profile, topo, gbs, policies, sizes, own, even_slices=even_slices,
+                   max_stages=max_stages, max_candidates=budget)
+    seed_search(found, ms)
+    for M in ms:
+        found.run_micro_batches(M)
+    hit = (profile, own, Found(found.best, found.best_value))
+    if _remembered is not None:
+        _remembered[key] = hit
+    return hit[1], hit[2]
 
 
 def _order_micro_batches(profile: Profile, topology, gbs: int) -> List[int]:
@@ -47,7 +93,7 @@ def _order_micro_batches(profile: Profile, topology, gbs: int) -> List[int]:
     return sorted(choices, key=lambda m: abs(math.log(m / target)))
 
 
-def _build_plan(search: Search, profile: Profile, topology, gbs: int) -> Plan:
+def _build_plan(search: Found, profile: Profile, topology, gbs: int) -> Plan:
     M, path = search.best
     devices = assign_devices(topology, [counts for _, _, counts in path])
     stages = [Stage(layers=[first, last], devices=devs,
@@ -89,12 +135,8 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     stats = stats if stats is not None else SearchStats()
 
     def search(sizes, max_stages):
-        own = SearchStats()     # each search has its own candidate budget
-        found = Search(profile, topo, global_batch_size, policies, sizes, own,
-                       even_slices=even_slices, max_stages=max_stages, max_candidates=budget)
-        seed_search(found, ms)
-        for M in ms:
-            found.run_micro_batches(M)
+        own, found = _search(profile, topo, global_batch_size, policies, sizes, max_stages,
+                             even_slices, budget, ms)
         for name in ("nodes", "candidates", "pruned", "seeds"):
             setattr(stats, name, getattr(stats, name) + getattr(own, name))
         stats.complete = stats.complete and own.complete

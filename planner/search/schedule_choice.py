@@ -56,8 +56,9 @@ class ScheduleOption:
                  memory_bytes: Sequence[float] = (), device_memory_bytes: float = 0.0,
                  note: str = "",
                  make: Optional[Callable[[], Tuple[Plan, PlanCosts]]] = None,
-                 finish: Optional[Callable[[Plan, PlanCosts], Plan]] = None):
+                 finish: Optional[Callable[[Plan, PlanCosts], Plan]] = None, tasks: int = 0):
         self.name, self.device_memory_bytes = name, device_memory_bytes
+        self.tasks = tasks      # compute tasks its simulation runs (`schedule_tasks`)
         self.spec = schedules.get(name)
         self._plan, self._simulation, self._note = plan, simulation, note
         self._memory: Optional[List[float]] = list(memory_bytes) if make is None else None
@@ -103,6 +104,11 @@ class ScheduleOption:
             finish, self._finish = self._finish, None
             self._plan = finish(self._plan, self._costs)
         return self._plan
+
+    @property
+    def simulated(self) -> bool:
+        """Whether its simulation has run (asking for `simulation` runs it)."""
+        return self._simulation is not None
 
     @property
     def simulation(self) -> Optional[SimulationResult]:
@@ -212,6 +218,18 @@ def _avgpipe_step(plan: Plan, advance: int, profile: Profile, topology) -> Tuple
     return costs.simulation().batch_ms, fits
 
 
+def schedule_tasks(plan: Plan, name: str, virtual_stages: Optional[int] = None,
+                   batches: Optional[int] = None) -> int:
+    """The compute tasks (forwards, backwards; I and W when split) a simulation of `plan`
+    (one stage per device group) under schedule `name` runs, known before it is made: a
+    measure of what simulating it costs (the lowered lists hold about 4 actions a task)."""
+    spec = schedules.get(name)
+    chunks = (virtual_stages or spec.parameter("virtual_stages").default) if spec.rechunks else 1
+    runs = (batches or plan.batches or DEFAULT_BATCHES) if spec.takes("batches") else 1
+    passes = 3 if spec.split_backward else 2
+    return plan.micro_batches * plan.num_positions * chunks * runs * passes
+
+
 def schedule_options(plan: Plan, profile: Profile, topology,
                      virtual_stages: Optional[int] = None,
                      names: Sequence[str] = schedules.names(),
@@ -224,8 +242,11 @@ def schedule_options(plan: Plan, profile: Profile, topology,
     def make(name: str) -> Callable[[], Tuple[Plan, PlanCosts]]:
         return lambda: _variant(plan, name, profile, topology, virtual_stages,
                                 batches if schedules.get(name).takes("batches") else None)
+    def tasks(name: str) -> int:
+        return schedule_tasks(plan, name, virtual_stages,
+                              batches if schedules.get(name).takes("batches") else None)
     return [ScheduleOption(name, device_memory_bytes=topology.device_memory_bytes,
-                           make=make(name), finish=finish) for name in names]
+                           make=make(name), finish=finish, tasks=tasks(name)) for name in names]
 
 
 def fastest(options: Sequence[ScheduleOption]) -> ScheduleOption:

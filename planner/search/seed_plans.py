@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
+
+from planner.estimate import cost_model as cm
 from planner.estimate.cost_model import StageModel
 from planner.search.exact_search import Search
 from planner.search.pipedream import pipedream_partition
@@ -57,8 +60,10 @@ def balanced_cuts(profile: Profile, stages: int) -> List[Tuple[int, int]]:
     return best
 
 
-def seed_shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]) -> List[Shape]:
-    """The shapes of the module docstring; two-stage plans only with both sizes allowed."""
+def _shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
+            ) -> Tuple[List[Shape], List[int]]:
+    """(the uniform pipelines and PipeDream's partition, the first stage's replica counts r
+    of the two-stage shapes r : G - r)."""
     G, N = topology.num_devices, profile.num_layers
     shapes = []
     for r in range(1, G + 1):
@@ -70,18 +75,27 @@ def seed_shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
         pass
     pairs = [r for r in range(1, G)
              if stage_sizes is None or (r in stage_sizes and G - r in stage_sizes)]
-    for last in range(N - 1):
-        for r in pairs:
-            shapes.append([(0, last, r), (last + 1, N - 1, G - r)])
-    return shapes
+    return shapes, pairs
+
+
+def seed_shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]) -> List[Shape]:
+    """The shapes of the module docstring, in the order offered; two-stage plans only with
+    both sizes allowed, each cut in turn with every r : G - r."""
+    shapes, pairs = _shapes(profile, topology, stage_sizes)
+    G, N = topology.num_devices, profile.num_layers
+    return shapes + [[(0, last, r), (last + 1, N - 1, G - r)]
+                     for last in range(N - 1) for r in pairs]
 
 
 def seed_search(search: Search, micro_batches: Sequence[int]) -> None:
-    """Offer every seed shape to `search` at every M of `micro_batches`."""
-    shapes = seed_shapes(search.profile, search.topology, search.stage_sizes)
+    """Offer every seed shape to `search` at every M of `micro_batches`, in `seed_shapes`'
+    order: as `Search.seed` would one at a time, the two-stage ones all at once
+    (`TwoStageSeeds`)."""
+    shapes, pairs = _shapes(search.profile, search.topology, search.stage_sizes)
+    two_stage = TwoStageSeeds(search, pairs)
     # A shape with a replica count outside the plan space at M is refused by `Search.seed`;
-    # checking that once per M and set of replica counts skips most of the two-stage shapes on
-    # large topologies (tens of thousands) without a call each. The order is kept (ties).
+    # checking that once per M and set of replica counts saves a call each. The order is kept
+    # (ties).
     replicas = [tuple(r for _, _, r in stages) for stages in shapes]
     for M in micro_batches:
         model = StageModel(search.profile, search.topology, search.gbs, M)
@@ -90,3 +104,68 @@ def seed_search(search: Search, micro_batches: Sequence[int]) -> None:
         for stages, rs in zip(shapes, replicas):
             if allowed[rs]:
                 search.seed(M, stages, model)
+        two_stage.seed(M, model)
+
+
+class TwoStageSeeds:
+    """`Search.seed` of every two-stage shape [(0, last, r), (last + 1, N - 1, G - r)] at one
+    M, cut by cut, as numpy arrays over (cut, r): on 128 x 8 there are 6,600 shapes per M. The
+    same tests (replicas allowed, each stage fits: `StageModel.max_in_flight` >= 1) and the
+    same stage bound, each a sum of the same numbers in the same order (IEEE arithmetic, so
+    the same floats), count the seeds; only those whose bound does not exceed the incumbent
+    are valued (`Search.value_seed`), in the shapes' order."""
+
+    def __init__(self, search: Search, pairs: Sequence[int]):
+        self.search, profile, N, G = search, search.profile, search.N, search.G
+        self.pairs = list(pairs)
+        self.usable = bool(self.pairs) and N > 1 and search.stage_limit >= 2 \
+            and "append" in search.policies
+        if not self.usable:
+            return
+        head = [(0, last) for last in range(N - 1)]
+        tail = [(last + 1, N - 1) for last in range(N - 1)]
+        self.stages = []            # per stage: (F, B, parameters, outputs) per cut, r, counts
+        used = (0,) * len(search.capacity)
+        first_counts = [search._place("append", used, r) for r in self.pairs]
+        second_counts = [search._place("append", c, G - r)
+                         for c, r in zip(first_counts, self.pairs)]
+        for ranges, replicas, counts in ((head, self.pairs, first_counts),
+                                         (tail, [G - r for r in self.pairs], second_counts)):
+            per_cut = np.array([(profile.forward_ms(a, b), profile.backward_ms(a, b),
+                                 profile.parameter_bytes(a, b), profile.output_bytes(a, b))
+                                for a, b in ranges], dtype=np.float64)
+            self.stages.append((per_cut, replicas, counts))
+
+    def seed(self, M: int, model: StageModel) -> None:
+        search = self.search
+        if not self.usable or search.gbs % M:
+            return
+        mb, memory = model.micro_batch, search.topology.device_memory_bytes
+        allowed = np.array([search.replicas_allowed(r, mb) and
+                            search.replicas_allowed(search.G - r, mb) for r in self.pairs])
+        fits, forwards, stage_bound, times = allowed[None, :], None, 0.0, []
+        for per_cut, replicas, counts in self.stages:
+            F, B, parameters, outputs = (per_cut[:, k:k + 1] for k in range(4))
+            scale = np.array([model.time_scale(r) for r in replicas])[None, :]
+            size = np.array([model.slice_size(r) for r in replicas], dtype=np.float64)[None, :]
+            # StageModel.max_in_flight(first, last, r) >= 1: the activations fit
+            free = memory - (cm.BYTES_PER_PARAMETER_FACTOR * parameters
+                             + cm.DEVICE_RESERVED_BYTES)
+            fits = fits & ~(free < cm.ACTIVATION_MEMORY_FACTOR * outputs * size / model.pbs)
+            F = F * scale + cm.TASK_OVERHEAD_MS                 # StageModel.forward_ms
+            B = B * scale + cm.TASK_OVERHEAD_MS
+            rates = [model.allreduce_rate(c) for c in counts]    # exposed_allreduce_ms
+            per_byte = np.array([p for p, _ in rates])[None, :]
+            fixed = np.array([f for _, f in rates])[None, :]
+            AR = np.where((np.array(replicas) > 1)[None, :] & (parameters > 0),
+                          per_byte * parameters + fixed, 0.0)
+            forwards = F if forwards is None else forwards + F
+            stage_bound = np.maximum(stage_bound, forwards + (M - 1) * (F + B) + AR + B)
+        search.stats.seeds += int(np.count_nonzero(fits))
+        candidates = fits & ~(stage_bound > search.best_value * (1 + 1e-9))
+        (_, _, first), (_, _, second) = self.stages
+        N, R = search.N, len(self.pairs)
+        for i in np.flatnonzero(candidates).tolist():
+            last, j = divmod(i, R)
+            search.value_seed(M, [(0, last, first[j]), (last + 1, N - 1, second[j])], model,
+                              float(stage_bound[last, j]))
