@@ -77,3 +77,26 @@ def test_a_killed_server_ends_the_job_naming_its_task(tmp_path):
     assert result.returncode not in (0, None), result.output[-3000:]
     assert "task 2" in result.output and "SIGKILL" in result.output, result.output[-3000:]
     assert_nothing_left(result)
+
+
+def test_a_hung_server_ends_the_job_within_60_s_naming_its_task(tmp_path):
+    """SIGSTOP keeps the server's process and port: only its silence tells. The chief's
+    watchdog (`dapple.runtime.tf_cluster.watchdog`, default 30 s) names it and exits 75."""
+    proc = start(plan_file(tmp_path, 3), ["fault_task.py", "--mode=loop", "--replicas=2,1"])
+    seen = wait_for(proc, "step 1 done")
+    cluster = re.search(r"tasks (\[.*?\]) serving", seen).group(1)
+    servers = processes_with(f"--cluster={cluster} --task=2")
+    assert len(servers) == 1, servers
+    stopped = time.monotonic()
+    os.kill(servers[0], signal.SIGSTOP)
+    try:
+        result = finish(proc, timeout=60)      # a hang fails here
+    finally:
+        if os.path.exists(f"/proc/{servers[0]}"):
+            os.kill(servers[0], signal.SIGKILL)
+    result.output = seen + result.output
+    assert result.returncode == 75, result.output[-3000:]
+    assert time.monotonic() - stopped < 60
+    assert re.search(r"\[0\]<stderr>:dapple: task 2 \(localhost:\d+\) has not answered a status "
+                     r"request for \d+ s", result.output), result.output[-3000:]
+    assert_nothing_left(result)

@@ -46,3 +46,15 @@ def test_the_tensorflow_runtime_outside_a_cluster_says_how_to_launch(monkeypatch
     monkeypatch.delenv("DAPPLE_TF_CLUSTER", raising=False)
     with pytest.raises(ClusterError, match="dapple launch --runtime=tensorflow"):
         TFClusterRuntime(straight_plan([2], 5, 2, 8))
+
+
+def test_the_task_watchdogs_timeout_must_be_seconds(monkeypatch):
+    from dapple.runtime.tf_cluster import watchdog
+    monkeypatch.setenv(watchdog.ENV_TASK_TIMEOUT, "12.5")
+    assert watchdog.timeout_from_environment() == 12.5
+    monkeypatch.delenv(watchdog.ENV_TASK_TIMEOUT)
+    assert watchdog.timeout_from_environment() == watchdog.DEFAULT_TIMEOUT_SECONDS
+    for bad in ("soon", "-1"):
+        monkeypatch.setenv(watchdog.ENV_TASK_TIMEOUT, bad)
+        with pytest.raises(ValueError, match="expected seconds >= 0"):
+            watchdog.timeout_from_environment()
