@@ -51,14 +51,14 @@ def why_emulation_is_impossible() -> Optional[str]:
 
 def emulate(topology: str, program: Sequence[str], timeout: float = 180,
             env: Optional[Dict[str, str]] = None, signal_after: Optional[float] = None,
-            signum: int = signal.SIGTERM) -> RunResult:
-    """`dapple emulate --topology=topology -- program...`; a program starting with a script of
-    tests/dapple/runtime/horovod/scripts runs it with this Python. `signal_after` sends the launcher `signum`
-    after that many seconds."""
+            signum: int = signal.SIGTERM, flags: Sequence[str] = ()) -> RunResult:
+    """`dapple emulate --topology=topology [flags] -- program...`; a program starting with a
+    script of tests/dapple/runtime/horovod/scripts runs it with this Python. `signal_after`
+    sends the launcher `signum` after that many seconds."""
     program = list(program)
     if not os.path.isabs(program[0]) and os.path.exists(os.path.join(SCRIPTS, program[0])):
         program = [sys.executable, os.path.join(SCRIPTS, program[0])] + program[1:]
-    command = [DAPPLE, "emulate", f"--topology={topology}", "--"] + program
+    command = [DAPPLE, "emulate", f"--topology={topology}"] + list(flags) + ["--"] + program
     run_env = light_rank_env(env)
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO, env=run_env, stdout=subprocess.PIPE,

@@ -1,0 +1,100 @@
+"""`dapple emulate --runtime=tensorflow`: the TensorFlow-cluster job of `dapple launch
+--runtime=tensorflow` across emulated hosts (a shaped 1 Gbit/s link between them), a server per
+slot in its host's namespace at that host's address, the script once as the chief in host 0.
+
+Transparency: the script (`tests/dapple/runtime/horovod/scripts/pipelined_rank.py`) computes
+the plain Keras model's gradients, loss and weights after 3 Adam steps itself and reports the
+differences (< 1e-5): a 2-stage pipeline with one stage per host (its boundary crosses the
+link) and 2-replica data parallelism with one replica per host (the replicas' gradient sum
+crosses it). Teardown: after success and after a failing script, no namespace, hosts file,
+server or chief is left."""
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from emulaterun import emulate, leftovers
+from tests.dapple.runtime.tf_cluster.tfrun import SCRIPTS, plan_file, processes_with
+
+TOLERANCE = 1e-5
+CLUSTER = "2x1,net=1Gbps"
+HOST_ADDRESSES = '["10.77.0.1:2222", "10.77.0.2:2222"]'     # task t on host t
+
+
+def emulate_tf(tmp_path, argv, devices=2, cluster=CLUSTER, timeout=240):
+    return emulate(cluster, argv, timeout=timeout,
+                   flags=["--runtime=tensorflow", f"--plan={plan_file(tmp_path, devices)}"])
+
+
+def cluster_of(result):
+    m = re.search(r"tasks (\[.*?\]) serving", result.output)
+    assert m, result.output[-3000:]
+    return m.group(1)
+
+
+def assert_nothing_left(result, chief_pid=None):
+    assert not result.timed_out, result.output[-3000:]
+    assert leftovers(result) == [], result.output[-2000:]
+    assert processes_with(f"--cluster={cluster_of(result)}") == [], "a server outlived the job"
+    if chief_pid is not None:
+        assert not os.path.exists(f"/proc/{chief_pid}"), "the chief outlived the job"
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("args", [
+    pytest.param(["--cuts=2", "--replicas=1,1", "--micro_batches=4", "--schedule=1f1b"],
+                 id="2-stage-boundary-crosses-hosts"),
+    pytest.param(["--cuts=", "--replicas=2", "--micro_batches=2"],
+                 id="dp2-gradient-sum-crosses-hosts"),
+])
+def test_weights_after_3_steps_equal_plain_keras_across_hosts(can_emulate, tmp_path, args):
+    result = emulate_tf(tmp_path, ["pipelined_rank.py"] + args)
+    assert result.returncode == 0, result.output[-4000:]
+    assert cluster_of(result) == HOST_ADDRESSES           # one task per emulated host
+    reports = [json.loads(t) for t in result.results().values()]
+    assert len(reports) == 1, result.output[-4000:]      # the script ran once, as the chief
+    rep = reports[0]
+    assert rep["own_gradients"] > 0, rep
+    assert rep["grad_diff"] < TOLERANCE, rep
+    assert rep["loss_diff"] < TOLERANCE, rep
+    assert rep["weight_diff"] < TOLERANCE, rep
+    assert_nothing_left(result)
+
+
+def chief_pid(result):
+    return int(re.search(r"chief pid (\d+)", result.output).group(1))
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("mode, status, said", [("ok", 0, "step 2 done"),
+                                                ("fail", 1, "injected failure in step 2")],
+                         ids=["success", "failing-script"])
+def test_the_job_ends_with_the_scripts_status_and_tears_everything_down(can_emulate, tmp_path,
+                                                                        mode, status, said):
+    result = emulate_tf(tmp_path, [sys.executable, os.path.join(SCRIPTS, "fault_task.py"),
+                                   f"--mode={mode}"])
+    assert result.returncode == status, result.output[-3000:]
+    assert said in result.output and "step 1 done" in result.output, result.output[-3000:]
+    assert_nothing_left(result, chief_pid(result))
+
+
+def test_a_plan_that_does_not_fit_the_hosts_is_refused_before_anything_is_built(can_emulate,
+                                                                                 tmp_path):
+    result = emulate_tf(tmp_path, [sys.executable, "-c", "pass"], devices=3, timeout=60)
+    assert result.returncode == 2, result.output[-3000:]
+    assert ("dapple emulate: the plan does not fit the emulated hosts (host0:1,host1:1): "
+            "--hosts provide 2 slots") in result.output, result.output[-3000:]
+    assert "namespaces" not in result.output
+
+
+def test_the_tensorflow_runtime_needs_a_plan_and_a_plan_needs_it(can_emulate):
+    result = emulate(CLUSTER, [sys.executable, "-c", "pass"], timeout=60,
+                     flags=["--runtime=tensorflow"])
+    assert result.returncode == 2, result.output[-3000:]
+    assert "--runtime=tensorflow needs --plan=plan.json" in result.output
+    result = emulate(CLUSTER, [sys.executable, "-c", "pass"], timeout=60,
+                     flags=["--plan=plan.json"])
+    assert result.returncode == 2, result.output[-3000:]
+    assert "--plan goes with --runtime=tensorflow" in result.output
