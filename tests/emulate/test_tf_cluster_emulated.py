@@ -7,7 +7,8 @@ the plain Keras model's gradients, loss and weights after 3 Adam steps itself an
 differences (< 1e-5): a 2-stage pipeline with one stage per host (its boundary crosses the
 link) and 2-replica data parallelism with one replica per host (the replicas' gradient sum
 crosses it). Teardown: after success and after a failing script, no namespace, hosts file,
-server or chief is left."""
+server or chief is left. A server that hangs on the other host (SIGSTOP) ends the job within 60
+s, named by the chief's watchdog (`dapple.runtime.tf_cluster.watchdog`)."""
 import json
 import os
 import re
@@ -15,8 +16,9 @@ import sys
 
 import pytest
 
-from emulaterun import emulate, leftovers
-from tests.dapple.runtime.tf_cluster.tfrun import SCRIPTS, plan_file, processes_with
+from emulaterun import emulate, leftovers, start_emulate
+from tests.dapple.runtime.tf_cluster.tfrun import (SCRIPTS, plan_file, processes_with,
+                                                   stop_server_and_finish, wait_for)
 
 TOLERANCE = 1e-5
 CLUSTER = "2x1,net=1Gbps"
@@ -77,6 +79,22 @@ def test_the_job_ends_with_the_scripts_status_and_tears_everything_down(can_emul
                                    f"--mode={mode}"])
     assert result.returncode == status, result.output[-3000:]
     assert said in result.output and "step 1 done" in result.output, result.output[-3000:]
+    assert_nothing_left(result, chief_pid(result))
+
+
+@pytest.mark.horovod
+def test_a_hung_server_on_the_other_host_ends_the_job_within_60_s_naming_it(can_emulate,
+                                                                             tmp_path):
+    proc = start_emulate(CLUSTER, [sys.executable, os.path.join(SCRIPTS, "fault_task.py"),
+                                   "--mode=loop"],
+                         flags=["--runtime=tensorflow", f"--plan={plan_file(tmp_path, 2)}"])
+    seen = wait_for(proc, "step 1 done")
+    result, seconds = stop_server_and_finish(proc, seen, f"--cluster={HOST_ADDRESSES} --task=1")
+    assert result.returncode == 75, result.output[-3000:]
+    print(f"the job ended {seconds:.1f} s after the stop")
+    assert seconds < 60
+    assert ("[0]<stderr>:dapple: task 1 (10.77.0.2:2222) has not answered a status request"
+            in result.output), result.output[-3000:]
     assert_nothing_left(result, chief_pid(result))
 
 
