@@ -45,16 +45,24 @@ def assert_nothing_left(result, chief_pid=None):
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("args", [
-    pytest.param(["--cuts=2", "--replicas=1,1", "--micro_batches=4", "--schedule=1f1b"],
+@pytest.mark.parametrize("cluster, args, addresses", [
+    pytest.param(CLUSTER, ["--cuts=2", "--replicas=1,1", "--micro_batches=4",
+                           "--schedule=1f1b"], HOST_ADDRESSES,
                  id="2-stage-boundary-crosses-hosts"),
-    pytest.param(["--cuts=", "--replicas=2", "--micro_batches=2"],
+    pytest.param(CLUSTER, ["--cuts=", "--replicas=2", "--micro_batches=2"], HOST_ADDRESSES,
                  id="dp2-gradient-sum-crosses-hosts"),
+    # stage 0 on host 0, stage 1's two replicas on host 1: the boundary's split crosses
+    pytest.param("1+2,net=1Gbps", ["--cuts=3", "--replicas=1,2", "--micro_batches=4",
+                                   "--schedule=gpipe"],
+                 '["10.77.0.1:2222", "10.77.0.2:2222", "10.77.0.2:2223"]',
+                 id="1:2-boundary-crosses-hosts", marks=pytest.mark.slow),
 ])
-def test_weights_after_3_steps_equal_plain_keras_across_hosts(can_emulate, tmp_path, args):
-    result = emulate_tf(tmp_path, ["pipelined_rank.py"] + args)
+def test_weights_after_3_steps_equal_plain_keras_across_hosts(can_emulate, tmp_path, cluster,
+                                                              args, addresses):
+    devices = addresses.count(":")
+    result = emulate_tf(tmp_path, ["pipelined_rank.py"] + args, devices, cluster)
     assert result.returncode == 0, result.output[-4000:]
-    assert cluster_of(result) == HOST_ADDRESSES           # one task per emulated host
+    assert cluster_of(result) == addresses           # task t on the host of plan device t
     reports = [json.loads(t) for t in result.results().values()]
     assert len(reports) == 1, result.output[-4000:]      # the script ran once, as the chief
     rep = reports[0]
