@@ -12,12 +12,13 @@ s, named by the chief's watchdog (`dapple.runtime.tf_cluster.watchdog`)."""
 import json
 import os
 import re
+import signal
 import sys
 
 import pytest
 
 from emulaterun import emulate, leftovers, start_emulate
-from tests.dapple.runtime.tf_cluster.tfrun import (SCRIPTS, plan_file, processes_with,
+from tests.dapple.runtime.tf_cluster.tfrun import (SCRIPTS, finish, plan_file, processes_with,
                                                    stop_server_and_finish, wait_for)
 
 TOLERANCE = 1e-5
@@ -103,6 +104,20 @@ def test_a_hung_server_on_the_other_host_ends_the_job_within_60_s_naming_it(can_
     assert seconds < 60
     assert ("[0]<stderr>:dapple: task 1 (10.77.0.2:2222) has not answered a status request"
             in result.output), result.output[-3000:]
+    assert_nothing_left(result, chief_pid(result))
+
+
+@pytest.mark.horovod
+def test_sigterm_to_the_launcher_ends_every_task_and_tears_down(can_emulate, tmp_path):
+    proc = start_emulate(CLUSTER, [sys.executable, os.path.join(SCRIPTS, "fault_task.py"),
+                                   "--mode=loop"],
+                         flags=["--runtime=tensorflow", f"--plan={plan_file(tmp_path, 2)}"])
+    seen = wait_for(proc, "step 1 done")
+    proc.send_signal(signal.SIGTERM)
+    result = finish(proc, timeout=60)
+    result.output = seen + result.output
+    assert result.returncode == 143, result.output[-3000:]
+    assert "received SIGTERM; ending every task" in result.output
     assert_nothing_left(result, chief_pid(result))
 
 

@@ -14,6 +14,10 @@
   and the status is non-zero), or on SIGINT/SIGTERM (128 + the signal); then every process is
   ended, each with its whole process group (`dapple.runtime.rank_processes.end_ranks`). Output lines
   are prefixed `[task]<stdout>:` as horovodrun prefixes ranks'.
+* `run_job` is the job itself (start, wait until serving, watch, teardown), shared with
+  `dapple emulate --runtime=tensorflow` (`dapple.emulate`), which starts the same tasks inside
+  emulated hosts' network namespaces. A task that hangs without exiting is the chief's to
+  notice (`dapple.runtime.tf_cluster.watchdog`).
 
 Plain Python (no TensorFlow import), so it is testable anywhere.
 """
