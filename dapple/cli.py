@@ -17,8 +17,8 @@ COMMANDS = {
     "verify": "check a plan's gradients against the plain model (needs TensorFlow)",
     "launch": "run a training script under horovodrun for a plan",
     "demo": "profile, plan, report and train a small model on local logical devices",
-    "emulate": "run a command's Horovod ranks on an emulated cluster: a network namespace per "
-               "host, links shaped to a rate (needs root)",
+    "emulate": "run a command's Horovod ranks (or TensorFlow cluster) on an emulated cluster: "
+               "a network namespace per host, links shaped to a rate (needs root)",
     "topology": "measure the links between Horovod ranks; write the topology JSON the planner "
                 "reads (needs TensorFlow, Horovod)",
 }

@@ -17,6 +17,11 @@ the difference from a horovodrun job across machines.
 Each rank gets `threads_per_rank` TensorFlow/OpenMP threads (default 1) and, with `pin`, one
 CPU (rank r on the r-th allowed CPU, modulo their number) through `taskset`, so ranks behave
 like devices of their own rather than all sharing every core.
+
+Given a plan (`dapple emulate --runtime=tensorflow --plan=plan.json`), the job is the one
+`dapple launch --runtime=tensorflow` runs (`dapple.runtime.tf_cluster.launch.run_job`, the same
+start, watch and teardown): a `tf.distribute.Server` per slot but the first, each in its host's
+namespace at its host's address, and the command once, as the chief (task 0), in host 0's.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from dapple.emulated_network import NIC, EmulatedNetwork, check_prerequisites
 from dapple.runtime.rank_processes import StopFlag, end_ranks, start_rank, watch
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TF_PORT = 2222        # --runtime=tensorflow: a task's port is TF_PORT + its slot on its host
 
 
 def say(message: str) -> None:
@@ -65,16 +71,23 @@ def host_assignments(cluster: EmulatedCluster):
     return get_host_assignments(parse_hosts(hosts), cluster.num_ranks)
 
 
-def rank_environment(slot, rendezvous_address: str, rendezvous_port: int,
-                     threads_per_rank: int, base: Optional[Dict[str, str]] = None
-                     ) -> Dict[str, str]:
-    """What horovodrun's Gloo launcher would set for `slot`, over `base` (os.environ)."""
-    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+def thread_environment(threads_per_rank: int, base: Optional[Dict[str, str]] = None
+                       ) -> Dict[str, str]:
+    """`base` (os.environ) with one device and `threads_per_rank` threads per process."""
     env = dict(os.environ if base is None else base)
     env.setdefault("DAPPLE_NUM_CPU_DEVICES", "1")      # one rank is one device
     threads = str(threads_per_rank)
     env.update({"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads,
                 "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def rank_environment(slot, rendezvous_address: str, rendezvous_port: int,
+                     threads_per_rank: int, base: Optional[Dict[str, str]] = None
+                     ) -> Dict[str, str]:
+    """What horovodrun's Gloo launcher would set for `slot`, over `base` (os.environ)."""
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+    env = thread_environment(threads_per_rank, base)
     run_vars = create_run_env_vars(rendezvous_address, [NIC], rendezvous_port)
     env.update({k: str(v) for k, v in run_vars.items()})
     env.update(create_slot_env_vars(slot))
@@ -91,27 +104,52 @@ def _host_index(slot) -> int:
 
 
 def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_rank: int = 1,
-                 pin: bool = True) -> int:
-    """Run `program` as every rank of `cluster`; the job's exit status (see the module doc)."""
+                 pin: bool = True, plan=None, plan_path: Optional[str] = None) -> int:
+    """Run `program` as every rank of `cluster`, or, given a `plan`, once as the chief of a
+    TensorFlow cluster with a server per other slot (`tf_cluster_job`); the job's exit status
+    (see the module doc)."""
     if threads_per_rank < 1:
         raise EmulateError(f"--threads_per_rank must be >= 1, got {threads_per_rank}")
     check_prerequisites()
     argv = resolve_program(program)
-    from horovod.runner.http.http_server import RendezvousServer
-    slots = host_assignments(cluster)
+    if plan is not None:
+        check_plan(plan, cluster)
     taskset = shutil.which("taskset") if pin else None
     if pin and taskset is None:
         say("taskset not found: ranks run unpinned")
+
+    def pinned(rank: int, host: int, command: List[str]) -> List[str]:
+        """`command` inside `host`'s namespace, on one CPU when pinning."""
+        cpu = _cpu_for(rank) if taskset else None
+        return network.exec_prefix(host) + ([taskset, "-c", str(cpu)] if cpu is not None
+                                            else []) + command
 
     stop = StopFlag()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, stop) for s in HANDLED_SIGNALS} if in_main_thread else {}
     network = EmulatedNetwork(cluster)
-    rendezvous, ranks = None, []
     try:
         say(f"{cluster.describe()}; namespaces {network.prefix}h0..h{cluster.num_hosts - 1}, "
             f"bridge {network.bridge_namespace}")
         network.create()
+        if plan is not None:
+            return tf_cluster_job(cluster, network, argv, pinned, threads_per_rank, plan_path,
+                                  stop)
+        return horovod_job(cluster, network, argv, pinned, threads_per_rank, stop)
+    finally:
+        network.destroy()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def horovod_job(cluster: EmulatedCluster, network: EmulatedNetwork, argv: List[str], pinned,
+                threads_per_rank: int, stop: StopFlag) -> int:
+    """Every rank runs `argv` with horovodrun's environment, Horovod's rendezvous server in
+    host 0's namespace."""
+    from horovod.runner.http.http_server import RendezvousServer
+    slots = host_assignments(cluster)
+    rendezvous, ranks = None, []
+    try:
         with network.inside(0):              # its socket stays in host 0, reachable by all
             rendezvous = RendezvousServer()
             port = rendezvous.start()
@@ -121,10 +159,7 @@ def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_r
                 break
             host = _host_index(slot)
             env = rank_environment(slot, network.address(0), port, threads_per_rank)
-            cpu = _cpu_for(slot.rank) if taskset else None
-            pinning = [taskset, "-c", str(cpu)] if cpu is not None else []
-            ranks.append(start_rank(slot.rank, host, network.exec_prefix(host) + pinning + argv,
-                                    env))
+            ranks.append(start_rank(slot.rank, host, pinned(slot.rank, host, argv), env))
         outcome = watch(ranks, stop, say)
         return outcome.status
     finally:
@@ -134,6 +169,36 @@ def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_r
             server = getattr(rendezvous, "_httpd", None)
             if server is not None:
                 server.server_close()            # the socket pins host 0's namespace
-        network.destroy()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+
+
+def emulated_hosts(cluster: EmulatedCluster):
+    return [(f"host{h}", n) for h, n in enumerate(cluster.ranks_per_host)]
+
+
+def check_plan(plan, cluster: EmulatedCluster) -> None:
+    """The plan fits the emulated hosts as `dapple launch --hosts` checks it; else why not."""
+    from dapple.runtime.launch import LaunchError, format_hosts, hosts_for_plan
+    try:
+        hosts_for_plan(plan, emulated_hosts(cluster))
+    except LaunchError as e:
+        raise EmulateError(f"the plan does not fit the emulated hosts "
+                           f"({format_hosts(emulated_hosts(cluster))}): {e}") from None
+
+
+def tf_cluster_job(cluster: EmulatedCluster, network: EmulatedNetwork, argv: List[str], pinned,
+                   threads_per_rank: int, plan_path: Optional[str], stop: StopFlag) -> int:
+    """`dapple launch --runtime=tensorflow` on the emulated hosts: task t (plan device t, slots
+    host by host) is a server in its host's namespace at that host's address, port
+    TF_PORT + its slot on the host; task 0, `argv` itself, runs in host 0's namespace."""
+    from dapple.runtime.tf_cluster.launch import job_environment, run_job
+    task_hosts = [h for h, n in enumerate(cluster.ranks_per_host) for _ in range(n)]
+    addresses = [f"{network.address(h)}:{TF_PORT + slot}"
+                 for h, n in enumerate(cluster.ranks_per_host) for slot in range(n)]
+    env = {"DAPPLE_PLAN": os.path.abspath(plan_path)} if plan_path else {}
+    base = thread_environment(threads_per_rank, job_environment(env))
+
+    def server_command(task: int, host: int, server_argv: List[str]):
+        return pinned(task, host, server_argv), dict(base)
+
+    return run_job(addresses, task_hosts, server_command, pinned(0, 0, argv), base, stop, say,
+                   probing=lambda: network.inside(0))

@@ -8,6 +8,11 @@ through a bridge with each host's NIC shaped to the rate (`tc tbf`), and runs th
 TensorFlow thread each, pinned to a CPU. Rank output is prefixed `[rank]<stdout>:`. Exits with
 the job's status (the first failing rank's) and always removes what it built (see
 `dapple.emulate`, `dapple.emulated_network`). Never imports TensorFlow.
+
+    dapple emulate --runtime=tensorflow --plan=plan.json --topology=2x1,net=1Gbps -- python train.py
+
+runs the job `dapple launch --runtime=tensorflow` runs on the emulated hosts instead: a
+TensorFlow server per slot, the command once as the chief in host 0 (docs/cluster.md).
 """
 from __future__ import annotations
 
@@ -20,15 +25,36 @@ flags.DEFINE_string("topology", None, "HOSTSxRANKS,net=RATE[,burst=SIZE], e.g. 2
                     "(RANKS+RANKS for hosts of unequal size)")
 flags.DEFINE_integer("threads_per_rank", 1, "TensorFlow intra-op and OpenMP threads per rank")
 flags.DEFINE_bool("pin", True, "pin each rank to one CPU with taskset (rank r on CPU r mod n)")
+flags.DEFINE_enum("runtime", "horovod", ["horovod", "tensorflow"], "every rank runs the "
+                  "command (horovodrun's environment), or TensorFlow servers driven by the "
+                  "command run once, as the chief (as `dapple launch --runtime=tensorflow`)")
+flags.DEFINE_string("plan", None, "--runtime=tensorflow: plan JSON file, checked against the "
+                    "emulated hosts as `dapple launch --hosts` checks it; in DAPPLE_PLAN")
 
 
 def main(argv):
     from dapple.emulate_spec import EmulateError, parse_emulated_cluster
     try:
         cluster = parse_emulated_cluster(FLAGS.topology)
+        if FLAGS.plan and FLAGS.runtime != "tensorflow":
+            raise EmulateError("--plan goes with --runtime=tensorflow (Horovod ranks read "
+                               "their plan themselves)")
+        plan = _plan() if FLAGS.runtime == "tensorflow" else None
         from dapple.emulate import run_emulated
         return run_emulated(cluster, argv[1:], threads_per_rank=FLAGS.threads_per_rank,
-                            pin=FLAGS.pin)
+                            pin=FLAGS.pin, plan=plan, plan_path=FLAGS.plan)
     except EmulateError as e:
         print(f"dapple emulate: {e}", file=sys.stderr)
         return 2
+
+
+def _plan():
+    from dapple.emulate_spec import EmulateError
+    from dapple.runtime.launch import LaunchError, load_plan
+    if not FLAGS.plan:
+        raise EmulateError("--runtime=tensorflow needs --plan=plan.json (one task per plan "
+                           "device, checked against the emulated hosts)")
+    try:
+        return load_plan(FLAGS.plan)
+    except LaunchError as e:
+        raise EmulateError(str(e)) from None

@@ -51,18 +51,13 @@ def why_emulation_is_impossible() -> Optional[str]:
 
 def emulate(topology: str, program: Sequence[str], timeout: float = 180,
             env: Optional[Dict[str, str]] = None, signal_after: Optional[float] = None,
-            signum: int = signal.SIGTERM) -> RunResult:
-    """`dapple emulate --topology=topology -- program...`; a program starting with a script of
-    tests/dapple/runtime/horovod/scripts runs it with this Python. `signal_after` sends the launcher `signum`
-    after that many seconds."""
-    program = list(program)
-    if not os.path.isabs(program[0]) and os.path.exists(os.path.join(SCRIPTS, program[0])):
-        program = [sys.executable, os.path.join(SCRIPTS, program[0])] + program[1:]
-    command = [DAPPLE, "emulate", f"--topology={topology}", "--"] + program
-    run_env = light_rank_env(env)
+            signum: int = signal.SIGTERM, flags: Sequence[str] = ()) -> RunResult:
+    """`dapple emulate --topology=topology [flags] -- program...`; a program starting with a
+    script of tests/dapple/runtime/horovod/scripts runs it with this Python. `signal_after`
+    sends the launcher `signum` after that many seconds."""
     start = time.monotonic()
-    proc = subprocess.Popen(command, cwd=REPO, env=run_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = start_emulate(topology, program, env, flags)
+    command = proc.args
     try:
         if signal_after is not None:
             try:
@@ -77,3 +72,14 @@ def emulate(topology: str, program: Sequence[str], timeout: float = 180,
         out = (e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")) + rest
         code = None
     return RunResult(command, code, out, time.monotonic() - start)
+
+
+def start_emulate(topology: str, program: Sequence[str], env: Optional[Dict[str, str]] = None,
+                  flags: Sequence[str] = ()) -> subprocess.Popen:
+    """The launcher of `emulate`, started (its output a text pipe, in a session of its own)."""
+    program = list(program)
+    if not os.path.isabs(program[0]) and os.path.exists(os.path.join(SCRIPTS, program[0])):
+        program = [sys.executable, os.path.join(SCRIPTS, program[0])] + program[1:]
+    command = [DAPPLE, "emulate", f"--topology={topology}"] + list(flags) + ["--"] + program
+    return subprocess.Popen(command, cwd=REPO, env=light_rank_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)

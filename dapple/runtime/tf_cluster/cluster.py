@@ -51,10 +51,13 @@ def in_cluster() -> bool:
 
 def connect_from_environment() -> bool:
     """Connect this process to the cluster as task 0 if `DAPPLE_TF_CLUSTER` says so (it starts
-    this process's own server: none must be started by hand). True when connected."""
+    this process's own server: none must be started by hand), and watch the other tasks
+    (`watchdog`). True when connected."""
     tasks = addresses_from_environment()
     if tasks is None:
         return False
+    from dapple.runtime.tf_cluster.watchdog import watch_tasks
+    watch_tasks(tasks)                  # a task that hangs ends this process, named
     import tensorflow as tf
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({JOB: tasks}),
                                               job_name=JOB, task_index=0)

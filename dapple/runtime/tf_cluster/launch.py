@@ -14,6 +14,10 @@
   and the status is non-zero), or on SIGINT/SIGTERM (128 + the signal); then every process is
   ended, each with its whole process group (`dapple.runtime.rank_processes.end_ranks`). Output lines
   are prefixed `[task]<stdout>:` as horovodrun prefixes ranks'.
+* `run_job` is the job itself (start, wait until serving, watch, teardown), shared with
+  `dapple emulate --runtime=tensorflow` (`dapple.emulate`), which starts the same tasks inside
+  emulated hosts' network namespaces. A task that hangs without exiting is the chief's to
+  notice (`dapple.runtime.tf_cluster.watchdog`).
 
 Plain Python (no TensorFlow import), so it is testable anywhere.
 """
@@ -26,7 +30,8 @@ import signal
 import socket
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from dapple.runtime.launch import Hosts, LaunchError, hosts_for_plan
 from dapple.runtime.rank_processes import (POLL_SECONDS, Rank, StopFlag, describe_exit, end_ranks,
@@ -135,33 +140,58 @@ def run(plan: Plan, program: Sequence[str], hosts: Optional[Hosts], env: Dict[st
                           "train.py`")
     chosen = hosts_for_plan(plan, hosts)
     tasks = task_addresses(chosen, port)
-    addresses = [a for _, a in tasks]
+    base = job_environment(env)
+
+    def server_command(task: int, host: int, argv: List[str]) -> Tuple[List[str], Dict[str, str]]:
+        if is_local(chosen[host][0]):
+            return argv, dict(base, **SERVER_ENV)
+        return remote(chosen[host][0], argv, dict(env, **SERVER_ENV)), base
+
+    stop = StopFlag()
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return run_job([a for _, a in tasks], [h for h, _ in tasks], server_command,
+                       list(program), base, stop, say)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def job_environment(env: Dict[str, str]) -> Dict[str, str]:
+    """This process's environment with `env` on top, without a cluster of its own."""
     base = dict(os.environ)
     base.update(env)
     base.pop(ENV_CLUSTER, None)
-    stop = StopFlag()
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    return base
+
+
+ServerCommand = Callable[[int, int, List[str]], Tuple[List[str], Dict[str, str]]]
+
+
+def run_job(addresses: Sequence[str], task_hosts: Sequence[int], server_command: ServerCommand,
+            chief_argv: List[str], base: Dict[str, str], stop: StopFlag,
+            say: Callable[[str], None], probing: Callable[[], ContextManager] = nullcontext
+            ) -> int:
+    """Start tasks 1.. (`server_command(task, host, server argv)` gives the argv and
+    environment that start it where it belongs), wait until they accept connections (made
+    inside `probing()`: e.g. a network namespace that reaches them), run `chief_argv` as task
+    0 with the cluster in its environment, and watch (see the module doc). Ends every process
+    it started, whatever happens; the job's status."""
     servers: List[Rank] = []
     try:
-        for t, (h, _) in enumerate(tasks[1:], start=1):
-            argv = server_argv(addresses, t)
-            if is_local(chosen[h][0]):
-                servers.append(start_rank(t, h, argv, dict(base, **SERVER_ENV)))
-            else:
-                servers.append(start_rank(t, h, remote(chosen[h][0], argv,
-                                                       dict(env, **SERVER_ENV)), base))
-        why = wait_until_serving(servers, addresses, stop)
+        for t in range(1, len(addresses)):
+            argv, task_env = server_command(t, task_hosts[t], server_argv(addresses, t))
+            servers.append(start_rank(t, task_hosts[t], argv, task_env))
+        with probing():
+            why = wait_until_serving(servers, addresses, stop)
         if why is not None:
             say(f"{why}; ending every task")
             end_ranks(servers)
             return 128 + stop.signum if stop.signum else 1
-        say(f"tasks {json.dumps(addresses)} serving; running the script as task 0")
-        chief = start_rank(0, 0, list(program), dict(base, **{ENV_CLUSTER: json.dumps(addresses)},
-                                                     **SERVER_ENV))
+        say(f"tasks {json.dumps(list(addresses))} serving; running the script as task 0")
+        chief = start_rank(0, task_hosts[0], chief_argv,
+                           dict(base, **{ENV_CLUSTER: json.dumps(list(addresses))}, **SERVER_ENV))
         return watch(chief, servers, stop, say)
     except BaseException:
         end_ranks(servers)
         raise
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

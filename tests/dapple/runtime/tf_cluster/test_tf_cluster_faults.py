@@ -5,11 +5,11 @@ deadline that a hang would exceed."""
 import os
 import re
 import signal
-import time
 
 import pytest
 
-from tfrun import cluster_of, finish, plan_file, processes_with, start
+from tfrun import (cluster_of, finish, plan_file, processes_with, start, stop_server_and_finish,
+                   wait_for)
 
 pytestmark = pytest.mark.horovod
 
@@ -25,18 +25,6 @@ def assert_nothing_left(result):
     pid = chief_pid(result.output)
     assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read(
     ).lower(), "the chief outlived the launch"
-
-
-def wait_for(proc, text: str, seconds: float = 180) -> str:
-    """Read the launcher's output until `text` appears; what was read."""
-    seen, deadline = "", time.monotonic() + seconds
-    while text not in seen and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen += line
-    assert text in seen, seen[-3000:]
-    return seen
 
 
 def test_success_exits_0_and_ends_the_servers(tmp_path):
@@ -76,4 +64,19 @@ def test_a_killed_server_ends_the_job_naming_its_task(tmp_path):
     result.output = seen + result.output
     assert result.returncode not in (0, None), result.output[-3000:]
     assert "task 2" in result.output and "SIGKILL" in result.output, result.output[-3000:]
+    assert_nothing_left(result)
+
+
+def test_a_hung_server_ends_the_job_within_60_s_naming_its_task(tmp_path):
+    """SIGSTOP keeps the server's process and port: only its silence tells. The chief's
+    watchdog (`dapple.runtime.tf_cluster.watchdog`, default 30 s) names it and exits 75."""
+    proc = start(plan_file(tmp_path, 3), ["fault_task.py", "--mode=loop", "--replicas=2,1"])
+    seen = wait_for(proc, "step 1 done")
+    cluster = re.search(r"tasks (\[.*?\]) serving", seen).group(1)
+    result, seconds = stop_server_and_finish(proc, seen, f"--cluster={cluster} --task=2")
+    assert result.returncode == 75, result.output[-3000:]
+    print(f"the job ended {seconds:.1f} s after the stop")
+    assert seconds < 60
+    assert re.search(r"\[0\]<stderr>:dapple: task 2 \(localhost:\d+\) has not answered a status "
+                     r"request for \d+ s", result.output), result.output[-3000:]
     assert_nothing_left(result)

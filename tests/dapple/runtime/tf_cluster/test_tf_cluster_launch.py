@@ -46,3 +46,36 @@ def test_the_tensorflow_runtime_outside_a_cluster_says_how_to_launch(monkeypatch
     monkeypatch.delenv("DAPPLE_TF_CLUSTER", raising=False)
     with pytest.raises(ClusterError, match="dapple launch --runtime=tensorflow"):
         TFClusterRuntime(straight_plan([2], 5, 2, 8))
+
+
+def test_the_task_watchdogs_timeout_must_be_seconds(monkeypatch):
+    from dapple.runtime.tf_cluster import watchdog
+    monkeypatch.setenv(watchdog.ENV_TASK_TIMEOUT, "12.5")
+    assert watchdog.timeout_from_environment() == 12.5
+    monkeypatch.delenv(watchdog.ENV_TASK_TIMEOUT)
+    assert watchdog.timeout_from_environment() == watchdog.DEFAULT_TIMEOUT_SECONDS
+    for bad in ("soon", "-1"):
+        monkeypatch.setenv(watchdog.ENV_TASK_TIMEOUT, bad)
+        with pytest.raises(ValueError, match="expected seconds >= 0"):
+            watchdog.timeout_from_environment()
+
+
+def test_the_task_watchdog_names_a_task_that_does_not_answer():
+    """Nothing listens at task 1's address: it never answers, and is named after the timeout
+    (the chief's own task 0 is never asked)."""
+    import threading
+    import time
+    from dapple.runtime.tf_cluster.watchdog import TaskWatchdog
+    silent, called = [], threading.Event()
+    addresses = ["localhost:1", f"localhost:{launch.free_port()}"]
+    dog = TaskWatchdog(addresses, timeout=1.0,
+                       on_silent=lambda *a: (silent.append(a), called.set()))
+    started = time.monotonic()
+    dog.start()
+    try:
+        assert called.wait(20), "the watchdog never reported the silent task"
+    finally:
+        dog.stop()
+    (task, address, seconds), = silent
+    assert (task, address) == (1, addresses[1]) and seconds > 1.0
+    assert time.monotonic() - started < 10

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "horovod"))
 from hvdrun import REPO, RunResult, light_rank_env  # noqa: E402
@@ -63,6 +63,39 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> RunResult:
 def tf_launch(plan: str, argv: Sequence[str], timeout: float = 240,
               env: Optional[Dict[str, str]] = None) -> RunResult:
     return finish(start(plan, argv, env), timeout)
+
+
+def wait_for(proc: subprocess.Popen, text: str, seconds: float = 180) -> str:
+    """Read the launcher's output until `text` appears; what was read."""
+    seen, deadline = "", time.monotonic() + seconds
+    while text not in seen and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    assert text in seen, seen[-3000:]
+    return seen
+
+
+def stop_server_and_finish(proc: subprocess.Popen, seen: str, server: str,
+                           timeout: float = 60) -> Tuple[RunResult, float]:
+    """SIGSTOP the one process whose command line contains `server` (it hangs: process and
+    port stay), then finish the launch (a hang fails at `timeout`). The result, with `seen`
+    in front of its output, and the seconds from the stop to the end. A stopped process the
+    launch left behind is killed, then reported."""
+    found = processes_with(server)
+    assert len(found) == 1, found
+    stopped = time.monotonic()
+    os.kill(found[0], signal.SIGSTOP)
+    try:
+        result = finish(proc, timeout)
+    finally:
+        left = processes_with(server)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], "the stopped server outlived the launch"
+    result.output = seen + result.output
+    return result, time.monotonic() - stopped
 
 
 def cluster_of(result: RunResult) -> Optional[str]:
