@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+from tests.dapple.runtime.horovod.hvdrun import REPO, light_rank_env
 from tests.planner.test_plan_cli import write_profile
 from tfrun import finish, plan_file, start
 
@@ -25,11 +26,14 @@ def test_tasks_are_grouped_by_host_in_order():
 
 
 def test_measure_under_the_tensorflow_launcher_writes_a_topology_to_plan_with(tmp_path):
+    """Launched with --hosts and no plan (the topology comes before any plan)."""
     path = tmp_path / "topology.json"
-    result = finish(start(plan_file(tmp_path, 2),
-                          ["-m", "dapple.cli", "topology", "--measure", "--format=json",
-                           f"--output={path}", "--message_size=2MiB"], hosts="localhost:2"),
-                    timeout=240)
+    command = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
+               "--hosts=localhost:2", "--", DAPPLE, "topology", "--measure", "--format=json",
+               f"--output={path}", "--message_size=2MiB"]
+    result = finish(subprocess.Popen(command, cwd=REPO, env=light_rank_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True), timeout=240)
     assert result.returncode == 0, result.output[-4000:]
     printed = [line.split(":", 1)[1] for line in result.output.splitlines()
                if line.startswith("[0]<stdout>:{")]
@@ -75,4 +79,13 @@ def test_measure_outside_any_cluster_says_how_to_run_it():
     assert "dapple topology: --measure times the links between a job's processes" in \
         result.stderr
     assert "dapple launch --runtime=tensorflow" in result.stderr and "horovodrun" in \
+        result.stderr
+
+
+def test_the_launcher_wants_a_plan_or_with_the_tensorflow_runtime_hosts():
+    result = subprocess.run([sys.executable, "-m", "dapple.cli", "launch",
+                             "--runtime=tensorflow", "--", "true"], capture_output=True,
+                            text=True, env=light_rank_env(), timeout=120)
+    assert result.returncode == 2
+    assert "--plan=plan.json is required (with --runtime=tensorflow, --hosts alone" in \
         result.stderr
