@@ -2,7 +2,7 @@
 
     dapple emulate --topology=2x2,net=200Mbps -- dapple topology --measure --format=json
     horovodrun -np 16 -H h1:8,h2:8 --gloo dapple topology --measure --output=topology.json
-    dapple launch --runtime=tensorflow --plan=plan.json --hosts=h1:8,h2:8 -- \
+    dapple launch --runtime=tensorflow --hosts=h1:8,h2:8 -- \
         dapple topology --measure --output=topology.json
 
 The method follows the environment: under `dapple launch --runtime=tensorflow` the chief times
@@ -10,9 +10,9 @@ TensorFlow's Send/Recv between the cluster's tasks (`dapple.tf_link_measure`); u
 or `dapple emulate` every rank takes part and times Horovod's collectives
 (`dapple.link_measure`); elsewhere there are no links to time, and it says so. Rank 0 (the
 chief) prints the result, as text (default) or the topology JSON (`--format=json`), and with
-`--output` writes the JSON atomically (a temporary file renamed into place). The JSON is `Topology.to_dict()` with a `measured` record
-(when, how, every measured pair), so `dapple plan --topology=topology.json` plans on the
-measured links and its report says they were measured.
+`--output` writes the JSON atomically (a temporary file renamed into place). The JSON is
+`Topology.to_dict()` with a `measured` record (when, how, every measured pair), so `dapple plan
+--topology=topology.json` plans on the measured links and its report says they were measured.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _message_bytes(text: str) -> int:
 
 
 NO_LINKS = ("--measure times the links between a job's processes, and this one is alone: run "
-            "it under `dapple launch --runtime=tensorflow --plan=plan.json --hosts=host:slots,... "
+            "it under `dapple launch --runtime=tensorflow --hosts=host:slots,... "
             "-- dapple topology --measure` (TensorFlow's Send/Recv between the tasks), or under "
             "horovodrun or `dapple emulate` (Horovod's collectives between the ranks)")
 
