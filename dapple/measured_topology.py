@@ -1,6 +1,7 @@
 """From link measurements to the Topology the planner reads (plain Python, no TensorFlow).
 
-`dapple.link_measure` times transfers between pairs of Horovod ranks; this module turns the
+`dapple.link_measure` times transfers between pairs of Horovod ranks,
+`dapple.tf_link_measure` between tasks of a TensorFlow cluster; this module turns the
 timings into link figures and a `Topology` whose `measured` record keeps every pair's numbers
 and when they were taken:
 
@@ -75,6 +76,16 @@ def pairs_to_measure(devices_per_host: Sequence[int]) -> Tuple[List[Pair], List[
     inside = [(s, s + 1) for s, n in zip(starts, devices_per_host) if n >= 2]
     between = [(starts[h], starts[h + 1]) for h in range(len(starts) - 1)]
     return inside, between
+
+
+def hosts_of(devices_per_host: Sequence[int], pair: Pair) -> Pair:
+    """The hosts of the pair's ranks (ranks numbered host by host)."""
+    starts = host_starts(devices_per_host)
+
+    def host(rank: int) -> int:
+        return max(h for h, s in enumerate(starts) if s <= rank)
+
+    return host(pair[0]), host(pair[1])
 
 
 def devices_per_host_of(local_ranks: Sequence[int], local_sizes: Sequence[int]) -> List[int]:

@@ -6,7 +6,8 @@
 adds), then runs it and exits with its status. `-np` and `-H` come from the plan (see
 `dapple.runtime.launch`); `--dry_run` only prints. `--runtime=tensorflow`: a
 `tf.distribute.Server` per slot and the script once, as the chief
-(`dapple.runtime.tf_cluster.launch`).
+(`dapple.runtime.tf_cluster.launch`); with `--hosts` it needs no plan, for a command that
+uses none (`dapple topology --measure`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ flags.DEFINE_enum("runtime", "horovod", ["horovod", "tensorflow"], "horovodrun r
                   "TensorFlow servers driven by one chief (docs/cluster.md)")
 flags.DEFINE_integer("port", None, "--runtime=tensorflow: task ports are port + slot (default: "
                      "free ports here, 2222 + slot on other hosts)")
-flags.DEFINE_string("plan", None, "plan JSON file (its device count gives -np)")
+flags.DEFINE_string("plan", None, "plan JSON file (its device count gives -np; "
+                    "--runtime=tensorflow with --hosts: optional)")
 flags.DEFINE_string("hosts", None, "host:slots,host:slots in device order (default: localhost "
                     "for a plan made for one host)")
 flags.DEFINE_string("horovodrun", None, "horovodrun executable (default: the one beside this "
@@ -38,9 +40,11 @@ def main(argv):
 
     program = list(argv[1:])
     try:
-        if not FLAGS.plan:
-            raise launch.LaunchError("--plan=plan.json is required")
-        plan = launch.load_plan(FLAGS.plan)
+        if not FLAGS.plan and not (FLAGS.runtime == "tensorflow" and FLAGS.hosts):
+            raise launch.LaunchError("--plan=plan.json is required (with --runtime=tensorflow, "
+                                     "--hosts alone will do for a command that needs no plan, "
+                                     "as `dapple topology --measure`)")
+        plan = launch.load_plan(FLAGS.plan) if FLAGS.plan else None
         hosts = launch.parse_hosts(FLAGS.hosts) if FLAGS.hosts else None
         if FLAGS.runtime == "tensorflow":
             return _tensorflow(plan, program, hosts)
@@ -64,6 +68,6 @@ def _tensorflow(plan, program, hosts) -> int:
     if FLAGS.dry_run:
         raise tf_launch.LaunchError("--dry_run prints horovodrun's command; "
                                     "--runtime=tensorflow runs no single command")
-    env = {"DAPPLE_PLAN": os.path.abspath(FLAGS.plan)}
+    env = {"DAPPLE_PLAN": os.path.abspath(FLAGS.plan)} if FLAGS.plan else {}
     return tf_launch.run(plan, program, hosts, env, port=FLAGS.port,
                          say=lambda m: print(f"dapple launch: {m}", file=sys.stderr, flush=True))

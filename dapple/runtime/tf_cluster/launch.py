@@ -131,14 +131,15 @@ def watch(chief: Rank, servers: Sequence[Rank], stop: StopFlag, say: Callable[[s
         end_ranks(everyone)
 
 
-def run(plan: Plan, program: Sequence[str], hosts: Optional[Hosts], env: Dict[str, str],
-        say: Callable[[str], None], port: Optional[int] = None) -> int:
-    """Start the servers, run `program` as the chief, tear everything down; its status."""
+def run(plan: Optional[Plan], program: Sequence[str], hosts: Optional[Hosts],
+        env: Dict[str, str], say: Callable[[str], None], port: Optional[int] = None) -> int:
+    """Start the servers, run `program` as the chief, tear everything down; its status. No plan:
+    a task per slot of `hosts` (for a program that needs none, as `dapple topology`)."""
     if not program:
         raise LaunchError("nothing to run: put the training command after `--`, as in "
                           "`dapple launch --runtime=tensorflow --plan=plan.json -- python "
                           "train.py`")
-    chosen = hosts_for_plan(plan, hosts)
+    chosen = hosts_for_plan(plan, hosts) if plan is not None else list(hosts or [])
     tasks = task_addresses(chosen, port)
     base = job_environment(env)
 
