@@ -15,6 +15,8 @@ of `--repeats` rounds and the median over rounds is kept:
 * plain, accumulating M: the same process summing M micro-batches' gradients (one tape each)
   before one update: what micro-batching alone costs, with no pipeline;
 * tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
+* tensorflow/1f1b-grouped: the same with `--group_devices`: one process holding this host's 2
+  devices (so no Send/Recv at all on one host);
 * tensorflow/1f1b-no-copies: the same without working copies (every unit reads the weights on
   the chief, once per micro-batch and again in its backward);
 * horovod/1f1b: `horovodrun -np 2` (HOROVOD_CYCLE_TIME=0.1, as schedule_step_time.py).
@@ -53,6 +55,8 @@ flags.DEFINE_string("tf_link", "nvlink=2.8GB/s,nvlink_latency=0.1ms",
 flags.DEFINE_bool("onednn", True, "TF_ENABLE_ONEDNN_OPTS=1 for every job, plain and dapple alike "
                   "(TensorFlow 2.18 leaves oneDNN off on AVX2-only CPUs such as this machine's, "
                   "and Eigen's products at micro-batch rows are slow: docs/cluster.md)")
+flags.DEFINE_bool("grouped", True, "also time tensorflow 1f1b with --group_devices: this "
+                  "host's 2 devices in one process (transfers are device copies)")
 flags.DEFINE_bool("without_copies", True, "also time tensorflow 1f1b with every unit reading "
                   "the chief's variables (DAPPLE_TF_WORKING_COPIES=0)")
 
@@ -118,7 +122,8 @@ def measure(kind: str, plan_path: str = "", extra_env=None) -> float:
             cmd = sst.horovodrun(worker)
         else:
             cmd = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
-                   f"--plan={plan_path}", "--"] + worker
+                   f"--plan={plan_path}"] + (["--group_devices"] if kind == "tensorflow-grouped"
+                                             else []) + ["--"] + worker
     return read_step_ms(run_checked(cmd, dict(sst.env(), **(extra_env or {})), REPO))
 
 
@@ -160,6 +165,8 @@ def main(argv):
                                          for s in FLAGS.schedules]
     if FLAGS.without_copies:
         jobs.append(("tensorflow/1f1b-no-copies", "tensorflow", "1f1b"))
+    if FLAGS.grouped:
+        jobs.append(("tensorflow/1f1b-grouped", "tensorflow-grouped", "1f1b"))
     if FLAGS.horovod:
         jobs.append(("horovod/1f1b", "horovod", "1f1b"))
     figures = {name: [] for name, _, _ in jobs}
@@ -185,6 +192,9 @@ def main(argv):
         if "horovod/1f1b" in ms:
             print(f"horovod 1f1b / tensorflow 1f1b: "
                   f"{ms['horovod/1f1b'] / ms['tensorflow/1f1b']:.3f} (target >= 1.6)")
+        if "tensorflow/1f1b-grouped" in ms:
+            print(f"tensorflow 1f1b, one process per host (--group_devices) / one per slot: "
+                  f"{ms['tensorflow/1f1b-grouped'] / ms['tensorflow/1f1b']:.3f}")
         if "tensorflow/1f1b-no-copies" in ms:
             print(f"tensorflow 1f1b without / with working copies: "
                   f"{ms['tensorflow/1f1b-no-copies'] / ms['tensorflow/1f1b']:.3f}")

@@ -6,7 +6,8 @@
 adds), then runs it and exits with its status. `-np` and `-H` come from the plan (see
 `dapple.runtime.launch`); `--dry_run` only prints. `--runtime=tensorflow`: a
 `tf.distribute.Server` per slot and the script once, as the chief
-(`dapple.runtime.tf_cluster.launch`); with `--hosts` it needs no plan, for a command that
+(`dapple.runtime.tf_cluster.launch`; `--group_devices`: a process per host instead); with
+`--hosts` it needs no plan, for a command that
 uses none (`dapple topology --measure`).
 """
 from __future__ import annotations
@@ -18,6 +19,9 @@ from absl import flags
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("runtime", "horovod", ["horovod", "tensorflow"], "horovodrun ranks, or "
                   "TensorFlow servers driven by one chief (docs/cluster.md)")
+flags.DEFINE_bool("group_devices", False, "--runtime=tensorflow: one process per host holding "
+                  "all its slots' devices (transfers inside a host are device copies), instead "
+                  "of one process per slot")
 flags.DEFINE_integer("port", None, "--runtime=tensorflow: task ports are port + slot (default: "
                      "free ports here, 2222 + slot on other hosts)")
 flags.DEFINE_string("plan", None, "plan JSON file (its device count gives -np; "
@@ -48,6 +52,9 @@ def main(argv):
         hosts = launch.parse_hosts(FLAGS.hosts) if FLAGS.hosts else None
         if FLAGS.runtime == "tensorflow":
             return _tensorflow(plan, program, hosts)
+        if FLAGS.group_devices:
+            raise launch.LaunchError("--group_devices goes with --runtime=tensorflow (horovodrun "
+                                     "runs one rank per device)")
         command = launch.horovodrun_command(
             plan, program, hosts=hosts,
             horovodrun=FLAGS.horovodrun or launch.default_horovodrun(),
@@ -70,4 +77,5 @@ def _tensorflow(plan, program, hosts) -> int:
                                     "--runtime=tensorflow runs no single command")
     env = {"DAPPLE_PLAN": os.path.abspath(FLAGS.plan)} if FLAGS.plan else {}
     return tf_launch.run(plan, program, hosts, env, port=FLAGS.port,
+                         group_devices=FLAGS.group_devices,
                          say=lambda m: print(f"dapple launch: {m}", file=sys.stderr, flush=True))

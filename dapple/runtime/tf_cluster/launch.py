@@ -3,7 +3,9 @@
     dapple launch --runtime=tensorflow --plan=plan.json --hosts=localhost:3 -- python train.py
 
 * One task per slot, hosts in `--hosts` order (checked against the plan as for horovodrun:
-  `dapple.runtime.launch.hosts_for_plan`), task t holding plan device t. Task 0 is the chief: the
+  `dapple.runtime.launch.hosts_for_plan`), task t holding plan device t; with
+  `--group_devices`, one task per host holding all its slots' devices (plan devices numbered
+  host by host, as before), so transfers inside a host are device copies in one process. Task 0 is the chief: the
   training script itself, run once, on this machine (so the first host must be this one). Every
   other task is a `tf.distribute.Server` (`dapple.runtime.tf_cluster.server`): a subprocess here, or
   over `ssh -tt` on another host (as horovodrun reaches hosts; the remote end is hung up, so
@@ -36,13 +38,13 @@ from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tup
 from dapple.runtime.launch import Hosts, LaunchError, hosts_for_plan
 from dapple.runtime.rank_processes import (POLL_SECONDS, Rank, StopFlag, describe_exit, end_ranks,
                                    exit_status, start_rank)
-from dapple.runtime.tf_cluster.cluster import ENV_CLUSTER
+from dapple.runtime.tf_cluster.cluster import ENV_CLUSTER, ENV_TASK_DEVICES
 from planner.formats.plan import Plan
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", socket.gethostname())
 DEFAULT_PORT = 2222          # remote hosts: task slots use ports DEFAULT_PORT + slot
 READY_SECONDS = 120.0        # how long servers may take to accept connections
-SERVER_ENV = {"DAPPLE_NUM_CPU_DEVICES": "1"}     # one device per process (one per slot)
+ENV_DEVICES = "DAPPLE_NUM_CPU_DEVICES"     # a task's own devices (`dapple.devices`)
 
 
 def is_local(host: str) -> bool:
@@ -55,25 +57,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def task_addresses(hosts: Hosts, port: Optional[int] = None) -> List[Tuple[int, str]]:
-    """(host index, host:port) of every task, host by host; free ports on this machine,
-    `port + slot` on other hosts."""
+def task_addresses(hosts: Hosts, port: Optional[int] = None, group_devices: bool = False
+                   ) -> List[Tuple[int, str]]:
+    """(host index, host:port) of every task, host by host: one per slot, or one per host when
+    `group_devices`; free ports on this machine, `port + slot` on other hosts."""
     if not is_local(hosts[0][0]):
         raise LaunchError(f"the training script runs here as task 0, so the first host must be "
                           f"this machine (localhost or {socket.gethostname()}), not "
                           f"{hosts[0][0]!r}: list this machine first in --hosts")
     out = []
     for h, (name, slots) in enumerate(hosts):
-        for slot in range(slots):
+        for slot in range(1 if group_devices else slots):
             number = free_port() if is_local(name) and port is None else (
                 (port or DEFAULT_PORT) + slot)
             out.append((h, f"{'localhost' if is_local(name) else name}:{number}"))
     return out
 
 
-def server_argv(addresses: Sequence[str], task: int, python: str = sys.executable) -> List[str]:
+def task_devices(hosts: Hosts, group_devices: bool) -> List[int]:
+    """Devices of each task of `task_addresses(hosts, group_devices=...)`."""
+    return [slots for _, slots in hosts] if group_devices else [1] * sum(n for _, n in hosts)
+
+
+def server_argv(addresses: Sequence[str], task: int, devices: int = 1,
+                python: str = sys.executable) -> List[str]:
     return [python, "-m", "dapple.runtime.tf_cluster.server",
-            f"--cluster={json.dumps(list(addresses))}", f"--task={task}"]
+            f"--cluster={json.dumps(list(addresses))}", f"--task={task}", f"--devices={devices}"]
 
 
 def remote(host: str, argv: Sequence[str], env: Dict[str, str]) -> List[str]:
@@ -132,27 +141,30 @@ def watch(chief: Rank, servers: Sequence[Rank], stop: StopFlag, say: Callable[[s
 
 
 def run(plan: Optional[Plan], program: Sequence[str], hosts: Optional[Hosts],
-        env: Dict[str, str], say: Callable[[str], None], port: Optional[int] = None) -> int:
+        env: Dict[str, str], say: Callable[[str], None], port: Optional[int] = None,
+        group_devices: bool = False) -> int:
     """Start the servers, run `program` as the chief, tear everything down; its status. No plan:
-    a task per slot of `hosts` (for a program that needs none, as `dapple topology`)."""
+    a task per slot of `hosts` (for a program that needs none, as `dapple topology`).
+    `group_devices`: a task per host, holding its slots' devices."""
     if not program:
         raise LaunchError("nothing to run: put the training command after `--`, as in "
                           "`dapple launch --runtime=tensorflow --plan=plan.json -- python "
                           "train.py`")
     chosen = hosts_for_plan(plan, hosts) if plan is not None else list(hosts or [])
-    tasks = task_addresses(chosen, port)
+    tasks = task_addresses(chosen, port, group_devices)
+    devices = task_devices(chosen, group_devices)
     base = job_environment(env)
 
     def server_command(task: int, host: int, argv: List[str]) -> Tuple[List[str], Dict[str, str]]:
         if is_local(chosen[host][0]):
-            return argv, dict(base, **SERVER_ENV)
-        return remote(chosen[host][0], argv, dict(env, **SERVER_ENV)), base
+            return argv, dict(base)
+        return remote(chosen[host][0], argv, dict(env, **{ENV_DEVICES: str(devices[task])})), base
 
     stop = StopFlag()
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run_job([a for _, a in tasks], [h for h, _ in tasks], server_command,
-                       list(program), base, stop, say)
+                       list(program), base, stop, say, devices=devices)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -171,18 +183,22 @@ ServerCommand = Callable[[int, int, List[str]], Tuple[List[str], Dict[str, str]]
 
 def run_job(addresses: Sequence[str], task_hosts: Sequence[int], server_command: ServerCommand,
             chief_argv: List[str], base: Dict[str, str], stop: StopFlag,
-            say: Callable[[str], None], probing: Callable[[], ContextManager] = nullcontext
-            ) -> int:
+            say: Callable[[str], None], probing: Callable[[], ContextManager] = nullcontext,
+            devices: Optional[Sequence[int]] = None) -> int:
     """Start tasks 1.. (`server_command(task, host, server argv)` gives the argv and
     environment that start it where it belongs), wait until they accept connections (made
     inside `probing()`: e.g. a network namespace that reaches them), run `chief_argv` as task
-    0 with the cluster in its environment, and watch (see the module doc). Ends every process
-    it started, whatever happens; the job's status."""
+    0 with the cluster in its environment, and watch (see the module doc). Task t holds
+    `devices[t]` devices (default one each). Ends every process it started, whatever happens;
+    the job's status."""
+    devices = list(devices) if devices is not None else [1] * len(addresses)
     servers: List[Rank] = []
     try:
         for t in range(1, len(addresses)):
-            argv, task_env = server_command(t, task_hosts[t], server_argv(addresses, t))
-            servers.append(start_rank(t, task_hosts[t], argv, task_env))
+            argv, task_env = server_command(t, task_hosts[t],
+                                            server_argv(addresses, t, devices[t]))
+            servers.append(start_rank(t, task_hosts[t], argv,
+                                      dict(task_env, **{ENV_DEVICES: str(devices[t])})))
         with probing():
             why = wait_until_serving(servers, addresses, stop)
         if why is not None:
@@ -191,7 +207,9 @@ def run_job(addresses: Sequence[str], task_hosts: Sequence[int], server_command:
             return 128 + stop.signum if stop.signum else 1
         say(f"tasks {json.dumps(list(addresses))} serving; running the script as task 0")
         chief = start_rank(0, task_hosts[0], chief_argv,
-                           dict(base, **{ENV_CLUSTER: json.dumps(list(addresses))}, **SERVER_ENV))
+                           dict(base, **{ENV_CLUSTER: json.dumps(list(addresses)),
+                                         ENV_TASK_DEVICES: json.dumps(devices),
+                                         ENV_DEVICES: str(devices[0])}))
         return watch(chief, servers, stop, say)
     except BaseException:
         end_ranks(servers)

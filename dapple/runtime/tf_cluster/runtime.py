@@ -1,4 +1,4 @@
-"""The TensorFlow-cluster runtime: the local runtime's step with plan device d on task d.
+"""The TensorFlow-cluster runtime: the local runtime's step with plan devices on the tasks.
 
 This process (the chief, task 0) builds and runs every unit, as `dapple.runtime.local.runtime` does;
 only the devices differ: unit (s, r) runs on the task of its plan device, so TensorFlow's
@@ -23,7 +23,8 @@ from typing import List, Optional
 import tensorflow as tf
 
 from dapple.runtime.local.runtime import LocalRuntime
-from dapple.runtime.tf_cluster.cluster import ClusterError, addresses_from_environment, task_device
+from dapple.runtime.tf_cluster.cluster import (ClusterError, addresses_from_environment,
+                                              task_device, task_device_counts)
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.formats.plan import Plan
@@ -31,13 +32,15 @@ from planner.formats.plan import Plan
 ENV_WORKING_COPIES = "DAPPLE_TF_WORKING_COPIES"
 
 
-def task_devices(tasks: int) -> List[str]:
-    """Task t's device: its first GPU when it has one, else its CPU."""
+def task_devices(counts: List[int]) -> List[str]:
+    """Plan device d's name, task by task (`counts[t]` devices on task t): the task's GPUs when
+    it has enough, else its CPU devices."""
     gpus = {d.name for d in tf.config.list_logical_devices("GPU")}
     out = []
-    for t in range(tasks):
-        gpu = task_device(t, "GPU")
-        out.append(gpu if gpu in gpus else task_device(t, "CPU"))
+    for t, n in enumerate(counts):
+        names = [task_device(t, "GPU", i) for i in range(n)]
+        out += names if all(g in gpus for g in names) else [task_device(t, "CPU", i)
+                                                           for i in range(n)]
     return out
 
 
@@ -47,12 +50,13 @@ class TFClusterRuntime(LocalRuntime):
         if tasks is None:
             raise ClusterError("runtime='tensorflow' needs a cluster: run the script under "
                                "`dapple launch --runtime=tensorflow --plan=... -- python ...`")
+        counts = task_device_counts(len(tasks))
         needed = max(d for s in plan.stages for d in s.devices) + 1
-        if needed != len(tasks):
-            raise ClusterError(f"the plan uses {needed} devices but the cluster has {len(tasks)} "
-                               f"tasks (one per device): launch with {needed} slots, e.g. "
-                               f"--hosts=localhost:{needed}")
-        super().__init__(plan, devices if devices is not None else task_devices(len(tasks)),
+        if needed != sum(counts):
+            raise ClusterError(f"the plan uses {needed} devices but the cluster's {len(tasks)} "
+                               f"tasks hold {sum(counts)} ({counts}): launch with {needed} "
+                               f"slots, e.g. --hosts=localhost:{needed}")
+        super().__init__(plan, devices if devices is not None else task_devices(counts),
                          stages)
 
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],

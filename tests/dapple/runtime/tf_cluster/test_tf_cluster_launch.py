@@ -79,3 +79,20 @@ def test_the_task_watchdog_names_a_task_that_does_not_answer():
     (task, address, seconds), = silent
     assert (task, address) == (1, addresses[1]) and seconds > 1.0
     assert time.monotonic() - started < 10
+
+
+def test_grouped_devices_make_one_task_per_host_holding_its_slots():
+    hosts = [("localhost", 2), ("gpu2", 3)]
+    tasks = launch.task_addresses(hosts, group_devices=True)
+    assert [h for h, _ in tasks] == [0, 1] and tasks[1][1] == "gpu2:2222"
+    assert launch.task_devices(hosts, True) == [2, 3]
+    assert launch.task_devices(hosts, False) == [1, 1, 1, 1, 1]
+    assert launch.server_argv(["h:1", "h:2"], 1, 3)[-2:] == ["--task=1", "--devices=3"]
+
+
+def test_a_bad_device_count_description_says_what_is_expected():
+    from dapple.runtime.tf_cluster.cluster import parse_device_counts
+    assert parse_device_counts("[2, 1]", 2) == [2, 1]
+    for bad in ("[2]", "[0, 1]", "two", '["2", 1]', "[true, 1]"):
+        with pytest.raises(ClusterError, match="DAPPLE_TF_TASK_DEVICES"):
+            parse_device_counts(bad, 2)

@@ -95,3 +95,31 @@ def test_fit_evaluate_predict_equal_plain_keras(tmp_path):
     assert rep["eval_diff"] < TOLERANCE and rep["predict_diff"] < TOLERANCE, rep
     assert rep["predict_rows"] == 17, rep
     no_server_left(result)
+
+
+GROUPED = [
+    # (id, --hosts, script arguments, the tasks each unit's device must be on, in unit order)
+    ("2:1", "localhost:2,127.0.0.1:1", ["--cuts=2", "--replicas=2,1", "--micro_batches=2",
+                                        "--schedule=A"], [0, 0, 1]),
+    ("1:2", "localhost:1,127.0.0.1:2", ["--cuts=3", "--replicas=1,2", "--micro_batches=4"],
+     [0, 1, 1]),
+]
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("case, hosts, args, unit_tasks", GROUPED, ids=[g[0] for g in GROUPED])
+def test_a_process_per_host_holding_its_slots_devices_equals_plain_keras(
+        tmp_path, case, hosts, args, unit_tasks):
+    """`--group_devices`: 2 processes for 3 plan devices; the replicas of one host's stage are
+    two devices of one process (a copy between them, no Send/Recv)."""
+    result = tf_launch(plan_file(tmp_path, 3), ["pipelined_rank.py"] + args, hosts=hosts,
+                       launch_args=["--group_devices"])
+    assert result.returncode == 0, result.output[-4000:]
+    assert len(json.loads(cluster_of(result))) == 2, result.output[-3000:]
+    (rep,) = [json.loads(t) for t in result.results().values()]
+    assert rep["grad_diff"] < TOLERANCE and rep["weight_diff"] < TOLERANCE, rep
+    assert rep["loss_diff"] < TOLERANCE, rep
+    tasks = [int(d.split("/task:")[1].split("/")[0]) for d in rep["unit_devices"]]
+    assert tasks == unit_tasks, rep
+    assert len(set(rep["unit_devices"])) == 3, rep          # three devices, not one shared
+    no_server_left(result)

@@ -39,11 +39,11 @@ def plan_file(tmp_path, devices: int) -> str:
 
 
 def start(plan: str, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
-          hosts: Optional[str] = None) -> subprocess.Popen:
+          hosts: Optional[str] = None, launch_args: Sequence[str] = ()) -> subprocess.Popen:
     argv = [script_path(argv[0])] + list(argv[1:])
     command = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
-               f"--plan={plan}"] + ([f"--hosts={hosts}"] if hosts else []) + [
-                   "--", sys.executable] + argv
+               f"--plan={plan}"] + ([f"--hosts={hosts}"] if hosts else []) + list(
+                   launch_args) + ["--", sys.executable] + argv
     return subprocess.Popen(command, cwd=REPO, env=light_rank_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -61,8 +61,9 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> RunResult:
 
 
 def tf_launch(plan: str, argv: Sequence[str], timeout: float = 240,
-              env: Optional[Dict[str, str]] = None) -> RunResult:
-    return finish(start(plan, argv, env), timeout)
+              env: Optional[Dict[str, str]] = None, hosts: Optional[str] = None,
+              launch_args: Sequence[str] = ()) -> RunResult:
+    return finish(start(plan, argv, env, hosts, launch_args), timeout)
 
 
 def wait_for(proc: subprocess.Popen, text: str, seconds: float = 180) -> str:

@@ -101,4 +101,6 @@ print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.stage, "replica": pm.replica, "grad_diff": grad_diff,
     "loss_diff": loss_diff, "weight_diff": weight_diff, "own_gradients": own_gradients,
     "stage_variables": stage_vars, "final_loss": float(got_loss),
-    "checkpoint_diff": checkpoint_diff}), flush=True)
+    "checkpoint_diff": checkpoint_diff,
+    "unit_devices": [pm.pipeline_step.device(s, r) for s, st in enumerate(plan.stages)
+                     for r in range(st.replicas)]}), flush=True)
