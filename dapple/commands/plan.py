@@ -206,8 +206,12 @@ def _plan(profile, topo) -> None:
         _table(profile, topo, sizes)
         return
     gbs = sizes[0]
+    # The text report's "best straight" alternative is the straight search on its own: plan
+    # with that search (remembered) rather than also with one bounded by the other plans'.
     plan, options = _scheduled(plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
-                                           plan_space=FLAGS.plan_space), profile, topo)
+                                           plan_space=FLAGS.plan_space,
+                                           bound_straight=FLAGS.format == "json"),
+                               profile, topo)
     if FLAGS.output:
         plan.save(FLAGS.output)
     if FLAGS.format == "json":

@@ -57,6 +57,10 @@ class _Budget(Exception):
     pass
 
 
+class _Found(Exception):
+    pass
+
+
 def _extend(summary, F, B, AR, M):
     """Append one stage (F, B, AR) to a partial plan's summary (V, sumF, E, G).
 
@@ -101,6 +105,7 @@ class Search:
         self.stage_limit = max_stages or self.G
         self.min_slice = cm.minimum_slice(profile, topology, global_batch_size)
         self.max_candidates = max_candidates
+        self.stop_at_first = False      # stop at the first plan better than the incumbent
         self.best_value = _INF
         self.place_cache: Dict[tuple, Optional[tuple]] = {}   # placement depends on used, m only
         self.best: Optional[Tuple[int, List[Tuple[int, int, tuple]]]] = None
@@ -136,6 +141,8 @@ class Search:
             self._dfs(0, (0,) * len(self.capacity), (0,) * len(self.capacity), _EMPTY, [])
         except _Budget:
             self.stats.complete = False
+        except _Found:
+            pass
 
     def seed(self, M: int, stages: Sequence[Tuple[int, int, int]],
              model: Optional[StageModel] = None) -> None:
@@ -267,6 +274,8 @@ class Search:
                 if value < self.best_value:
                     self.best_value = value
                     self.best = (self.M, list(path))
+                    if self.stop_at_first:
+                        raise _Found()
             return
         model, M, N = self.model, self.M, self.N
         must_finish = len(path) + 1 >= self.stage_limit

@@ -65,23 +65,53 @@ class Found(NamedTuple):
 
 def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
             sizes: Optional[Sequence[int]], max_stages: Optional[int], even_slices: bool,
-            budget: float, ms: Sequence[int]) -> Tuple[SearchStats, Found]:
+            budget: float, ms: Sequence[int], below: float = math.inf
+            ) -> Tuple[SearchStats, Found]:
     """(its statistics, what the seeded search run over `ms` found; remembered within
-    `remembering_searches`)."""
+    `remembering_searches`).
+
+    `below` (the latency of a plan found before, which wins ties): only a plan below it
+    matters, and the one returned is the search's own without `below`. If the seeds' best is
+    not below it, the search starts with `below` as its incumbent and stops at the first plan
+    below it; then the search without `below` is run and returned. If it finds none, neither
+    does the search without `below`: that one's incumbent after seeding is finite and at least
+    `below`, so the children are sorted by the same bounds, and the bounded search visits a
+    subset of its nodes in the same order with no more candidates at each; no bound prunes the
+    path to the first plan below `below` it would value, so that plan is reached within the
+    budget. Within `remembering_searches`, the search without `below`, if run before (the
+    report's "best straight" alternative), is the answer."""
     key = (id(profile), profile.content_hash, topo, gbs, tuple(policies),
-           None if sizes is None else tuple(sizes), max_stages, even_slices, budget, tuple(ms))
+           None if sizes is None else tuple(sizes), max_stages, even_slices, budget, tuple(ms),
+           below)
     hit = None if _remembered is None else _remembered.get(key)
+    if hit is None and below < math.inf and _remembered is not None:
+        hit = _remembered.get(key[:-1] + (math.inf,))   # the search without it, if run
     if hit is not None and hit[0] is profile:
         return hit[1], hit[2]
     own = SearchStats()     # each search has its own candidate budget
     found = Search(profile, topo, gbs, policies, sizes, own, even_slices=even_slices,
                    max_stages=max_stages, max_candidates=budget)
     seed_search(found, ms)
+    bounded = found.best is not None and below <= found.best_value
+    if bounded:         # stop at the first plan below `below`: the search without it follows
+        found.best, found.best_value, found.stop_at_first = None, below, True
     for M in ms:
         found.run_micro_batches(M)
-    hit = (profile, own, Found(found.best, found.best_value))
+        if bounded and found.best is not None:
+            break
+    if bounded and found.best is not None:
+        alone, result = _search(profile, topo, gbs, policies, sizes, max_stages, even_slices,
+                                budget, ms)
+        own = SearchStats(*(getattr(own, k) + getattr(alone, k)
+                            for k in ("nodes", "candidates", "pruned", "seeds")),
+                          complete=alone.complete)
+    else:
+        result = Found(found.best, found.best_value)
+    hit = (profile, own, result)
     if _remembered is not None:
         _remembered[key] = hit
+        if not bounded:     # it was the search without `below`
+            _remembered[key[:-1] + (math.inf,)] = hit
     return hit[1], hit[2]
 
 
@@ -108,7 +138,8 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
                 stage_sizes: Optional[Sequence[int]] = None,
                 stats: Optional[SearchStats] = None,
                 max_candidates: Optional[int] = DEFAULT_MAX_CANDIDATES,
-                even_slices: bool = False, plan_space: str = DEFAULT_PLAN_SPACE) -> Plan:
+                even_slices: bool = False, plan_space: str = DEFAULT_PLAN_SPACE,
+                bound_straight: bool = True) -> Plan:
     """The plan of least estimated latency in `plan_space` (see the module docstring).
 
     `memory_limit` (bytes or '16GB') overrides the topology's device memory. `micro_batches`
@@ -116,7 +147,9 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     evaluated by each search (None: no cap; on more than BUDGET_HOSTS hosts it is scaled down
     in proportion); `stats.complete` says whether the whole space was covered and
     `stats.plan_space` which space the plan came from. Raises NoPlanFits with the least memory
-    that would fit when nothing does.
+    that would fit when nothing does. In the paper space the straight pipeline is searched
+    last, below the latency of the plans found before (`_search`'s `below`): the same plan,
+    other statistics; `bound_straight=False` searches it on its own, as before.
     """
     check_global_batch(global_batch_size)
     if plan_space not in PLAN_SPACES:
@@ -134,9 +167,9 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
         max_candidates * BUDGET_HOSTS // max(BUDGET_HOSTS, topo.num_hosts)
     stats = stats if stats is not None else SearchStats()
 
-    def search(sizes, max_stages):
+    def search(sizes, max_stages, below=math.inf):
         own, found = _search(profile, topo, global_batch_size, policies, sizes, max_stages,
-                             even_slices, budget, ms)
+                             even_slices, budget, ms, below)
         for name in ("nodes", "candidates", "pruned", "seeds"):
             setattr(stats, name, getattr(stats, name) + getattr(own, name))
         stats.complete = stats.complete and own.complete
@@ -146,7 +179,10 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     if plan_space == "paper":
         searches.append(search(stage_sizes, 2))          # data parallelism, two stages
         if topo.num_devices <= profile.num_layers and (stage_sizes is None or 1 in stage_sizes):
-            searches.append(search([1], None))           # the straight pipeline
+            # the straight pipeline, if it beats them (`min` below keeps the first of equals)
+            below = min((s.best_value for s in searches), default=math.inf) \
+                if bound_straight else math.inf
+            searches.append(search([1], None, below))
     stats.plan_space = plan_space
     if not any(s.best is not None for s in searches):
         stats.plan_space = "full"

@@ -1,5 +1,7 @@
 """`plan_space.remembering_searches`: inside it, a search asked again with the same arguments is
-not run again, and what the planner returns is what it returns outside it (searching afresh)."""
+not run again, and what the planner returns is what it returns outside it (searching afresh).
+The text report plans with the straight search on its own (`bound_straight=False`), which its
+"best straight" alternative reuses; a bounded straight search reuses it too."""
 import os
 
 from planner.search import plan_space
@@ -23,23 +25,48 @@ def counting_searches(monkeypatch):
 def test_the_straight_pipeline_is_searched_once_for_plan_and_alternative(monkeypatch):
     profile = load_profile(os.path.join(PROFILES, "dapple", "bert-48-pbs-2.txt"))
     topo = parse_topology("B")
-    fresh = (plan_space.plan_dapple(profile, topo, 64), best_straight_plan(profile, topo, 64))
+    alone = dict(bound_straight=False)
+    fresh = (plan_space.plan_dapple(profile, topo, 64, **alone),
+             best_straight_plan(profile, topo, 64))
     runs = counting_searches(monkeypatch)
-    plan_space.plan_dapple(profile, topo, 64)
+    plan_space.plan_dapple(profile, topo, 64, **alone)
     searched = len(runs)
     best_straight_plan(profile, topo, 64)
     assert len(runs) > searched        # outside: the straight search runs again
     runs.clear()
     with plan_space.remembering_searches():
-        remembered = (plan_space.plan_dapple(profile, topo, 64),
+        remembered = (plan_space.plan_dapple(profile, topo, 64, **alone),
                       best_straight_plan(profile, topo, 64))
         assert len(runs) == searched   # inside: the alternative reuses the straight search
-        again = plan_space.plan_dapple(profile, topo, 64)
+        again = (plan_space.plan_dapple(profile, topo, 64, **alone),
+                 plan_space.plan_dapple(profile, topo, 64))    # bounded: it reuses it too
         assert len(runs) == searched
     assert [p.to_json() for p in remembered] == [p.to_json() for p in fresh]
-    assert again.to_json() == fresh[0].to_json()
-    plan_space.plan_dapple(profile, topo, 64)
+    assert [p.to_json() for p in again] == [fresh[0].to_json()] * 2
+    plan_space.plan_dapple(profile, topo, 64, **alone)
     assert len(runs) > searched        # forgotten after it
+
+
+def test_a_bounded_straight_search_then_the_alternative(monkeypatch):
+    """On A the two-stage plan wins and the bounded straight search finds nothing below it;
+    on B a straight seed beats it, so the search is the one on its own. Either way the plan
+    is the one planned without the bound, and once the alternative has run, planning again
+    runs nothing."""
+    profile = load_profile(os.path.join(PROFILES, "dapple", "bert-48-pbs-2.txt"))
+    for config, shape in (("A", "8:8"), ("B", "straight")):
+        topo = parse_topology(config)
+        fresh = (plan_space.plan_dapple(profile, topo, 64, bound_straight=False),
+                 best_straight_plan(profile, topo, 64))
+        assert fresh[0].shape() == shape
+        runs = counting_searches(monkeypatch)
+        with plan_space.remembering_searches():
+            remembered = (plan_space.plan_dapple(profile, topo, 64),
+                          best_straight_plan(profile, topo, 64))
+            searched = len(runs)
+            again = (plan_space.plan_dapple(profile, topo, 64),
+                     best_straight_plan(profile, topo, 64))
+            assert len(runs) == searched
+        assert [p.to_json() for p in remembered + again] == [p.to_json() for p in fresh * 2]
 
 
 def test_other_arguments_search_again(monkeypatch):
