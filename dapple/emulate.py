@@ -18,10 +18,11 @@ Each rank gets `threads_per_rank` TensorFlow/OpenMP threads (default 1) and, wit
 CPU (rank r on the r-th allowed CPU, modulo their number) through `taskset`, so ranks behave
 like devices of their own rather than all sharing every core.
 
-With `runtime="tensorflow"` (`dapple emulate --runtime=tensorflow [--plan=plan.json]`), the job is the one
-`dapple launch --runtime=tensorflow` runs (`dapple.runtime.tf_cluster.launch.run_job`, the same
-start, watch and teardown): a `tf.distribute.Server` per slot but the first, each in its host's
-namespace at its host's address, and the command once, as the chief (task 0), in host 0's.
+With `runtime="tensorflow"` (`dapple emulate --runtime=tensorflow [--plan=plan.json]`), the
+job is the one `dapple launch --runtime=tensorflow` runs
+(`dapple.runtime.tf_cluster.launch.run_job`, the same start, watch and teardown): a
+`tf.distribute.Server` per slot but the first, each in its host's namespace at its host's
+address, and the command once, as the chief (task 0), in host 0's.
 A plan, when given, is checked against the hosts and passed on in DAPPLE_PLAN; without one the
 tasks are the hosts' slots (for a command that needs no plan, as `dapple topology --measure`).
 """

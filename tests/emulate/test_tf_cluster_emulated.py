@@ -7,7 +7,8 @@ the plain Keras model's gradients, loss and weights after 3 Adam steps itself an
 differences (< 1e-5): a 2-stage pipeline with one stage per host (its boundary crosses the
 link) and 2-replica data parallelism with one replica per host (the replicas' gradient sum
 crosses it). Teardown: after success and after a failing script, no namespace, hosts file,
-server or chief is left. Without a plan, `dapple topology --measure` times the link over Send/Recv. A server that hangs on the other host (SIGSTOP) ends the job within 60
+server or chief is left. Without a plan, `dapple topology --measure` times the link over
+Send/Recv. A server that hangs on the other host (SIGSTOP) ends the job within 60
 s, named by the chief's watchdog (`dapple.runtime.tf_cluster.watchdog`)."""
 import json
 import os
