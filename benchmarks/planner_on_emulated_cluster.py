@@ -1,21 +1,36 @@
 """The planner held to measurement: predicted and measured step times of data parallelism, the
 straight pipeline and the planner's best plan on an emulated 2-host cluster, at two link rates.
 
-    python benchmarks/planner_on_emulated_cluster.py [--rates=100Mbps,5Gbps]
-        [--global_batch_size=128] [--steps=8] [--repeats=2] [--pin=false]
+    python benchmarks/planner_on_emulated_cluster.py [--runtime=horovod|tensorflow]
+        [--rates=100Mbps,5Gbps] [--global_batch_size=128] [--steps=8] [--repeats=2] [--pin=false]
 
-Issue #17, item 3. Needs root (`dapple emulate`). In one run:
+Issue #17, item 3 (`--runtime=horovod`, the default); issue #27 (`--runtime=tensorflow`). Needs
+root (`dapple emulate`). In one run:
 
 1. profile the model with one TF thread at `--profile_batch` (`dapple profile`);
 2. per rate: `dapple emulate --topology=2x1,net=RATE -- dapple topology --measure` (one rank a
-   host: the link between hosts is measured, the in-host link is not used by any plan);
+   host: the link between hosts is measured, the in-host link is not used by any plan); with
+   `--runtime=tensorflow`, `dapple emulate --runtime=tensorflow` (no plan: a task per host), so
+   the chief times TensorFlow's Send/Recv between the hosts (`dapple.tf_link_measure`);
 3. per rate: the planner's best data-parallel plan, best straight pipeline and best plan
    (`planner.search.baselines`, `planner.search.plan_space.plan_dapple`, even slices as the runtime needs),
-   each with the planner's estimate and the simulator's replay;
-4. per rate: each distinct plan trained under `dapple emulate` at that rate, median of `--steps`
-   steps after 3 warm-up steps, plans alternating, `--repeats` rounds (median kept); and, for
-   reference, plain Horovod data parallelism of the same model (`plain_dp_step.py`), which
-   says how much of a gap is the runtime's and how much the model's.
+   each with the planner's estimate and the simulator's replay; with `--runtime=tensorflow` the
+   plans carry `transfers="tensorflow"` (as `dapple plan --transfers=tensorflow`: buffered,
+   full-duplex Send/Recv), which the replay follows (the estimate, eq. 1-3, has no transfer
+   mode);
+4. per rate: each distinct plan trained under `dapple emulate` at that rate (with
+   `--runtime=tensorflow --plan=PLAN`: a server on host 1, this script once as the chief on host
+   0), median of `--steps` steps after 3 warm-up steps, plans alternating, `--repeats` rounds
+   (median kept); and a reference. Under Horovod it is plain Horovod data parallelism of the
+   same model (`plain_dp_step.py`), which says how much of a gap is the runtime's and how much
+   the model's. The TF runtime has no plain counterpart that runs as it does (one script on
+   the chief driving the other task; a `tf.distribute` strategy would be another program with
+   another data path), so its reference is dapple's own data parallelism on it, M = 1 (one
+   replica a host): the data-parallel row itself whenever the planner's best data-parallel
+   plan is that one, as it is for this model (its runs are then not repeated). Under this
+   runtime every variable lives on the chief: a unit on host 1 reads working copies of its
+   weights and returns their gradients across the link each step, and host 1's replica gets
+   its rows of the batch from the chief (docs/runtime.md); the cost model has none of these.
 
 Prints predicted and measured side by side, the rankings, and the targets (the rankings match;
 each prediction within 20%).
@@ -36,6 +51,7 @@ does not.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import statistics
@@ -53,6 +69,8 @@ from benchmarks.step_timing import (median_step_ms, read_step_ms, report,  # noq
                                     run_checked, venv_bin)
 
 FLAGS = flags.FLAGS
+flags.DEFINE_enum("runtime", "horovod", ["horovod", "tensorflow"],
+                  "dapple's runtime the plans run on under `dapple emulate` (see the module doc)")
 flags.DEFINE_list("rates", ["100Mbps", "5Gbps"], "link rates between the two hosts")
 flags.DEFINE_integer("global_batch_size", 128, "global batch")
 flags.DEFINE_integer("profile_batch", 32, "batch the profile is measured at")
@@ -107,9 +125,13 @@ def run(cmd, timeout=1800) -> str:
     return run_checked(cmd, env(), REPO, timeout)
 
 
-def emulated(rate: str, program) -> list:
+def emulated(rate: str, program, plan_path: str = "") -> list:
+    """`program` under `dapple emulate` at `rate`: every rank (Horovod), or the chief of a TF
+    cluster (`--runtime=tensorflow`; `plan_path` its plan, none for a command without one)."""
+    tf_cluster = (["--runtime=tensorflow"] + ([f"--plan={plan_path}"] if plan_path else [])
+                  if FLAGS.runtime == "tensorflow" else [])
     return [venv_bin("dapple"), "emulate", f"--topology=2x1,net={rate}",
-            f"--pin={str(FLAGS.pin).lower()}", "--"] + list(program)
+            f"--pin={str(FLAGS.pin).lower()}"] + tf_cluster + ["--"] + list(program)
 
 
 def plain_data_parallel_ms(rate: str) -> float:
@@ -135,6 +157,15 @@ def describe(plan) -> str:
     return f"M={plan.micro_batches} {plan.schedule}: {stages}"
 
 
+def reference_plan(profile, topology, B: int):
+    """--runtime=tensorflow's reference: dapple's data parallelism, M = 1 (see the module doc)."""
+    from planner.formats.plan import Plan, Stage
+    from planner.search.plan_finishing import finish_plan
+    plan = Plan(stages=[Stage(layers=[0, profile.num_layers - 1], devices=[0, 1])],
+                micro_batches=1, global_batch_size=B, transfers="tensorflow")
+    return finish_plan(plan, profile, topology)
+
+
 def ranking(times: dict) -> list:
     return sorted(times, key=times.get)
 
@@ -151,8 +182,9 @@ def main(argv):
     from topology.parse import parse_topology
 
     B = FLAGS.global_batch_size
+    tf_runtime = FLAGS.runtime == "tensorflow"
     print(f"command: python benchmarks/planner_on_emulated_cluster.py "
-          f"--rates={','.join(FLAGS.rates)} --global_batch_size={B} "
+          f"--runtime={FLAGS.runtime} --rates={','.join(FLAGS.rates)} --global_batch_size={B} "
           f"--profile_batch={FLAGS.profile_batch} --steps={FLAGS.steps} "
           f"--repeats={FLAGS.repeats} --pin={str(FLAGS.pin).lower()}")
     misses = []
@@ -176,8 +208,12 @@ def main(argv):
                      "straight pipeline": best_straight_plan(profile, topology, B,
                                                              even_slices=True),
                      BEST: plan_dapple(profile, topology, B, even_slices=True)}
+            if tf_runtime:
+                plans = {name: dataclasses.replace(plan, transfers="tensorflow")
+                         for name, plan in plans.items()}
+                reference = reference_plan(profile, topology, B)
             paths, measured = {}, {}
-            for name, plan in plans.items():
+            for plan in list(plans.values()) + ([reference] if tf_runtime else []):
                 key = plan_key(plan)
                 if key not in paths:
                     paths[key] = os.path.join(tmp, f"{rate}-{len(paths)}.json")
@@ -190,9 +226,11 @@ def main(argv):
                     out = run(emulated(rate, [sys.executable, os.path.abspath(__file__),
                                               f"--worker_plan={path}",
                                               f"--global_batch_size={B}",
-                                              f"--steps={FLAGS.steps}"]))
+                                              f"--steps={FLAGS.steps}"],
+                                       path if tf_runtime else ""))
                     measured[key].append(read_step_ms(out))
-                plain.append(plain_data_parallel_ms(rate))
+                if not tf_runtime:
+                    plain.append(plain_data_parallel_ms(rate))
             print(f"\n== {rate}: measured link {8 * topology.inter_host_bandwidth / 1e9:.3f} "
                   f"Gbit/s, {1e3 * topology.inter_host_latency:.2f} ms a transfer; "
                   f"load average {min(loads):.1f}..{max(loads):.1f}")
@@ -211,10 +249,17 @@ def main(argv):
                 print(f"{name:<19}{predicted[name]:>13.1f}{simulated:>13.1f}{meas[name]:>12.1f}"
                       f"{ratio:>12.2f}   {describe(plan)}")
             names = {key: " = ".join(n for n, p in plans.items() if plan_key(p) == key)
-                     for key in paths}
-            print(f"{'plain Horovod DP':<19}{'':>13}{'':>13}{statistics.median(plain):>12.1f}"
-                  f"{'':>12}   benchmarks/plain_dp_step.py: the same model, batch and ranks "
-                  f"without dapple")
+                     or "dapple DP M=1" for key in paths}
+            if tf_runtime:
+                ref = plan_key(reference)
+                print(f"{'dapple DP M=1':<19}{'':>13}{'':>13}"
+                      f"{statistics.median(measured[ref]):>12.1f}{'':>12}   the reference on "
+                      f"this runtime" + (f": the {names[ref]} row's runs" if names[ref] !=
+                                         "dapple DP M=1" else ""))
+            else:
+                print(f"{'plain Horovod DP':<19}{'':>13}{'':>13}{statistics.median(plain):>12.1f}"
+                      f"{'':>12}   benchmarks/plain_dp_step.py: the same model, batch and ranks "
+                      f"without dapple")
             print("per round (ms): " + "; ".join(
                 f"{names[key]} " + ", ".join(f"{t:.0f}" for t in measured[key])
                 for key in paths))

@@ -18,10 +18,13 @@ Each rank gets `threads_per_rank` TensorFlow/OpenMP threads (default 1) and, wit
 CPU (rank r on the r-th allowed CPU, modulo their number) through `taskset`, so ranks behave
 like devices of their own rather than all sharing every core.
 
-Given a plan (`dapple emulate --runtime=tensorflow --plan=plan.json`), the job is the one
-`dapple launch --runtime=tensorflow` runs (`dapple.runtime.tf_cluster.launch.run_job`, the same
-start, watch and teardown): a `tf.distribute.Server` per slot but the first, each in its host's
-namespace at its host's address, and the command once, as the chief (task 0), in host 0's.
+With `runtime="tensorflow"` (`dapple emulate --runtime=tensorflow [--plan=plan.json]`), the
+job is the one `dapple launch --runtime=tensorflow` runs
+(`dapple.runtime.tf_cluster.launch.run_job`, the same start, watch and teardown): a
+`tf.distribute.Server` per slot but the first, each in its host's namespace at its host's
+address, and the command once, as the chief (task 0), in host 0's.
+A plan, when given, is checked against the hosts and passed on in DAPPLE_PLAN; without one the
+tasks are the hosts' slots (for a command that needs no plan, as `dapple topology --measure`).
 """
 from __future__ import annotations
 
@@ -104,12 +107,18 @@ def _host_index(slot) -> int:
 
 
 def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_rank: int = 1,
-                 pin: bool = True, plan=None, plan_path: Optional[str] = None) -> int:
-    """Run `program` as every rank of `cluster`, or, given a `plan`, once as the chief of a
-    TensorFlow cluster with a server per other slot (`tf_cluster_job`); the job's exit status
-    (see the module doc)."""
+                 pin: bool = True, plan=None, plan_path: Optional[str] = None,
+                 runtime: Optional[str] = None) -> int:
+    """Run `program` as every rank of `cluster` (`runtime` "horovod"), or once as the chief of a
+    TensorFlow cluster with a server per other slot ("tensorflow", `tf_cluster_job`; `plan`, if
+    given, checked against the hosts); the job's exit status (see the module doc). `runtime`
+    defaults to "tensorflow" given a plan, else "horovod"."""
     if threads_per_rank < 1:
         raise EmulateError(f"--threads_per_rank must be >= 1, got {threads_per_rank}")
+    runtime = runtime or ("tensorflow" if plan is not None else "horovod")
+    if runtime not in ("horovod", "tensorflow") or (plan is not None and runtime != "tensorflow"):
+        raise EmulateError(f"runtime {runtime!r}{' with a plan' if plan is not None else ''}: "
+                           f"horovod (no plan) or tensorflow")
     check_prerequisites()
     argv = resolve_program(program)
     if plan is not None:
@@ -132,7 +141,7 @@ def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_r
         say(f"{cluster.describe()}; namespaces {network.prefix}h0..h{cluster.num_hosts - 1}, "
             f"bridge {network.bridge_namespace}")
         network.create()
-        if plan is not None:
+        if runtime == "tensorflow":
             return tf_cluster_job(cluster, network, argv, pinned, threads_per_rank, plan_path,
                                   stop)
         return horovod_job(cluster, network, argv, pinned, threads_per_rank, stop)

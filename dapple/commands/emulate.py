@@ -12,7 +12,11 @@ the job's status (the first failing rank's) and always removes what it built (se
     dapple emulate --runtime=tensorflow --plan=plan.json --topology=2x1,net=1Gbps -- python train.py
 
 runs the job `dapple launch --runtime=tensorflow` runs on the emulated hosts instead: a
-TensorFlow server per slot, the command once as the chief in host 0 (docs/cluster.md).
+TensorFlow server per slot, the command once as the chief in host 0 (docs/cluster.md). A command
+that needs no plan goes without one, a task per slot, as `dapple launch --runtime=tensorflow
+--hosts=...` allows:
+
+    dapple emulate --runtime=tensorflow --topology=2x1,net=1Gbps -- dapple topology --measure
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ flags.DEFINE_enum("runtime", "horovod", ["horovod", "tensorflow"], "every rank r
                   "command (horovodrun's environment), or TensorFlow servers driven by the "
                   "command run once, as the chief (as `dapple launch --runtime=tensorflow`)")
 flags.DEFINE_string("plan", None, "--runtime=tensorflow: plan JSON file, checked against the "
-                    "emulated hosts as `dapple launch --hosts` checks it; in DAPPLE_PLAN")
+                    "emulated hosts as `dapple launch --hosts` checks it; in DAPPLE_PLAN (none: "
+                    "a task per slot, for a command that needs no plan)")
 
 
 def main(argv):
@@ -39,10 +44,11 @@ def main(argv):
         if FLAGS.plan and FLAGS.runtime != "tensorflow":
             raise EmulateError("--plan goes with --runtime=tensorflow (Horovod ranks read "
                                "their plan themselves)")
-        plan = _plan() if FLAGS.runtime == "tensorflow" else None
+        plan = _plan() if FLAGS.plan else None
         from dapple.emulate import run_emulated
         return run_emulated(cluster, argv[1:], threads_per_rank=FLAGS.threads_per_rank,
-                            pin=FLAGS.pin, plan=plan, plan_path=FLAGS.plan)
+                            pin=FLAGS.pin, plan=plan, plan_path=FLAGS.plan,
+                            runtime=FLAGS.runtime)
     except EmulateError as e:
         print(f"dapple emulate: {e}", file=sys.stderr)
         return 2
@@ -51,9 +57,6 @@ def main(argv):
 def _plan():
     from dapple.emulate_spec import EmulateError
     from dapple.runtime.launch import LaunchError, load_plan
-    if not FLAGS.plan:
-        raise EmulateError("--runtime=tensorflow needs --plan=plan.json (one task per plan "
-                           "device, checked against the emulated hosts)")
     try:
         return load_plan(FLAGS.plan)
     except LaunchError as e:

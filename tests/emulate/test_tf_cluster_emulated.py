@@ -7,7 +7,8 @@ the plain Keras model's gradients, loss and weights after 3 Adam steps itself an
 differences (< 1e-5): a 2-stage pipeline with one stage per host (its boundary crosses the
 link) and 2-replica data parallelism with one replica per host (the replicas' gradient sum
 crosses it). Teardown: after success and after a failing script, no namespace, hosts file,
-server or chief is left. A server that hangs on the other host (SIGSTOP) ends the job within 60
+server or chief is left. Without a plan, `dapple topology --measure` times the link over
+Send/Recv. A server that hangs on the other host (SIGSTOP) ends the job within 60
 s, named by the chief's watchdog (`dapple.runtime.tf_cluster.watchdog`)."""
 import json
 import os
@@ -18,6 +19,7 @@ import sys
 import pytest
 
 from emulaterun import emulate, leftovers, start_emulate
+from topology.model import Topology
 from tests.dapple.runtime.tf_cluster.tfrun import (SCRIPTS, finish, plan_file, processes_with,
                                                    stop_server_and_finish, wait_for)
 
@@ -130,12 +132,27 @@ def test_a_plan_that_does_not_fit_the_hosts_is_refused_before_anything_is_built(
     assert "namespaces" not in result.output
 
 
-def test_the_tensorflow_runtime_needs_a_plan_and_a_plan_needs_it(can_emulate):
-    result = emulate(CLUSTER, [sys.executable, "-c", "pass"], timeout=60,
-                     flags=["--runtime=tensorflow"])
-    assert result.returncode == 2, result.output[-3000:]
-    assert "--runtime=tensorflow needs --plan=plan.json" in result.output
+def test_a_plan_needs_the_tensorflow_runtime(can_emulate):
     result = emulate(CLUSTER, [sys.executable, "-c", "pass"], timeout=60,
                      flags=["--plan=plan.json"])
     assert result.returncode == 2, result.output[-3000:]
     assert "--plan goes with --runtime=tensorflow" in result.output
+
+
+@pytest.mark.horovod
+def test_measure_without_a_plan_times_send_recv_between_the_hosts(can_emulate, tmp_path):
+    """No plan: a task per slot, as `dapple launch --runtime=tensorflow --hosts` runs one.
+    `dapple topology --measure`, the chief, times the shaped link between the two hosts over
+    Send/Recv; figures checked only loosely (the shaping took effect), never as timings."""
+    path = tmp_path / "topology.json"
+    result = emulate("2x1,net=100Mbps", ["dapple", "topology", "--measure", "--format=json",
+                                         f"--output={path}", "--message_size=2MiB"],
+                     timeout=240, flags=["--runtime=tensorflow"])
+    assert result.returncode == 0, result.output[-4000:]
+    assert cluster_of(result) == HOST_ADDRESSES
+    topo = Topology.from_dict(json.loads(path.read_text()))
+    assert topo.devices_per_host == (1, 1)
+    assert topo.measured["method"] == "tensorflow send/recv"
+    assert [p["hosts"] for p in topo.measured["inter_host"]] == [[0, 1]]
+    assert 0.3 * 100e6 / 8 < topo.inter_host_bandwidth < 1.5 * 100e6 / 8      # shaped
+    assert_nothing_left(result)
