@@ -40,7 +40,9 @@ Model (decisions a newcomer needs):
   each ALLREDUCE of an update takes the stage's allreduce time.
 * Deterministic: events are committed in order of start time with fixed tie-breaks
   (`planner.estimate.event_loop`, whose cost grows with the number of actions only); the simulation
-  is exact for this model (a max-plus system), not sampled. A schedule that cannot finish
+  is exact for this model (a max-plus system), not sampled. Where no order depends on time
+  (full duplex, no rendezvous) `planner.estimate.fixed_order` computes the same floats in one
+  pass, without the queue. A schedule that cannot finish
   raises `ScheduleError` (from `planner.schedules.replay`) naming every stuck action.
 """
 from __future__ import annotations
