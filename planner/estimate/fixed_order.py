@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from planner.schedules.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT,
-                                       FORWARD, SEND_BACKWARD, SEND_FORWARD)
+                                       FORWARD, SEND_FORWARD)
 from planner.schedules.identity_cache import cached_by_identity
 from planner.estimate.action_graph import ActionGraph
 from planner.estimate.event_loop import EVENT_KIND
@@ -55,27 +55,28 @@ class FixedOrder:
 
 @cached_by_identity(64)
 def fixed_order(graph: ActionGraph) -> FixedOrder:
-    C = graph.schedule.num_chunks
+    """The durations' entries, channels and timeline events of `graph`'s actions."""
+    C, first = graph.schedule.num_chunks, graph.first
     duration_key, channel, send_key, events = [], [], [], []
     numbered = {}
-    for p in range(graph.schedule.num_positions):
-        for i in range(graph.first[p], graph.first[p + 1]):
-            a = graph.actions[i]
-            kind, c = a.kind, a.chunk
-            row = KIND_ROW.get(kind)
-            duration_key.append(0 if row is None else 1 + row * C + c)
-            if kind in (SEND_FORWARD, SEND_BACKWARD):
-                forward = kind == SEND_FORWARD
-                channel.append(numbered.setdefault((p, graph.receiver[i]), len(numbered)))
-                send_key.append(c if forward else C - 1 + c - 1)
-                events.append((i, SEND_FORWARD_KIND if forward else SEND_BACKWARD_KIND,
-                               c if forward else c - 1, a.micro_batch, p, True, False))
-            else:
-                channel.append(-1)
-                send_key.append(-1)
-                if kind in EVENT_KIND:
-                    events.append((i, EVENT_KIND[kind], c, a.micro_batch, p, False,
-                                   kind == ALLREDUCE))
+    row_of, event_kind = KIND_ROW.get, EVENT_KIND.get
+    positions = [p for p in range(len(first) - 1) for _ in range(first[p + 1] - first[p])]
+    for i, (a, p, to) in enumerate(zip(graph.actions, positions, graph.receiver)):
+        kind, c = a.kind, a.chunk
+        row = row_of(kind)
+        duration_key.append(0 if row is None else 1 + row * C + c)
+        if to >= 0:                         # a send
+            forward = kind == SEND_FORWARD
+            channel.append(numbered.setdefault((p, to), len(numbered)))
+            send_key.append(c if forward else C - 1 + c - 1)
+            events.append((i, SEND_FORWARD_KIND if forward else SEND_BACKWARD_KIND,
+                           c if forward else c - 1, a.micro_batch, p, True, False))
+        else:
+            channel.append(-1)
+            send_key.append(-1)
+            shown = event_kind(kind)
+            if shown is not None:
+                events.append((i, shown, c, a.micro_batch, p, False, kind == ALLREDUCE))
     return FixedOrder(tuple(duration_key), tuple(channel), tuple(send_key), len(numbered),
                       tuple(events))
 
