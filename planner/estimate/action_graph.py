@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from planner.schedules.actions import (RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action,
-                             Schedule)
+from planner.schedules.actions import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
+                                       RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
+                                       Action, Schedule)
 from planner.schedules.identity_cache import cached_by_identity
-from planner.schedules.lowering import needs
+from planner.schedules.lowering import backward_kinds, needs
 
 MISSING = -1            # an input that no list holds (the schedule cannot finish)
 
@@ -39,20 +40,43 @@ def action_graph(lowered: Schedule) -> ActionGraph:
             number[(p, a.chunk, a.kind, a.micro_batch)] = len(actions)
             actions.append(a)
     first.append(len(actions))
+    C, placement, get = lowered.num_chunks, lowered.placement, number.get
+    last = C - 1
+    backward = backward_kinds(lowered)
     inputs, receiver, receive = [], [], []
-    for p in range(lowered.num_positions):
-        for a in lowered.lists[p]:
-            inputs.append(tuple([number.get((q, n.chunk, n.kind, n.micro_batch), MISSING)
-                                 for q, n in needs(lowered, p, a)]))
-            if a.kind in (SEND_FORWARD, SEND_BACKWARD):
-                forward = a.kind == SEND_FORWARD
-                chunk = a.chunk + 1 if forward else a.chunk - 1
-                to = lowered.placement[chunk]
-                receiver.append(to)
-                receive.append(number.get((to, chunk, RECV_FORWARD if forward else RECV_BACKWARD,
-                                           a.micro_batch), MISSING))
+    for p, lst in enumerate(lowered.lists):
+        for a in lst:
+            kind, c, m = a.kind, a.chunk, a.micro_batch
+            to = -1
+            # `needs`, as numbers, for the kinds every schedule is made of (tested against it)
+            if kind == FORWARD and not a.version:
+                reads = ((get((p, c - 1, FORWARD, m) if placement[c - 1] == p else
+                              (p, c, RECV_FORWARD, m), MISSING),) if c > 0 else ())
+            elif kind == BACKWARD or kind == BACKWARD_INPUT:
+                reads = ((get((p, c, FORWARD, m), MISSING),
+                          get((p, c + 1, backward[c + 1], m) if placement[c + 1] == p else
+                              (p, c, RECV_BACKWARD, m), MISSING)) if c < last else
+                         (get((p, c, FORWARD, m), MISSING),))
+            elif kind == BACKWARD_WEIGHT:
+                reads = (get((p, c, BACKWARD_INPUT, m), MISSING),)
+            elif kind == SEND_FORWARD:
+                reads = (get((p, c, FORWARD, m), MISSING),)
+                to = placement[c + 1]
+                receive.append(get((to, c + 1, RECV_FORWARD, m), MISSING))
+            elif kind == SEND_BACKWARD:
+                reads = (get((p, c, backward[c], m), MISSING),)
+                to = placement[c - 1]
+                receive.append(get((to, c - 1, RECV_BACKWARD, m), MISSING))
+            elif kind == RECV_FORWARD:
+                reads = (get((placement[c - 1], c - 1, SEND_FORWARD, m), MISSING),)
+            elif kind == RECV_BACKWARD:
+                reads = (get((placement[c + 1], c + 1, SEND_BACKWARD, m), MISSING),)
             else:
-                receiver.append(-1)
+                reads = tuple([get((q, n.chunk, n.kind, n.micro_batch), MISSING)
+                               for q, n in needs(lowered, p, a)])
+            inputs.append(reads)
+            receiver.append(to)
+            if to < 0:
                 receive.append(MISSING)
     return ActionGraph(lowered, tuple(first), tuple(actions), tuple(inputs), tuple(receiver),
                        tuple(receive))

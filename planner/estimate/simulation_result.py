@@ -156,3 +156,44 @@ def peak_held(events, position, held_weight, awaiting_weight) -> float:
     """The most `position` holds at once, weighted as in `_held_steps`."""
     return max(amount for _, amount in _held_steps(events, position, held_weight,
                                                    awaiting_weight))
+
+
+def peaks(events: Sequence[TimelineEvent], held_bytes: Sequence[float],
+          awaiting_bytes: Sequence[float]) -> Tuple[float, float, float]:
+    """(peak_held(events, p, ones, zeros), peak_held(events, p, held_bytes, awaiting_bytes),
+    peak_held(events, p, zeros, ones)) of one position's `events` (all on it), in one sort:
+    the byte amounts are summed in `_held_steps`'s order (its sort key leads this one's); a
+    count is a sum of small integers, exact in any order, and within one instant its changes
+    all go one way (releases, then acquisitions), so its largest running sum is its peak."""
+    changes = []   # (time, order, bytes, held count, awaiting count)
+    for e in events:
+        kind, c = e.kind, e.stage
+        if kind == FORWARD_KIND:
+            changes.append((e.start_ms, 1, +held_bytes[c], 1.0, 0.0))
+        elif kind == BACKWARD_KIND:
+            changes.append((e.end_ms, 0, -held_bytes[c], -1.0, -0.0))
+        elif kind == BACKWARD_INPUT_KIND:
+            changes.append((e.end_ms, 0, -held_bytes[c], -1.0, -0.0))
+            changes.append((e.end_ms, 1, +awaiting_bytes[c], 0.0, 1.0))
+        elif kind == BACKWARD_WEIGHT_KIND:
+            changes.append((e.end_ms, 0, -awaiting_bytes[c], -0.0, -1.0))
+    changes.sort()
+    # `_held_steps` starts from (0.0, 0.0) and keeps the last amount at each instant.
+    last_time = amount = last_amount = held = most_held = awaiting = most_awaiting = 0.0
+    most = None
+    for time, _, delta, d_held, d_awaiting in changes:
+        amount += delta
+        held += d_held
+        awaiting += d_awaiting
+        if held > most_held:
+            most_held = held
+        if awaiting > most_awaiting:
+            most_awaiting = awaiting
+        if last_time != time:
+            if most is None or last_amount > most:
+                most = last_amount
+            last_time = time
+        last_amount = amount
+    if most is None or last_amount > most:
+        most = last_amount
+    return most_held, most, most_awaiting

@@ -40,23 +40,26 @@ Model (decisions a newcomer needs):
   each ALLREDUCE of an update takes the stage's allreduce time.
 * Deterministic: events are committed in order of start time with fixed tie-breaks
   (`planner.estimate.event_loop`, whose cost grows with the number of actions only); the simulation
-  is exact for this model (a max-plus system), not sampled. A schedule that cannot finish
+  is exact for this model (a max-plus system), not sampled. Where no order depends on time
+  (full duplex, no rendezvous) `planner.estimate.fixed_order` computes the same floats in one
+  pass, without the queue. A schedule that cannot finish
   raises `ScheduleError` (from `planner.schedules.replay`) naming every stuck action.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from planner.schedules.actions import ALLREDUCE, Schedule, ScheduleError
 from planner.estimate.action_graph import action_graph
 from planner.estimate.pipeline_costs import PipelineCosts
-from planner.estimate.event_loop import run
+from planner.estimate import event_loop, fixed_order
 from planner.schedules.replay import checked_lowering, replay
 from planner.schedules.by_name import plan_schedule
+from planner.schedules.identity_cache import cached_by_identity
 from planner.estimate.simulation_result import (  # noqa: F401  (the names users import from here)
     ALLREDUCE_KIND, BACKWARD_INPUT_KIND, BACKWARD_KIND, BACKWARD_WEIGHT_KIND, FORWARD_KIND,
     SEND_BACKWARD_KIND, SEND_FORWARD_KIND, StageStats, SimulationResult, TimelineEvent,
-    COMPUTE_EVENTS, KIND_ORDER, peak_held)
+    COMPUTE_EVENTS, KIND_ORDER, peak_held, peaks)
 from planner.schedules.weight_versions import staleness, weight_copies
 
 LINK_DUPLEX_MODES = ("full", "half", "serial")
@@ -83,7 +86,10 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     (one entry per chunk)."""
     check_inputs(schedule, costs, link_duplex)
     lowered = checked_lowering(schedule)
-    events, position_free, position = run(action_graph(lowered), costs, link_duplex, rendezvous)
+    graph = action_graph(lowered)
+    events, position_free, position = (
+        fixed_order.run(graph, costs, link_duplex, rendezvous) or
+        event_loop.run(graph, costs, link_duplex, rendezvous))
     return timed_result(schedule, lowered, costs, events, position_free, position, link_duplex,
                         rendezvous)
 
@@ -118,29 +124,34 @@ def timed_result(schedule: Schedule, lowered: Schedule, costs: PipelineCosts,
     held_bytes = list(costs.activation_bytes) or [0.0] * C
     awaiting_bytes = list(costs.weight_gradient_bytes) or held_bytes
     stats = []
-    copies, stale = weight_copies(lowered), staleness(lowered)
+    copies, stale, allreduces = _per_position(lowered)
     at: List[List[TimelineEvent]] = [[] for _ in range(P)]   # each position's, in time order
     for e in events:
         if e.kind in COMPUTE_EVENTS:
             at[e.position].append(e)
     for p in range(P):
         chunks = [c for c in range(C) if placement[c] == p]
-        busy = sum(e.duration_ms for e in at[p])
-        allreduce = sum(costs.allreduce_ms[a.chunk] for a in lowered.lists[p]
-                        if a.kind == ALLREDUCE)
+        busy = sum([e.end_ms - e.start_ms for e in at[p]])
+        allreduce = sum([costs.allreduce_ms[c] for c in allreduces[p]])
         idle = max(iteration - busy - allreduce, 0.0)
+        held, held_bytes_peak, awaiting = peaks(at[p], held_bytes, awaiting_bytes)
         stats.append(StageStats(
             stage=p, busy_ms=busy, idle_ms=idle, allreduce_ms=allreduce,
             bubble_fraction=idle / iteration if iteration > 0 else 0.0,
-            peak_held_micro_batches=int(round(peak_held(at[p], p, [1.0] * C, [0.0] * C))),
-            peak_held_bytes=peak_held(at[p], p, held_bytes, awaiting_bytes),
-            end_ms=position_free[p],
-            peak_awaiting_weight_micro_batches=int(round(peak_held(at[p], p, [0.0] * C,
-                                                                   [1.0] * C))),
+            peak_held_micro_batches=int(round(held)), peak_held_bytes=held_bytes_peak,
+            end_ms=position_free[p], peak_awaiting_weight_micro_batches=int(round(awaiting)),
             chunks=chunks, weight_copies=copies[p], staleness=stale[p]))
     return SimulationResult(iteration_ms=iteration, stages=stats, events=events, schedule=lowered,
                             link_duplex=link_duplex, rendezvous=rendezvous,
                             batches=schedule.batches)
+
+
+@cached_by_identity(64)
+def _per_position(lowered: Schedule) -> Tuple[List[int], List[int], List[List[int]]]:
+    """Per position of `lowered`: its weight copies, its staleness, the chunks of its
+    allreduces in list order. They depend on the lists only, not on durations."""
+    return (weight_copies(lowered), staleness(lowered),
+            [[a.chunk for a in lst if a.kind == ALLREDUCE] for lst in lowered.lists])
 
 
 def _check_costs(costs: PipelineCosts) -> None:

@@ -98,8 +98,14 @@ class Action:
 @lru_cache(maxsize=1 << 16)
 def shared_action(chunk: int, kind: str, micro_batch: Optional[int] = None) -> Action:
     """`Action(chunk, kind, micro_batch)`, one instance per value: lowering asks for the same
-    actions again and again, and building one checks its fields."""
-    return Action(chunk, kind, micro_batch)
+    actions again and again, and building one checks its fields. Values `Action` accepts are
+    set without its frozen dataclass __init__ (which sets each field through
+    object.__setattr__, then checks them): the same object, in less than half the time."""
+    if kind in KINDS and (micro_batch is not None or kind == ALLREDUCE):   # __post_init__'s checks
+        action = object.__new__(Action)
+        action.__dict__.update(chunk=chunk, kind=kind, micro_batch=micro_batch, version=None)
+        return action
+    return Action(chunk, kind, micro_batch)         # refused, as Action says
 
 
 def actions(text: str) -> List[Action]:

@@ -37,6 +37,7 @@ def check_compute(schedule: Schedule) -> None:
     one, and each backward reading the version its forward read."""
     C, placement = schedule.num_chunks, schedule.placement
     M = schedule.micro_batches
+    updates = _updates(schedule)
     for p, lst in enumerate(schedule.lists):
         for a in lst:
             if not a.is_compute:
@@ -50,21 +51,32 @@ def check_compute(schedule: Schedule) -> None:
         mine = [a for a in lst if a.chunk == c and a.kind != UPDATE]
         split = any(a.kind in (BACKWARD_INPUT, BACKWARD_WEIGHT) for a in mine)
         kinds = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT) if split else (FORWARD, BACKWARD)
-        expected = {shared_action(c, k, m) for k in kinds for m in range(M)}
-        missing = sorted(expected - set(mine))
-        repeated = sorted(a for a, n in Counter(mine).items() if n > 1)
-        stray = sorted(set(mine) - expected)
-        if missing or repeated or stray:
-            raise ScheduleError(
-                f"position {placement[c]}: chunk {c} must run {'F, I and W' if split else 'F and B'}"
-                f" of micro-batches 0..{M - 1} once each; missing {[str(a) for a in missing]}, "
-                f"repeated {[str(a) for a in repeated]}, unexpected {[str(a) for a in stray]}")
-        _check_updates(schedule, c, lst, mine)
+        # Actions are equal when (chunk, kind, micro-batch) are: compared as tuples first,
+        # which hash faster; the Actions only to say what is wrong.
+        expected_keys = {(c, k, m) for k in kinds for m in range(M)}
+        if len(mine) != len(expected_keys) or \
+                {(a.chunk, a.kind, a.micro_batch) for a in mine} != expected_keys:
+            _refuse_chunk(placement[c], c, M, kinds, mine)
+        _check_updates(schedule, c, lst, mine, updates)
 
 
-def _check_updates(schedule: Schedule, c: int, lst, mine) -> None:
+def _refuse_chunk(p: int, c: int, M: int, kinds, mine) -> None:
+    """The ScheduleError for chunk c, whose compute actions `mine` are not one of each of
+    `kinds` for each micro-batch: what is missing, repeated and unexpected."""
+    expected = {shared_action(c, k, m) for k in kinds for m in range(M)}
+    missing = sorted(expected - set(mine))
+    repeated = sorted(a for a, n in Counter(mine).items() if n > 1)
+    stray = sorted(set(mine) - expected)
+    raise ScheduleError(
+        f"position {p}: chunk {c} must run {'F, I and W' if len(kinds) == 3 else 'F and B'}"
+        f" of micro-batches 0..{M - 1} once each; missing {[str(a) for a in missing]}, "
+        f"repeated {[str(a) for a in repeated]}, unexpected {[str(a) for a in stray]}")
+
+
+def _check_updates(schedule: Schedule, c: int, lst, mine, any_updates: bool) -> None:
+    """Chunk c's updates, as `check_compute` states; `any_updates`: whether any chunk has one."""
     updates = [a.micro_batch for a in lst if a.chunk == c and a.kind == UPDATE]
-    if updates != list(range(len(updates))) or (not updates and _updates(schedule)):
+    if updates != list(range(len(updates))) or (not updates and any_updates):
         raise ScheduleError(f"position {schedule.placement[c]}: chunk {c} must run UPDATE "
                             f"0, 1, 2, ... in this order (every chunk updates, or none); it "
                             f"runs {updates}")
@@ -89,6 +101,11 @@ def _updates(schedule: Schedule) -> bool:
 def _backward_kind(schedule: Schedule, chunk: int) -> str:
     """The action that computes `chunk`'s input gradients: B, or I when its backward is split."""
     return BACKWARD_INPUT if chunk in schedule.split_chunks else BACKWARD
+
+
+def backward_kinds(schedule: Schedule) -> List[str]:
+    """`_backward_kind` of every chunk, in chunk order."""
+    return [_backward_kind(schedule, c) for c in range(schedule.num_chunks)]
 
 
 def lower(schedule: Schedule) -> Schedule:

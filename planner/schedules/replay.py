@@ -83,7 +83,7 @@ def checked_lowering(schedule: Schedule) -> Schedule:
     else:
         lowered = lower(schedule)
     for p, lst in enumerate(lowered.lists):
-        if len(set(lst)) != len(lst):
+        if len({(a.chunk, a.kind, a.micro_batch) for a in lst}) != len(lst):   # Action equality
             seen: Set = set()
             twice = next(a for a in lst if a in seen or seen.add(a))
             raise ScheduleError(f"position {p}: {twice} appears twice")

@@ -6,6 +6,7 @@ turn), policy A (K_i = S - i, which is PipeDream-Flush/1F1B, Narayanan Fig. 4.x)
 (K_i = 2(S - i) - 1).
 """
 import itertools
+import re
 
 import pytest
 
@@ -145,3 +146,20 @@ def test_warmup_must_not_grow_along_the_pipeline():
         check_warmup([1, 2], 4)
     with pytest.raises(ScheduleError, match="between 1 and micro_batches"):
         check_warmup([5, 1], 4)
+
+
+def test_shared_action_is_the_action_and_refuses_what_action_refuses():
+    from planner.schedules.actions import KINDS, shared_action
+    for kind in KINDS:
+        for m in (None, 0, 3):
+            try:
+                expected = Action(2, kind, m)
+            except ScheduleError as e:
+                with pytest.raises(ScheduleError, match=re.escape(str(e))):
+                    shared_action(2, kind, m)
+                continue
+            made = shared_action(2, kind, m)
+            assert made == expected and hash(made) == hash(expected) and str(made) == str(expected)
+            assert made.__dict__ == expected.__dict__ and made is shared_action(2, kind, m)
+    with pytest.raises(ScheduleError, match="unknown action kind"):
+        shared_action(0, "X", 1)
