@@ -47,6 +47,7 @@ from dapple.keras2 import require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime.base import Runtime, loss_scale
 from dapple.runtime.choice import make_runtime
+from graph_rewrite.keras_adapter import Keras3, is_keras3
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.formats.plan import Plan
@@ -57,12 +58,16 @@ from planner.formats.slicing import check_even
 class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
                  runtime: Optional[str] = None, micro_batch_loop: bool = True):
-        require_keras2_model(model, "PipelinedModel")
+        require_keras2_model(model, "PipelinedModel", keras3_functional=Keras3.is_graph_model)
         self.model = model
+        self._keras3 = is_keras3(model)
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
         # Checked before the runtime starts (Horovod's, too): a clear error on every rank.
         check_plan_matches_model(self.plan, model)
         check_supported_model(model)
+        if self._keras3 and is_relaxed(self.plan):
+            raise NotImplementedError(self._keras3_not_yet(f"the {self.plan.schedule.name} "
+                                                           f"schedule"))
         check_recompute(self.plan, model)
         require_runtime_support(self.plan)
         self.runtime = make_runtime(runtime, model, self.plan, devices)
@@ -84,11 +89,15 @@ class PipelinedModel:
                              f"2bw, avgpipe); schedule {self.plan.schedule.name!r} runs one batch")
         if kwargs:
             raise TypeError(f"PipelinedModel.compile does not support {sorted(kwargs)}")
+        if self._keras3 and (metrics or weighted_metrics):
+            raise NotImplementedError(self._keras3_not_yet("compiled metrics"))
         # The plain model's compile gives us Keras's optimizer (a LossScaleOptimizer under a
         # mixed-precision policy) and metric conventions.
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
                            loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
+        if self._keras3 and type(self.optimizer).__name__ == "LossScaleOptimizer":
+            raise NotImplementedError(self._keras3_not_yet("mixed precision (LossScaleOptimizer)"))
         self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
         self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,
                                             micro_batch_loop=self.micro_batch_loop)
@@ -97,6 +106,16 @@ class PipelinedModel:
             self._update_metrics) if is_relaxed(self.plan) else None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
         self._metrics_built = False
+
+    def _keras3_not_yet(self, what: str) -> str:
+        return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
+                f"does not support {what} yet: it trains with compile(optimizer, loss), "
+                f"train_step and gradients on a synchronous plan (docs/keras3.md); use "
+                f"tf.keras (Keras 2) after `import dapple` for the rest")
+
+    def _refuse_keras3(self, what: str) -> None:
+        if self._keras3:
+            raise NotImplementedError(self._keras3_not_yet(what))
 
     # ---- where this process runs (the runtime's) ------------------------------------------------
     @property
@@ -183,6 +202,8 @@ class PipelinedModel:
             check_whole_batches(rows(x), self.plan.global_batch_size, what)
 
     def _has_metrics(self) -> bool:
+        if self._keras3:
+            return False                # refused by compile
         cm = self.model.compiled_metrics
         return bool(getattr(cm, "_user_metrics", None) or getattr(cm, "_user_weighted_metrics",
                                                                      None))
@@ -231,7 +252,7 @@ class PipelinedModel:
     def _train(self, x, y, sample_weight):
         if self._relaxed:
             return self._relaxed.train(x, y, sample_weight)
-        if not self._metrics_built:
+        if not self._metrics_built and not self._keras3:
             build_metrics(self.model, y)
             self._metrics_built = True
         return self.make_train_function()(x, y, sample_weight)
@@ -278,6 +299,7 @@ class PipelinedModel:
         Logs are running means over the epoch, as Keras's; `validation_data` adds `val_` logs
         (through `evaluate`) at each epoch's end.
         """
+        self._refuse_keras3("fit")
         self._require_compiled()
         ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
         self._check_dataset(ds, "fit's data")
@@ -327,6 +349,7 @@ class PipelinedModel:
         Works before `compile`. A last partial batch is padded to the global batch (by
         repeating its last row) and the padding's outputs dropped, so every row is predicted.
         """
+        self._refuse_keras3("predict")
         if self._step is None:
             self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), None)
         if self._predict_fn is None:
@@ -360,6 +383,7 @@ class PipelinedModel:
                  return_dict=False):
         """Loss and compiled metrics over full global batches, through the pipeline (no
         backward). Returns what Keras returns: the loss, or [loss, metrics...], or a dict."""
+        self._refuse_keras3("evaluate")
         self._require_compiled()
         if self._eval_fn is None:
             @tf.function
@@ -390,10 +414,12 @@ class PipelinedModel:
     def save_weights(self, path: str) -> None:
         """The plain model's weights in Keras's format, written atomically (once, under
         horovodrun, after every stage's weights are gathered)."""
+        self._refuse_keras3("save_weights")
         self.runtime.save_weights(self.model, path)
 
     def load_weights(self, path: str):
         """Keras's `load_weights` into the plain model (so any plan's checkpoint loads)."""
+        self._refuse_keras3("load_weights")
         if self._relaxed:
             self._relaxed.fresh = True      # a relaxed rule starts afresh from these weights
         return self.runtime.load_weights(self.model, path)

@@ -1,0 +1,138 @@
+"""Keras 3 models (`import keras`, the Keras TensorFlow ships) through `PipelinedModel`, the thin
+path of #30 (docs/keras3.md): a functional model cut into stages on the local runtime computes
+the plain Keras 3 model's gradients, and trains to its weights. The references are Keras 3's
+own: a `tf.GradientTape` step of the plain model, and the plain model's `train_on_batch` with
+the same Keras 3 optimizer; never dapple's code. What the path does not support yet is refused
+by name.
+"""
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from planner.formats.plan import straight_plan
+
+keras = pytest.importorskip("keras")
+if keras.__version__.startswith(("1.", "2.")):
+    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
+
+GLOBAL_BATCH = 24
+
+
+def mlp_with_skip(seed=0):
+    """5 layers: d1 -> d2 -> add(d1, d2) -> d3 -> out (tests/models.py's, in Keras 3)."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,), name="x")
+    h1 = keras.layers.Dense(12, activation="tanh", name="d1")(x)
+    h2 = keras.layers.Dense(12, activation="relu", name="d2")(h1)
+    s = keras.layers.Add(name="add")([h1, h2])
+    h3 = keras.layers.Dense(10, activation="tanh", name="d3")(s)
+    out = keras.layers.Dense(5, name="out")(h3)
+    return keras.Model(x, out, name="k3_mlp_with_skip")
+
+
+def shared_dense(seed=0):
+    """`shared` is called twice: on d1's output and, after d2, on the sum."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,), name="x")
+    shared = keras.layers.Dense(6, activation="tanh", name="shared")
+    h1 = keras.layers.Dense(6, activation="relu", name="d1")(x)
+    a = shared(h1)
+    h2 = keras.layers.Dense(6, activation="tanh", name="d2")(a)
+    b = shared(keras.layers.Add(name="add")([h1, h2]))
+    return keras.Model(x, keras.layers.Dense(5, name="out")(b), name="k3_shared")
+
+
+def data(seed):
+    rng = np.random.RandomState(seed)
+    return (rng.randn(GLOBAL_BATCH, 6).astype("float32"),
+            rng.randint(0, 5, size=GLOBAL_BATCH).astype("int32"))
+
+
+def loss_fn():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def plan_for(model, cuts, replicas, micro_batches=4):
+    from graph_rewrite.model_graph import layer_order
+    return straight_plan(cuts, len(layer_order(model)), micro_batches, GLOBAL_BATCH,
+                         replicas=replicas, schedule="1f1b")
+
+
+CASES = [
+    # (builder, cut positions, replicas)
+    (mlp_with_skip, [2], [1, 1]),          # the skip d1 -> add crosses the cut
+    (mlp_with_skip, [1], [2, 1]),          # 2:1 on 3 devices
+    (shared_dense, [2], [1, 1]),           # the shared layer's calls in both stages
+]
+
+
+def case_id(case):
+    builder, cuts, replicas = case
+    return f"{builder.__name__}-{':'.join(map(str, replicas))}-cuts{cuts}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_gradients_equal_plain_keras3_model(case):
+    builder, cuts, replicas = case
+    model, reference = builder(), builder()
+    pm = dapple.PipelinedModel(model, plan_for(model, cuts, replicas))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    x, y = data(seed=7)
+    got = pm.gradients(x, y)
+    with tf.GradientTape() as tape:
+        want_loss = loss_fn()(y, reference(x, training=True))
+    want = tape.gradient(want_loss, reference.trainable_variables)
+    assert [v.path for v in model.trainable_variables] == \
+        [v.path for v in reference.trainable_variables]
+    assert len(got) == len(want) == len(model.trainable_variables)
+    for g, w, v in zip(got, want, model.trainable_variables):
+        assert float(np.max(np.abs(np.asarray(w)))) > 0, v.path    # the test can fail
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6,
+                                   err_msg=v.path)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[case_id(c) for c in
+                                                              [CASES[0], CASES[2]]])
+def test_weights_after_three_steps_equal_train_on_batch(case):
+    builder, cuts, replicas = case
+    model, reference = builder(), builder()
+    pm = dapple.PipelinedModel(model, plan_for(model, cuts, replicas))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
+                      jit_compile=False)
+    before = [np.array(w) for w in model.get_weights()]
+    for step in range(3):
+        x, y = data(seed=100 + step)          # different data every step
+        got_loss = pm.train_step(x, y)
+        want_loss = reference.train_on_batch(x, y)
+        assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    for got, want, start in zip(model.get_weights(), reference.get_weights(), before):
+        assert np.max(np.abs(want - start)) > 1e-3           # the weights did train
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_what_is_not_supported_yet_is_refused_by_name():
+    model = mlp_with_skip()
+    pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
+    with pytest.raises(NotImplementedError, match=r"model 'k3_mlp_with_skip' is a Keras 3 model.* does "
+                                                  r"not support compiled metrics yet"):
+        pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn(), metrics=["accuracy"])
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    x, y = data(seed=1)
+    for name, call in [("fit", lambda: pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)),
+                       ("evaluate", lambda: pm.evaluate(x, y)),
+                       ("predict", lambda: pm.predict(x)),
+                       ("save_weights", lambda: pm.save_weights("unused.weights.h5")),
+                       ("load_weights", lambda: pm.load_weights("unused.weights.h5"))]:
+        with pytest.raises(NotImplementedError, match=f"does not support {name} yet"):
+            call()
+
+
+def test_batch_normalization_is_refused_by_name():
+    x = keras.Input((4,))
+    h = keras.layers.BatchNormalization(name="bn")(keras.layers.Dense(4, name="d")(x))
+    model = keras.Model(x, keras.layers.Dense(2, name="out")(h), name="k3_bn")
+    with pytest.raises(ValueError, match=r"Keras 3 model 'k3_bn' .*layer 'bn' "
+                                         r"\(BatchNormalization\): moving statistics"):
+        dapple.PipelinedModel(model, straight_plan([1], 3, 2, 8))
