@@ -8,7 +8,7 @@ the rewriter reads of them goes through one adapter per version:
 - the model's calls (nodes) in the order its Functional runs them, and whether it has a graph;
 - a node's layer, the ids of its input and output tensors, its output KerasTensors;
 - the (args, kwargs) to call a node's layer with, given tensors by id, in training or not;
-- a layer's weight regularizers (Keras 2's callable losses);
+- a layer's weight regularizers (Keras 2's callable losses), whether it draws random numbers;
 - building an optimizer's variables before the step is traced.
 
 A tensor is identified by `str(id(keras_tensor))` in both versions (what both Functionals key
@@ -97,6 +97,11 @@ class Keras2(_Functional):
         return args, kwargs
 
     @staticmethod
+    def draws_random_numbers(layer) -> bool:
+        return (getattr(layer, "_random_generator", None) is not None
+                and getattr(layer, "rate", 1.0) != 0)
+
+    @staticmethod
     def weight_penalties(layer) -> list:
         """The layer's (and its sublayers') weight regularizers, as callables."""
         return [c for sub in layer._flatten_layers() for c in sub._callable_losses]
@@ -146,6 +151,13 @@ class Keras3(_Functional):
         if "training" in getattr(node.operation, "_call_context_args", ()):
             kwargs = dict(kwargs, training=training)
         return args, kwargs
+
+    @staticmethod
+    def draws_random_numbers(layer) -> bool:
+        """Keras 3's random layers hold a `keras.random.SeedGenerator` (Dropout only when its
+        rate is not 0)."""
+        return (getattr(layer, "seed_generator", None) is not None
+                and getattr(layer, "rate", 1.0) != 0)
 
     @staticmethod
     def weight_penalties(layer) -> list:

@@ -170,8 +170,7 @@ class StageGraph:
 
 def draws_random_numbers(layer) -> bool:
     """Whether `layer` (Dropout and its kin) draws random numbers in training."""
-    return (getattr(layer, "_random_generator", None) is not None
-            and getattr(layer, "rate", 1.0) != 0)
+    return keras_adapter.for_model(layer).draws_random_numbers(layer)
 
 
 def _unique(items) -> list:

@@ -136,3 +136,20 @@ def test_batch_normalization_is_refused_by_name():
     with pytest.raises(ValueError, match=r"Keras 3 model 'k3_bn' .*layer 'bn' "
                                          r"\(BatchNormalization\): moving statistics"):
         dapple.PipelinedModel(model, straight_plan([1], 3, 2, 8))
+
+
+def test_recomputing_a_keras3_dropout_is_refused_by_name():
+    x = keras.Input((4,))
+    h = keras.layers.Dropout(0.5, name="drop")(keras.layers.Dense(4, name="d")(x))
+    model = keras.Model(x, keras.layers.Dense(2, name="out")(h), name="k3_dropout")
+    plan = straight_plan([1], 3, 2, 8)
+    plan.recompute = True
+    with pytest.raises(ValueError, match=r"layer 'drop' \(Dropout\) draws random numbers"):
+        dapple.PipelinedModel(model, plan)
+
+
+def test_other_runtimes_are_refused_for_keras3_by_name():
+    model = mlp_with_skip()
+    for runtime in ("horovod", "tensorflow"):
+        with pytest.raises(NotImplementedError, match=f"does not support the {runtime} runtime"):
+            dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]), runtime=runtime)
