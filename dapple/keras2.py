@@ -103,7 +103,8 @@ def require_keras2_model(model, where: str, keras3_functional=None) -> None:
         raise TypeError(
             f"{where}: the model {getattr(model, 'name', '')!r} is a Keras {found[1]} model "
             f"(`import keras`) of type {type(model).__name__}, and dapple pipelines Keras 2 "
-            f"models and, so far, Keras 3 functional models (keras.Model(inputs, outputs)); "
+            f"models and, so far, Keras 3 functional models (keras.Model(inputs, outputs)) "
+            f"and built Sequential ones; "
             f"docs/keras3.md. One-line fix: {ONE_LINE_FIX}")
     if found and not found[1].startswith(("1.", "2.")):
         raise TypeError(

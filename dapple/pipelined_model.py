@@ -47,7 +47,7 @@ from dapple.keras2 import require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime.base import Runtime, loss_scale
 from dapple.runtime.choice import chosen, make_runtime
-from graph_rewrite.keras_adapter import Keras3, is_keras3
+from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.formats.plan import Plan
@@ -100,7 +100,8 @@ class PipelinedModel:
         self.optimizer = self.model.optimizer
         if self._keras3 and type(self.optimizer).__name__ == "LossScaleOptimizer":
             raise NotImplementedError(self._keras3_not_yet("mixed precision (LossScaleOptimizer)"))
-        self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
+        self._loss = PipelineLoss(loss, for_model(self.model).output_names(self.model),
+                                  loss_weights)
         self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,
                                             micro_batch_loop=self.micro_batch_loop)
         self._relaxed = RelaxedTraining(

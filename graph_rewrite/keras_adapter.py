@@ -5,7 +5,8 @@ dapple's rewriter re-executes a functional model's own layer calls stage by stag
 (`import keras`, the Keras that TensorFlow ships) record those calls differently; everything
 the rewriter reads of them goes through one adapter per version:
 
-- the model's calls (nodes) in the order its Functional runs them, and whether it has a graph;
+- the model's calls (nodes) in the order its Functional runs them, whether it has a graph, its
+  output names;
 - a node's layer, the ids of its input and output tensors, its output KerasTensors;
 - the (args, kwargs) to call a node's layer with, given tensors by id, in training or not;
 - a layer's weight regularizers (Keras 2's callable losses), whether it draws random numbers;
@@ -14,7 +15,8 @@ the rewriter reads of them goes through one adapter per version:
 A tensor is identified by `str(id(keras_tensor))` in both versions (what both Functionals key
 their tensors by). `Keras2` is what the rewriter always did, moved here unchanged.
 
-Keras 3 is supported on a thin path for now (docs/keras3.md): functional models without
+Keras 3 is supported on a thin path for now (docs/keras3.md): functional (and built Sequential)
+models without
 BatchNormalization, masks or losses from activations or weights; `for_model` tells the versions
 apart and `unsupported_keras3` names what a Keras 3 model uses that is not supported yet.
 """
@@ -63,6 +65,10 @@ class Keras2(_Functional):
     @staticmethod
     def is_graph_model(model) -> bool:
         return bool(getattr(model, "_is_graph_network", False))
+
+    @staticmethod
+    def output_names(model) -> List[str]:
+        return list(model.output_names)
 
     @staticmethod
     def is_input(node) -> bool:
@@ -118,8 +124,22 @@ class Keras3(_Functional):
     name = "Keras 3"
 
     @staticmethod
+    def graph(model):
+        """The Functional whose graph runs `model`: a built Sequential's `_functional` (the
+        same layers and tensors), else the model."""
+        return getattr(model, "_functional", None) or model
+
+    @staticmethod
     def is_graph_model(model) -> bool:
-        return isinstance(getattr(model, "_nodes_by_depth", None), dict)
+        return isinstance(getattr(Keras3.graph(model), "_nodes_by_depth", None), dict)
+
+    @staticmethod
+    def nodes_by_depth(model) -> Dict[int, list]:
+        return Keras3.graph(model)._nodes_by_depth
+
+    @staticmethod
+    def output_names(model) -> List[str]:
+        return list(Keras3.graph(model).output_names)
 
     @staticmethod
     def is_input(node) -> bool:

@@ -46,7 +46,8 @@ def _check_graph_model(model: tf.keras.Model) -> None:
         if not keras_adapter.Keras3.is_graph_model(model):
             raise CutError(f"Keras 3 model {model.name!r} ({type(model).__name__}) has no "
                            f"functional layer graph: dapple pipelines Keras 3 functional "
-                           f"models (keras.Model(inputs, outputs)) so far")
+                           f"models (keras.Model(inputs, outputs)) and built Sequential ones "
+                           f"so far")
         return
     if not isinstance(model, tf.keras.Model):
         raise CutError(f"dapple needs a tf.keras.Model, got {type(model).__name__}")

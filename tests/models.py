@@ -210,7 +210,7 @@ def float32_logits_mlp(seed=0):
 
 def keras3_mlp():
     """The same kind of model written with `import keras`: Keras 3 on TensorFlow 2.16+, which
-    dapple refuses (tests/dapple/test_keras2.py)."""
+    dapple's profiler and CLI refuse (tests/dapple/test_keras2.py)."""
     import keras
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d1"),
                              keras.layers.Dense(2, name="d2")], name="keras3_mlp")

@@ -97,9 +97,11 @@ def test_a_keras3_model_gets_one_clear_error(tmp_path):
     proc = fresh(
         "import numpy as np, dapple\n"
         "from planner.formats.plan import straight_plan\n"
+        "import keras\n"
         "from tests.models import keras3_mlp\n"
         "m = keras3_mlp()\n"
-        "for name, call in [('PipelinedModel', lambda: dapple.PipelinedModel(m, "
+        "unbuilt = keras.Sequential([keras.layers.Dense(3)])   # no layer graph yet\n"
+        "for name, call in [('PipelinedModel', lambda: dapple.PipelinedModel(unbuilt, "
         "straight_plan([1], 2, 2, 8))), ('profile', lambda: dapple.profile(m, "
         "np.zeros((4, 4), 'float32')))]:\n"
         "    try:\n"

@@ -43,6 +43,15 @@ def shared_dense(seed=0):
     return keras.Model(x, keras.layers.Dense(5, name="out")(b), name="k3_shared")
 
 
+def sequential_mlp(seed=0):
+    """A built Keras 3 Sequential: its graph is its `_functional`'s."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh",
+                                                                   name="d1"),
+                             keras.layers.Dense(8, activation="relu", name="d2"),
+                             keras.layers.Dense(5, name="out")], name="k3_sequential")
+
+
 def data(seed):
     rng = np.random.RandomState(seed)
     return (rng.randn(GLOBAL_BATCH, 6).astype("float32"),
@@ -64,6 +73,7 @@ CASES = [
     (mlp_with_skip, [2], [1, 1]),          # the skip d1 -> add crosses the cut
     (mlp_with_skip, [1], [2, 1]),          # 2:1 on 3 devices
     (shared_dense, [2], [1, 1]),           # the shared layer's calls in both stages
+    (sequential_mlp, [1], [1, 2]),         # a Sequential, 1:2
 ]
 
 
