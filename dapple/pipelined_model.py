@@ -113,7 +113,7 @@ class PipelinedModel:
     def _keras3_not_yet(self, what: str) -> str:
         return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
                 f"does not support {what} yet: it trains with compile(optimizer, loss), "
-                f"train_step and gradients on a synchronous plan (docs/keras3.md); use "
+                f"train_step and gradients, and predicts, on a synchronous plan (docs/keras3.md); use "
                 f"tf.keras (Keras 2) after `import dapple` for the rest")
 
     def _refuse_keras3(self, what: str) -> None:
@@ -352,7 +352,6 @@ class PipelinedModel:
         Works before `compile`. A last partial batch is padded to the global batch (by
         repeating its last row) and the padding's outputs dropped, so every row is predicted.
         """
-        self._refuse_keras3("predict")
         if self._step is None:
             self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), None)
         if self._predict_fn is None:

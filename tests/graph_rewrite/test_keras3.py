@@ -82,11 +82,22 @@ def case_id(case):
     return f"{builder.__name__}-{':'.join(map(str, replicas))}-cuts{cuts}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-def test_gradients_equal_plain_keras3_model(case):
+def cases(*indices):
+    """pytest.mark.parametrize over CASES (those at `indices`, or all)."""
+    chosen = [CASES[i] for i in indices] if indices else CASES
+    return pytest.mark.parametrize("case", chosen, ids=[case_id(c) for c in chosen])
+
+
+def pipelined(case):
+    """(model, its plain twin with the same weights, the model's PipelinedModel)."""
     builder, cuts, replicas = case
     model, reference = builder(), builder()
-    pm = dapple.PipelinedModel(model, plan_for(model, cuts, replicas))
+    return model, reference, dapple.PipelinedModel(model, plan_for(model, cuts, replicas))
+
+
+@cases()
+def test_gradients_equal_plain_keras3_model(case):
+    model, reference, pm = pipelined(case)
     pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
     x, y = data(seed=7)
     got = pm.gradients(x, y)
@@ -102,12 +113,9 @@ def test_gradients_equal_plain_keras3_model(case):
                                    err_msg=v.path)
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[case_id(c) for c in
-                                                              [CASES[0], CASES[2]]])
+@cases(0, 2)
 def test_weights_after_three_steps_equal_train_on_batch(case):
-    builder, cuts, replicas = case
-    model, reference = builder(), builder()
-    pm = dapple.PipelinedModel(model, plan_for(model, cuts, replicas))
+    model, reference, pm = pipelined(case)
     pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
     reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
                       jit_compile=False)
@@ -122,6 +130,17 @@ def test_weights_after_three_steps_equal_train_on_batch(case):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@cases(1, 3)
+def test_predict_equals_plain_keras3_predict(case):
+    """Before compile, in global batches, the last one partial (padded, its padding dropped)."""
+    model, reference, pm = pipelined(case)
+    x = np.random.RandomState(5).randn(2 * GLOBAL_BATCH + 5, 6).astype("float32")
+    got = pm.predict(x)
+    want = reference.predict(x, batch_size=GLOBAL_BATCH, verbose=0)
+    assert got.shape == want.shape == (2 * GLOBAL_BATCH + 5, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_what_is_not_supported_yet_is_refused_by_name():
     model = mlp_with_skip()
     pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
@@ -132,7 +151,6 @@ def test_what_is_not_supported_yet_is_refused_by_name():
     x, y = data(seed=1)
     for name, call in [("fit", lambda: pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)),
                        ("evaluate", lambda: pm.evaluate(x, y)),
-                       ("predict", lambda: pm.predict(x)),
                        ("save_weights", lambda: pm.save_weights("unused.weights.h5")),
                        ("load_weights", lambda: pm.load_weights("unused.weights.h5"))]:
         with pytest.raises(NotImplementedError, match=f"does not support {name} yet"):
