@@ -113,7 +113,7 @@ class PipelinedModel:
     def _keras3_not_yet(self, what: str) -> str:
         return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
                 f"does not support {what} yet: it trains with compile(optimizer, loss), "
-                f"train_step and gradients, and predicts, on a synchronous plan (docs/keras3.md); use "
+                f"train_step and gradients, evaluates and predicts, on a synchronous plan (docs/keras3.md); use "
                 f"tf.keras (Keras 2) after `import dapple` for the rest")
 
     def _refuse_keras3(self, what: str) -> None:
@@ -204,6 +204,10 @@ class PipelinedModel:
         else:
             check_whole_batches(rows(x), self.plan.global_batch_size, what)
 
+    def _metrics(self) -> list:
+        """The compiled metrics (none on Keras 3: refused by compile)."""
+        return [] if self._keras3 else self.model.compiled_metrics.metrics
+
     def _has_metrics(self) -> bool:
         if self._keras3:
             return False                # refused by compile
@@ -290,7 +294,7 @@ class PipelinedModel:
 
     def _metric_logs(self, loss_mean) -> dict:
         logs = {"loss": float(loss_mean.result())}
-        for m in self.model.compiled_metrics.metrics:
+        for m in self._metrics():
             logs[m.name] = float(m.result())
         return logs
 
@@ -315,13 +319,13 @@ class PipelinedModel:
             steps = card if card >= 0 else None
         hooks = FitCallbacks(self.model, self.runtime, list(callbacks or []),
                              1 if verbose == "auto" else verbose, epochs, steps,
-                             ["loss"] + [m.name for m in self.model.compiled_metrics.metrics])
+                             ["loss"] + [m.name for m in self._metrics()])
         loss_mean = tf.keras.metrics.Mean()
         initial_epoch = hooks.train_begin(initial_epoch, steps)
         logs = {}
         for epoch in range(initial_epoch, epochs):
             loss_mean.reset_state()
-            for m in self.model.compiled_metrics.metrics:
+            for m in self._metrics():
                 m.reset_state()
             hooks.epoch_begin(epoch)
             r = self._relaxed
@@ -385,7 +389,6 @@ class PipelinedModel:
                  return_dict=False):
         """Loss and compiled metrics over full global batches, through the pipeline (no
         backward). Returns what Keras returns: the loss, or [loss, metrics...], or a dict."""
-        self._refuse_keras3("evaluate")
         self._require_compiled()
         if self._eval_fn is None:
             @tf.function
@@ -396,13 +399,14 @@ class PipelinedModel:
             self._eval_fn = self.runtime.compiled("evaluate step", eval_fn)
         eval_fn = self._eval_fn
         loss_mean = tf.keras.metrics.Mean()
-        for m in self.model.compiled_metrics.metrics:
+        for m in self._metrics():
             m.reset_state()
         ds = self._dataset(x, y, batch_size, False, "evaluate", sample_weight)
         self._check_dataset(ds, "evaluate's data")
         for batch in elements(ds):
             bx, by, bsw = self._unpack(batch, need_y=True)
-            build_metrics(self.model, by)
+            if not self._keras3:
+                build_metrics(self.model, by)
             loss_mean.update_state(eval_fn(bx, by, bsw))
         if int(loss_mean.count) == 0:
             raise ValueError("evaluate got no full global batch of data")

@@ -141,6 +141,20 @@ def test_predict_equals_plain_keras3_predict(case):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@cases(0, 3)
+def test_evaluate_equals_plain_keras3_evaluate(case):
+    model, reference, pm = pipelined(case)
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn(), jit_compile=False)
+    rng = np.random.RandomState(9)
+    x = rng.randn(3 * GLOBAL_BATCH, 6).astype("float32")
+    y = rng.randint(0, 5, size=3 * GLOBAL_BATCH).astype("int32")
+    got = pm.evaluate(x, y, batch_size=GLOBAL_BATCH)
+    want = reference.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    assert abs(float(got) - float(want)) < 1e-5
+    assert pm.evaluate(x, y, return_dict=True) == {"loss": got}
+
+
 def test_what_is_not_supported_yet_is_refused_by_name():
     model = mlp_with_skip()
     pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
@@ -150,7 +164,6 @@ def test_what_is_not_supported_yet_is_refused_by_name():
     pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
     x, y = data(seed=1)
     for name, call in [("fit", lambda: pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)),
-                       ("evaluate", lambda: pm.evaluate(x, y)),
                        ("save_weights", lambda: pm.save_weights("unused.weights.h5")),
                        ("load_weights", lambda: pm.load_weights("unused.weights.h5"))]:
         with pytest.raises(NotImplementedError, match=f"does not support {name} yet"):
