@@ -155,6 +155,23 @@ def test_evaluate_equals_plain_keras3_evaluate(case):
     assert pm.evaluate(x, y, return_dict=True) == {"loss": got}
 
 
+def test_profile_counts_keras3_layers_parameters_and_edges():
+    """`dapple.profile` on a Keras 3 model: its layers in Keras's order, each one's parameter
+    bytes as Keras counts them, output bytes from Keras's output shapes, the skip edge."""
+    model = mlp_with_skip()
+    x, _ = data(seed=2)
+    profile = dapple.profile(model, x, warmup=0, runs=1)
+    names = [layer.name for layer in profile.layers]
+    assert names == ["d1", "d2", "add", "d3", "out"]
+    for layer in profile.layers:
+        keras_layer = model.get_layer(layer.name)
+        assert layer.parameter_bytes == 4 * keras_layer.count_params()
+        assert layer.output_bytes == 4 * GLOBAL_BATCH * keras_layer.output.shape[-1]
+        assert layer.forward_ms > 0
+    assert sorted(profile.layers[names.index("add")].inputs) == [0, 1]
+    assert profile.batch_size == GLOBAL_BATCH and profile.input_bytes == x.nbytes
+
+
 def test_what_is_not_supported_yet_is_refused_by_name():
     model = mlp_with_skip()
     pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
