@@ -155,6 +155,43 @@ def test_evaluate_equals_plain_keras3_evaluate(case):
     assert pm.evaluate(x, y, return_dict=True) == {"loss": got}
 
 
+def two_in_two_out(seed=0):
+    """Dict inputs, the second entering late, and two outputs (tests/models.py's, Keras 3)."""
+    keras.utils.set_random_seed(seed)
+    a = keras.Input((4,), name="a")
+    b = keras.Input((3,), name="b")
+    ha = keras.layers.Dense(8, activation="tanh", name="da")(a)
+    hb = keras.layers.Dense(8, activation="tanh", name="db")(b)
+    h = keras.layers.Concatenate(name="cat")([ha, hb])
+    h = keras.layers.Dense(8, activation="relu", name="dh")(h)
+    cls = keras.layers.Dense(3, name="cls")(h)
+    reg = keras.layers.Dense(1, name="reg")(h)
+    return keras.Model({"a": a, "b": b}, [cls, reg], name="k3_two_in_two_out")
+
+
+def test_dict_inputs_and_two_outputs_train_like_plain_keras3():
+    """Losses per output with loss_weights; 3 stages (1:2:1), the input `b` entering late."""
+    model, reference = two_in_two_out(), two_in_two_out()
+    losses = [loss_fn(), keras.losses.MeanSquaredError()]
+    weights = [1.0, 0.5]
+    pm = dapple.PipelinedModel(model, plan_for(model, [1, 4], [1, 2, 1]))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=losses, loss_weights=weights)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=losses, loss_weights=weights,
+                      jit_compile=False)
+    for step in range(2):
+        rng = np.random.RandomState(20 + step)
+        x = {"a": rng.randn(GLOBAL_BATCH, 4).astype("float32"),
+             "b": rng.randn(GLOBAL_BATCH, 3).astype("float32")}
+        y = [rng.randint(0, 3, size=GLOBAL_BATCH).astype("int32"),
+             rng.randn(GLOBAL_BATCH, 1).astype("float32")]
+        got_loss = pm.train_step(x, y)
+        want_loss = reference.train_on_batch(x, y)
+        want_loss = want_loss[0] if isinstance(want_loss, list) else want_loss
+        assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_profile_counts_keras3_layers_parameters_and_edges():
     """`dapple.profile` on a Keras 3 model: its layers in Keras's order, each one's parameter
     bytes as Keras counts them, output bytes from Keras's output shapes, the skip edge."""
