@@ -113,8 +113,8 @@ class PipelinedModel:
     def _keras3_not_yet(self, what: str) -> str:
         return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
                 f"does not support {what} yet: it trains with compile(optimizer, loss), "
-                f"train_step and gradients, evaluates and predicts, on a synchronous plan (docs/keras3.md); use "
-                f"tf.keras (Keras 2) after `import dapple` for the rest")
+                f"train_step and gradients, evaluates and predicts, on a synchronous plan "
+                f"(docs/keras3.md); use tf.keras (Keras 2) after `import dapple` for the rest")
 
     def _refuse_keras3(self, what: str) -> None:
         if self._keras3:

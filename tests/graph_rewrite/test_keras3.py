@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from planner.formats.plan import straight_plan
+from tests import models
 
 keras = pytest.importorskip("keras")
 if keras.__version__.startswith(("1.", "2.")):
@@ -20,15 +21,8 @@ GLOBAL_BATCH = 24
 
 
 def mlp_with_skip(seed=0):
-    """5 layers: d1 -> d2 -> add(d1, d2) -> d3 -> out (tests/models.py's, in Keras 3)."""
-    keras.utils.set_random_seed(seed)
-    x = keras.Input((6,), name="x")
-    h1 = keras.layers.Dense(12, activation="tanh", name="d1")(x)
-    h2 = keras.layers.Dense(12, activation="relu", name="d2")(h1)
-    s = keras.layers.Add(name="add")([h1, h2])
-    h3 = keras.layers.Dense(10, activation="tanh", name="d3")(s)
-    out = keras.layers.Dense(5, name="out")(h3)
-    return keras.Model(x, out, name="k3_mlp_with_skip")
+    """tests/models.py's, built with Keras 3."""
+    return models.mlp_with_skip(seed, keras=keras)
 
 
 def shared_dense(seed=0):
@@ -155,23 +149,9 @@ def test_evaluate_equals_plain_keras3_evaluate(case):
     assert pm.evaluate(x, y, return_dict=True) == {"loss": got}
 
 
-def two_in_two_out(seed=0):
-    """Dict inputs, the second entering late, and two outputs (tests/models.py's, Keras 3)."""
-    keras.utils.set_random_seed(seed)
-    a = keras.Input((4,), name="a")
-    b = keras.Input((3,), name="b")
-    ha = keras.layers.Dense(8, activation="tanh", name="da")(a)
-    hb = keras.layers.Dense(8, activation="tanh", name="db")(b)
-    h = keras.layers.Concatenate(name="cat")([ha, hb])
-    h = keras.layers.Dense(8, activation="relu", name="dh")(h)
-    cls = keras.layers.Dense(3, name="cls")(h)
-    reg = keras.layers.Dense(1, name="reg")(h)
-    return keras.Model({"a": a, "b": b}, [cls, reg], name="k3_two_in_two_out")
-
-
 def test_dict_inputs_and_two_outputs_train_like_plain_keras3():
     """Losses per output with loss_weights; 3 stages (1:2:1), the input `b` entering late."""
-    model, reference = two_in_two_out(), two_in_two_out()
+    model, reference = (models.two_in_two_out(keras=keras), models.two_in_two_out(keras=keras))
     losses = [loss_fn(), keras.losses.MeanSquaredError()]
     weights = [1.0, 0.5]
     pm = dapple.PipelinedModel(model, plan_for(model, [1, 4], [1, 2, 1]))
@@ -212,8 +192,8 @@ def test_profile_counts_keras3_layers_parameters_and_edges():
 def test_what_is_not_supported_yet_is_refused_by_name():
     model = mlp_with_skip()
     pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
-    with pytest.raises(NotImplementedError, match=r"model 'k3_mlp_with_skip' is a Keras 3 model.* does "
-                                                  r"not support compiled metrics yet"):
+    with pytest.raises(NotImplementedError, match=r"model 'mlp_with_skip' is a Keras 3 "
+                                                  r"model.* does not support compiled metrics"):
         pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn(), metrics=["accuracy"])
     pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
     x, y = data(seed=1)
