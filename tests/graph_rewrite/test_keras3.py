@@ -228,3 +228,18 @@ def test_other_runtimes_are_refused_for_keras3_by_name():
     for runtime in ("horovod", "tensorflow"):
         with pytest.raises(NotImplementedError, match=f"does not support the {runtime} runtime"):
             dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]), runtime=runtime)
+
+
+def test_relaxed_schedules_and_mixed_precision_are_refused_for_keras3_by_name():
+    model = mlp_with_skip()
+    plan = straight_plan([2], 5, 4, GLOBAL_BATCH, schedule="2bw")
+    with pytest.raises(NotImplementedError, match="does not support the 2bw schedule"):
+        dapple.PipelinedModel(model, plan)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = mlp_with_skip()
+        pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
+        with pytest.raises(NotImplementedError, match=r"does not support mixed precision"):
+            pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
