@@ -113,7 +113,8 @@ class PipelinedModel:
     def _keras3_not_yet(self, what: str) -> str:
         return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
                 f"does not support {what} yet: it trains with compile(optimizer, loss), "
-                f"train_step and gradients, evaluates and predicts, on a synchronous plan "
+                f"train_step and gradients, evaluates, predicts and saves and loads weights "
+                f"(.weights.h5), on a synchronous plan "
                 f"(docs/keras3.md); use tf.keras (Keras 2) after `import dapple` for the rest")
 
     def _refuse_keras3(self, what: str) -> None:
@@ -420,12 +421,10 @@ class PipelinedModel:
     def save_weights(self, path: str) -> None:
         """The plain model's weights in Keras's format, written atomically (once, under
         horovodrun, after every stage's weights are gathered)."""
-        self._refuse_keras3("save_weights")
         self.runtime.save_weights(self.model, path)
 
     def load_weights(self, path: str):
         """Keras's `load_weights` into the plain model (so any plan's checkpoint loads)."""
-        self._refuse_keras3("load_weights")
         if self._relaxed:
             self._relaxed.fresh = True      # a relaxed rule starts afresh from these weights
         return self.runtime.load_weights(self.model, path)
