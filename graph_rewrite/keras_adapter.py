@@ -16,9 +16,9 @@ A tensor is identified by `str(id(keras_tensor))` in both versions (what both Fu
 their tensors by). `Keras2` is what the rewriter always did, moved here unchanged.
 
 Keras 3 is supported on a thin path for now (docs/keras3.md): functional (and built Sequential)
-models without
-BatchNormalization, masks or losses from activations or weights; `for_model` tells the versions
-apart and `unsupported_keras3` names what a Keras 3 model uses that is not supported yet.
+models without BatchNormalization, masks, or losses from activations or weights; `for_model`
+tells the versions apart, and `unsupported_keras3` names what a Keras 3 model uses that is not
+supported yet.
 """
 from __future__ import annotations
 
