@@ -172,6 +172,22 @@ def test_dict_inputs_and_two_outputs_train_like_plain_keras3():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("make_optimizer", [lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+                                            lambda: keras.optimizers.Adam(0.01)],
+                         ids=["sgd_momentum", "adam"])
+def test_train_step_traces_the_pipeline_once(make_optimizer):
+    """Keras 3's optimizer variables are built before the step is traced (else TensorFlow
+    traces the whole pipeline twice: tests/dapple/test_trace_once.py)."""
+    from tests.dapple.test_trace_once import counting_runs
+    model, _, pm = pipelined(CASES[1])
+    pm.compile(optimizer=make_optimizer(), loss=loss_fn())
+    calls = counting_runs(pm)
+    x, y = data(seed=4)
+    pm.train_step(x, y)
+    pm.train_step(x, y)
+    assert len(calls) == 1
+
+
 def test_profile_counts_keras3_layers_parameters_and_edges():
     """`dapple.profile` on a Keras 3 model: its layers in Keras's order, each one's parameter
     bytes as Keras counts them, output bytes from Keras's output shapes, the skip edge."""
