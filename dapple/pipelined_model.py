@@ -307,7 +307,6 @@ class PipelinedModel:
         Logs are running means over the epoch, as Keras's; `validation_data` adds `val_` logs
         (through `evaluate`) at each epoch's end.
         """
-        self._refuse_keras3("fit")
         self._require_compiled()
         ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
         self._check_dataset(ds, "fit's data")

@@ -188,6 +188,31 @@ def test_train_step_traces_the_pipeline_once(make_optimizer):
     assert len(calls) == 1
 
 
+@cases(0, 3)
+def test_fit_equals_plain_keras3_fit(case, capsys):
+    """Two epochs of 3 global batches, unshuffled, with validation data and a Keras 3 callback:
+    History (loss, val_loss) and weights as the plain model's `fit`."""
+    model, reference, pm = pipelined(case)
+    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
+                      jit_compile=False)
+    rng = np.random.RandomState(11)
+    x = rng.randn(3 * GLOBAL_BATCH, 6).astype("float32")
+    y = rng.randint(0, 5, size=3 * GLOBAL_BATCH).astype("int32")
+    val = (x[:GLOBAL_BATCH] * 0.5, y[:GLOBAL_BATCH])
+    seen = []
+    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=1,
+                 validation_data=val, callbacks=[keras.callbacks.LambdaCallback(
+                     on_epoch_end=lambda epoch, logs: seen.append(epoch))])
+    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+                         validation_data=val)
+    assert seen == [0, 1] and "3/3" in capsys.readouterr().out     # Keras 3's progress bar
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(got.history[key], want.history[key], rtol=1e-5, atol=1e-6)
+    for got_w, want_w in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
+
+
 def test_profile_counts_keras3_layers_parameters_and_edges():
     """`dapple.profile` on a Keras 3 model: its layers in Keras's order, each one's parameter
     bytes as Keras counts them, output bytes from Keras's output shapes, the skip edge."""
@@ -235,8 +260,9 @@ def test_what_is_not_supported_yet_is_refused_by_name():
         pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn(), metrics=["accuracy"])
     pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
     x, y = data(seed=1)
-    with pytest.raises(NotImplementedError, match="does not support fit yet"):
-        pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    with pytest.raises(NotImplementedError, match="does not support BackupAndRestore yet"):
+        pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0,
+               callbacks=[keras.callbacks.BackupAndRestore("unused")])
 
 
 def test_batch_normalization_is_refused_by_name():
