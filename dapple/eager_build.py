@@ -22,7 +22,7 @@ def build_optimizer(optimizer, variables) -> None:
 def build_metrics(model: tf.keras.Model, y) -> None:
     """Build `model`'s compiled metrics for labels like `y`: one update with zero predictions
     (only shapes and dtypes matter: they choose which accuracy a string names), then reset."""
-    metrics = model.compiled_metrics
+    metrics = keras_adapter.for_model(model).compiled_metrics(model)
     if metrics is None or metrics.built or not _user_metrics(metrics):
         return
     y = tf.nest.map_structure(tf.convert_to_tensor, y)

@@ -91,8 +91,6 @@ class PipelinedModel:
                              f"2bw, avgpipe); schedule {self.plan.schedule.name!r} runs one batch")
         if kwargs:
             raise TypeError(f"PipelinedModel.compile does not support {sorted(kwargs)}")
-        if self._keras3 and (metrics or weighted_metrics):
-            raise NotImplementedError(self._keras3_not_yet("compiled metrics"))
         # The plain model's compile gives us Keras's optimizer (a LossScaleOptimizer under a
         # mixed-precision policy) and metric conventions.
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
@@ -205,21 +203,22 @@ class PipelinedModel:
         else:
             check_whole_batches(rows(x), self.plan.global_batch_size, what)
 
+    def _compiled_metrics(self):
+        return for_model(self.model).compiled_metrics(self.model)
+
     def _metrics(self) -> list:
-        """The compiled metrics (none on Keras 3: refused by compile)."""
-        return [] if self._keras3 else self.model.compiled_metrics.metrics
+        cm = self._compiled_metrics()
+        return list(cm.metrics) if cm is not None else []
 
     def _has_metrics(self) -> bool:
-        if self._keras3:
-            return False                # refused by compile
-        cm = self.model.compiled_metrics
+        cm = self._compiled_metrics()
         return bool(getattr(cm, "_user_metrics", None) or getattr(cm, "_user_weighted_metrics",
                                                                      None))
 
     def _update_metrics(self, y, result, sample_weight=None, step=None) -> None:
         if self._has_metrics():
             y_pred = self.runtime.predictions(step or self._step, result)
-            self.model.compiled_metrics.update_state(
+            self._compiled_metrics().update_state(
                 y, y_pred[0] if len(y_pred) == 1 else y_pred, sample_weight)
 
     # ---- training ------------------------------------------------------------------------------
@@ -260,7 +259,7 @@ class PipelinedModel:
     def _train(self, x, y, sample_weight):
         if self._relaxed:
             return self._relaxed.train(x, y, sample_weight)
-        if not self._metrics_built and not self._keras3:
+        if not self._metrics_built:
             build_metrics(self.model, y)
             self._metrics_built = True
         return self.make_train_function()(x, y, sample_weight)
@@ -295,6 +294,10 @@ class PipelinedModel:
 
     def _metric_logs(self, loss_mean) -> dict:
         logs = {"loss": float(loss_mean.result())}
+        cm = self._compiled_metrics()
+        if self._keras3 and cm is not None and cm.built:      # Keras 3's names, per output
+            logs.update({k: float(v) for k, v in cm.result().items()})
+            return logs
         for m in self._metrics():
             logs[m.name] = float(m.result())
         return logs
@@ -405,8 +408,7 @@ class PipelinedModel:
         self._check_dataset(ds, "evaluate's data")
         for batch in elements(ds):
             bx, by, bsw = self._unpack(batch, need_y=True)
-            if not self._keras3:
-                build_metrics(self.model, by)
+            build_metrics(self.model, by)
             loss_mean.update_state(eval_fn(bx, by, bsw))
         if int(loss_mean.count) == 0:
             raise ValueError("evaluate got no full global batch of data")

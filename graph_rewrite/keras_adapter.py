@@ -10,7 +10,7 @@ the rewriter reads of them goes through one adapter per version:
 - a node's layer, the ids of its input and output tensors, its output KerasTensors;
 - the (args, kwargs) to call a node's layer with, given tensors by id, in training or not;
 - a layer's weight regularizers (Keras 2's callable losses), whether it draws random numbers;
-- building an optimizer's variables before the step is traced.
+- building an optimizer's variables before the step is traced; the compiled metrics.
 
 A tensor is identified by `str(id(keras_tensor))` in both versions (what both Functionals key
 their tensors by). `Keras2` is what the rewriter always did, moved here unchanged.
@@ -69,6 +69,11 @@ class Keras2(_Functional):
     @staticmethod
     def output_names(model) -> List[str]:
         return list(model.output_names)
+
+    @staticmethod
+    def compiled_metrics(model):
+        """The metrics `compile` made (`update_state`, `reset_state`, `metrics`, `built`)."""
+        return model.compiled_metrics
 
     @staticmethod
     def is_input(node) -> bool:
@@ -140,6 +145,12 @@ class Keras3(_Functional):
     @staticmethod
     def output_names(model) -> List[str]:
         return list(Keras3.graph(model).output_names)
+
+    @staticmethod
+    def compiled_metrics(model):
+        """Keras 3's `CompileMetrics` (`keras.src.trainers.compile_utils`), None before
+        compile or without metrics; the same methods as Keras 2's container."""
+        return getattr(model, "_compile_metrics", None)
 
     @staticmethod
     def is_input(node) -> bool:

@@ -190,12 +190,17 @@ def test_train_step_traces_the_pipeline_once(make_optimizer):
 
 @cases(0, 3)
 def test_fit_equals_plain_keras3_fit(case, capsys):
-    """Two epochs of 3 global batches, unshuffled, with validation data and a Keras 3 callback:
-    History (loss, val_loss) and weights as the plain model's `fit`."""
+    """Two epochs of 3 global batches, unshuffled, with validation data, compiled metrics and a
+    Keras 3 callback: History (loss, metrics, their val_) and weights as the plain model's
+    `fit`; `evaluate`'s dict as its."""
     model, reference, pm = pipelined(case)
-    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
+    metrics = ["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")]
+    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
+               metrics=metrics)
     reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
-                      jit_compile=False)
+                      jit_compile=False, metrics=[
+                          "accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2,
+                                                                                   name="top2")])
     rng = np.random.RandomState(11)
     x = rng.randn(3 * GLOBAL_BATCH, 6).astype("float32")
     y = rng.randint(0, 5, size=3 * GLOBAL_BATCH).astype("int32")
@@ -207,8 +212,13 @@ def test_fit_equals_plain_keras3_fit(case, capsys):
     want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
                          validation_data=val)
     assert seen == [0, 1] and "3/3" in capsys.readouterr().out     # Keras 3's progress bar
-    for key in ("loss", "val_loss"):
-        np.testing.assert_allclose(got.history[key], want.history[key], rtol=1e-5, atol=1e-6)
+    assert sorted(got.history) == sorted(want.history)
+    for key in want.history:            # loss, accuracy, top2 and their val_
+        np.testing.assert_allclose(got.history[key], want.history[key], rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+    assert pm.evaluate(*val, return_dict=True) == pytest.approx(
+        reference.evaluate(*val, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True),
+        rel=1e-5)
     for got_w, want_w in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
 
@@ -252,15 +262,13 @@ def test_weights_saved_load_into_plain_keras3_and_back(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
-def test_what_is_not_supported_yet_is_refused_by_name():
+def test_backup_and_restore_is_refused_for_keras3_by_name():
     model = mlp_with_skip()
     pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
-    with pytest.raises(NotImplementedError, match=r"model 'mlp_with_skip' is a Keras 3 "
-                                                  r"model.* does not support compiled metrics"):
-        pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn(), metrics=["accuracy"])
     pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
     x, y = data(seed=1)
-    with pytest.raises(NotImplementedError, match="does not support BackupAndRestore yet"):
+    with pytest.raises(NotImplementedError, match=r"model 'mlp_with_skip' is a Keras 3 model.* "
+                                                  r"does not support BackupAndRestore yet"):
         pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0,
                callbacks=[keras.callbacks.BackupAndRestore("unused")])
 
