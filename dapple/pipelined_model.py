@@ -110,14 +110,10 @@ class PipelinedModel:
 
     def _keras3_not_yet(self, what: str) -> str:
         return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
-                f"does not support {what} yet: it trains with compile(optimizer, loss), "
-                f"train_step and gradients, evaluates, predicts and saves and loads weights "
-                f"(.weights.h5), on a synchronous plan "
-                f"(docs/keras3.md); use tf.keras (Keras 2) after `import dapple` for the rest")
-
-    def _refuse_keras3(self, what: str) -> None:
-        if self._keras3:
-            raise NotImplementedError(self._keras3_not_yet(what))
+                f"does not support {what} yet: it covers compile, fit, train_step, gradients, "
+                f"evaluate, predict and .weights.h5 checkpoints on the local runtime's "
+                f"synchronous plans (docs/keras3.md); use tf.keras (Keras 2) after "
+                f"`import dapple` for the rest")
 
     # ---- where this process runs (the runtime's) ------------------------------------------------
     @property
