@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from dapple.checkpoint import save_model_atomically, save_weights_atomically
+from graph_rewrite.keras_adapter import is_keras3
 
 Callback = tf.keras.callbacks.Callback
 
@@ -90,6 +91,9 @@ class FitCallbacks:
                  verbose: int, epochs: int, steps: Optional[int],
                  stateful_metrics: Sequence[str]):
         self.runtime = runtime
+        if is_keras3(model):
+            self._keras3(model, callbacks, verbose, epochs, steps)
+            return
         self.view = CallbackModel(model, runtime)
         mine = [c for c in callbacks if runtime.is_writer or not isinstance(c, WRITER_ONLY)]
         for c in mine:
@@ -107,6 +111,23 @@ class FitCallbacks:
         self.gather_by_batch = any(_saves_by_batch(c) for c in mine)
         self.agree_by_batch = any(_overrides(c, "on_train_batch_end")
                                   and not isinstance(c, NEVER_STOP_MID_EPOCH) for c in mine)
+
+    def _keras3(self, model, callbacks, verbose: int, epochs: int, steps: Optional[int]):
+        """A Keras 3 model (the local runtime only: one process, the writer): its callbacks see
+        the model itself, run by Keras 3's `CallbackList` with Keras 3's progress bar, as its
+        own `fit` runs them (our logs are running means, as its are)."""
+        import keras
+        for c in callbacks:
+            if isinstance(c, keras.callbacks.BackupAndRestore):
+                raise NotImplementedError(
+                    f"model {model.name!r} is a Keras 3 model, and dapple's Keras 3 path does "
+                    f"not support BackupAndRestore yet (docs/keras3.md)")
+        self.view = model
+        self.list = keras.callbacks.CallbackList(list(callbacks), add_history=True,
+                                                 add_progbar=verbose != 0, model=model,
+                                                 verbose=verbose, epochs=epochs, steps=steps)
+        model.stop_training = False
+        self.gather_by_batch = self.agree_by_batch = False
 
     @property
     def history(self):

@@ -8,6 +8,7 @@ import tempfile
 
 import tensorflow as tf
 
+from graph_rewrite.keras_adapter import is_keras3
 from planner.formats.files import write_atomically
 
 
@@ -27,12 +28,19 @@ def _directory_beside(path: str, prefix: str):
 def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
     """`model.save_weights(path)` with no partial result visible at `path` if it fails.
 
+    Keras 3: `.weights.h5` only, one file written beside and renamed into place.
     HDF5 (`.h5`/`.keras` suffix): one file, written beside and renamed into place. TensorFlow
     format (any other path): the files are written in a temporary directory beside the target
     and renamed into place with the `.index` file last, since TensorFlow reads a checkpoint
     through its index.
     """
     path = os.fspath(path)
+    if is_keras3(model):
+        if not path.endswith(".weights.h5"):
+            raise ValueError(f"Keras 3 saves weights to a path ending .weights.h5 (its one "
+                             f"weights format), got {path!r}")
+        write_atomically(path, model.save_weights)      # the temporary file keeps the name
+        return
     if path.endswith((".h5", ".keras", ".hdf5")):
         def write(tmp):
             # Keras 2 refuses HDF5 weights at a name ending .keras: write as .h5, then rename

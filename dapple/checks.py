@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graph_rewrite import keras_adapter
 from graph_rewrite.batch_statistics import check_batch_normalization
 from graph_rewrite.model_graph import draws_random_numbers, layer_order, model_signature
 from planner.formats.plan import Plan, PlanError
@@ -41,6 +42,12 @@ def check_plan_matches_model(plan: Plan, model: tf.keras.Model) -> None:
 
 def check_supported_model(model: tf.keras.Model) -> None:
     """Refuse what the pipelined step would silently compute differently from Keras."""
+    if keras_adapter.is_keras3(model):
+        problems = keras_adapter.unsupported_keras3(model)
+        if problems:
+            raise ValueError(f"Keras 3 model {model.name!r} uses what dapple's Keras 3 path does "
+                             f"not support yet: {'; '.join(problems)} (docs/keras3.md)")
+        return
     for layer in model._flatten_layers(include_self=False):
         check_batch_normalization(layer)
     # Weight regularizers are supported (graph_rewrite.pipeline adds them once per step);

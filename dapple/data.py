@@ -42,9 +42,10 @@ def dataset_batch_rows(ds, model, global_batch, what: str):
         return None
     spec = ds.element_spec
     first = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)[0]
-    model_input = tf.nest.flatten(model.input)[0]
+    model_input = model.inputs[0]      # flatten(model.input)[0]; a Keras 3 Sequential has no .input
     fix = f".batch({global_batch or 'global_batch_size'}, drop_remainder=True)"
-    if first.shape.rank is not None and first.shape.rank == model_input.shape.rank - 1:
+    # len(): Keras 3's KerasTensor shape is a tuple, Keras 2's a TensorShape of known rank
+    if first.shape.rank is not None and first.shape.rank == len(model_input.shape) - 1:
         raise ValueError(f"{what} is not batched: its elements have shape {first.shape}, the "
                          f"model's input {model_input.shape}. Batch it with {fix}")
     if not first.shape.rank:

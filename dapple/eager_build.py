@@ -10,19 +10,19 @@ from __future__ import annotations
 import tensorflow as tf
 
 from dapple.data import rows
+from graph_rewrite import keras_adapter
 
 
 def build_optimizer(optimizer, variables) -> None:
     """Keras's optimizer `build` for `variables` (what `apply_gradients` does on its first
     call); legacy optimizers have none and build in the trace."""
-    if isinstance(optimizer, tf.keras.optimizers.Optimizer):   # LossScaleOptimizerV3 too
-        optimizer.build(variables)
+    keras_adapter.for_model(optimizer).build_optimizer(optimizer, variables)
 
 
 def build_metrics(model: tf.keras.Model, y) -> None:
     """Build `model`'s compiled metrics for labels like `y`: one update with zero predictions
     (only shapes and dtypes matter: they choose which accuracy a string names), then reset."""
-    metrics = model.compiled_metrics
+    metrics = keras_adapter.for_model(model).compiled_metrics(model)
     if metrics is None or metrics.built or not _user_metrics(metrics):
         return
     y = tf.nest.map_structure(tf.convert_to_tensor, y)

@@ -1,4 +1,6 @@
-"""dapple runs Keras 2 models: `tf.keras` is made the Keras 2 API, and Keras 3 models are refused.
+"""dapple runs Keras 2 models: `tf.keras` is made the Keras 2 API; Keras 3 models are refused
+except by the entry points with a Keras 3 path (`PipelinedModel`: functional models, see
+docs/keras3.md).
 
 From TensorFlow 2.16 on, `tf.keras` is Keras 3 unless the environment variable
 `TF_USE_LEGACY_KERAS=1` is set before TensorFlow is imported and the `tf_keras` package (Keras 2,
@@ -11,7 +13,7 @@ rewriter cuts Keras 2's layer graph, so:
 - `check_tf_keras()`, called once TensorFlow is loaded, fails with what to do when `tf.keras`
   is Keras 3 all the same: TensorFlow imported first without that variable, or no `tf_keras`;
 - `require_keras2_model(model, where)` refuses a Keras 3 model with its Keras version and the
-  one-line change.
+  one-line change (`keras3_functional=`: those Keras 3 models it accepts).
 
 TensorFlow 2.15 has Keras 2 built in (`tf.keras` is `keras` 2.15), but reads the variable too:
 set without `tf_keras` installed, its `tf.keras` fails to load. Hence "when `tf_keras` is
@@ -82,16 +84,28 @@ def keras_of(obj):
     return None
 
 
-def require_keras2_model(model, where: str) -> None:
+def require_keras2_model(model, where: str, keras3_functional=None) -> None:
     """Refuse, with one clear message, a model that is not a `tf.keras` (Keras 2) model.
 
-    `where` names the entry point (`PipelinedModel`, `dapple.profile`, `--model=m:build`)."""
+    `where` names the entry point (`PipelinedModel`, `dapple.profile`, `--model=m:build`);
+    `keras3_functional(model)`, when given, accepts the Keras 3 models it is true for (the
+    entry points that have a Keras 3 path: docs/keras3.md)."""
     import tensorflow as tf
 
     if isinstance(model, tf.keras.Model):
         _refuse_other_keras_inside(model, where)
         return
     found = keras_of(model)
+    if found and not found[1].startswith(("1.", "2.")) and keras3_functional is not None \
+            and keras3_functional(model):
+        return
+    if found and not found[1].startswith(("1.", "2.")) and keras3_functional is not None:
+        raise TypeError(
+            f"{where}: the model {getattr(model, 'name', '')!r} is a Keras {found[1]} model "
+            f"(`import keras`) of type {type(model).__name__}, and dapple pipelines Keras 2 "
+            f"models and, so far, Keras 3 functional models (keras.Model(inputs, outputs)) "
+            f"and built Sequential ones; "
+            f"docs/keras3.md. One-line fix: {ONE_LINE_FIX}")
     if found and not found[1].startswith(("1.", "2.")):
         raise TypeError(
             f"{where}: the model {getattr(model, 'name', '')!r} is a Keras {found[1]} model "

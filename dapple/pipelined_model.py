@@ -46,7 +46,8 @@ from dapple.eager_build import build_metrics
 from dapple.keras2 import require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime.base import Runtime, loss_scale
-from dapple.runtime.choice import make_runtime
+from dapple.runtime.choice import chosen, make_runtime
+from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.formats.plan import Plan
@@ -57,12 +58,18 @@ from planner.formats.slicing import check_even
 class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
                  runtime: Optional[str] = None, micro_batch_loop: bool = True):
-        require_keras2_model(model, "PipelinedModel")
+        require_keras2_model(model, "PipelinedModel", keras3_functional=Keras3.is_graph_model)
         self.model = model
+        self._keras3 = is_keras3(model)
         self.plan = Plan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
         # Checked before the runtime starts (Horovod's, too): a clear error on every rank.
         check_plan_matches_model(self.plan, model)
         check_supported_model(model)
+        if self._keras3 and is_relaxed(self.plan):
+            raise NotImplementedError(self._keras3_not_yet(f"the {self.plan.schedule.name} "
+                                                           f"schedule"))
+        if self._keras3 and chosen(runtime) != "local":
+            raise NotImplementedError(self._keras3_not_yet(f"the {chosen(runtime)} runtime"))
         check_recompute(self.plan, model)
         require_runtime_support(self.plan)
         self.runtime = make_runtime(runtime, model, self.plan, devices)
@@ -89,7 +96,10 @@ class PipelinedModel:
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
                            loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
-        self._loss = PipelineLoss(loss, self.model.output_names, loss_weights)
+        if self._keras3 and type(self.optimizer).__name__ == "LossScaleOptimizer":
+            raise NotImplementedError(self._keras3_not_yet("mixed precision (LossScaleOptimizer)"))
+        self._loss = PipelineLoss(loss, for_model(self.model).output_names(self.model),
+                                  loss_weights)
         self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,
                                             micro_batch_loop=self.micro_batch_loop)
         self._relaxed = RelaxedTraining(
@@ -97,6 +107,13 @@ class PipelinedModel:
             self._update_metrics) if is_relaxed(self.plan) else None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
         self._metrics_built = False
+
+    def _keras3_not_yet(self, what: str) -> str:
+        return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
+                f"does not support {what} yet: it covers compile, fit, train_step, gradients, "
+                f"evaluate, predict and .weights.h5 checkpoints on the local runtime's "
+                f"synchronous plans (docs/keras3.md); use tf.keras (Keras 2) after "
+                f"`import dapple` for the rest")
 
     # ---- where this process runs (the runtime's) ------------------------------------------------
     @property
@@ -182,15 +199,22 @@ class PipelinedModel:
         else:
             check_whole_batches(rows(x), self.plan.global_batch_size, what)
 
+    def _compiled_metrics(self):
+        return for_model(self.model).compiled_metrics(self.model)
+
+    def _metrics(self) -> list:
+        cm = self._compiled_metrics()
+        return list(cm.metrics) if cm is not None else []
+
     def _has_metrics(self) -> bool:
-        cm = self.model.compiled_metrics
+        cm = self._compiled_metrics()
         return bool(getattr(cm, "_user_metrics", None) or getattr(cm, "_user_weighted_metrics",
                                                                      None))
 
     def _update_metrics(self, y, result, sample_weight=None, step=None) -> None:
         if self._has_metrics():
             y_pred = self.runtime.predictions(step or self._step, result)
-            self.model.compiled_metrics.update_state(
+            self._compiled_metrics().update_state(
                 y, y_pred[0] if len(y_pred) == 1 else y_pred, sample_weight)
 
     # ---- training ------------------------------------------------------------------------------
@@ -266,7 +290,11 @@ class PipelinedModel:
 
     def _metric_logs(self, loss_mean) -> dict:
         logs = {"loss": float(loss_mean.result())}
-        for m in self.model.compiled_metrics.metrics:
+        cm = self._compiled_metrics()
+        if self._keras3 and cm is not None and cm.built:      # Keras 3's names, per output
+            logs.update({k: float(v) for k, v in cm.result().items()})
+            return logs
+        for m in self._metrics():
             logs[m.name] = float(m.result())
         return logs
 
@@ -290,13 +318,13 @@ class PipelinedModel:
             steps = card if card >= 0 else None
         hooks = FitCallbacks(self.model, self.runtime, list(callbacks or []),
                              1 if verbose == "auto" else verbose, epochs, steps,
-                             ["loss"] + [m.name for m in self.model.compiled_metrics.metrics])
+                             ["loss"] + [m.name for m in self._metrics()])
         loss_mean = tf.keras.metrics.Mean()
         initial_epoch = hooks.train_begin(initial_epoch, steps)
         logs = {}
         for epoch in range(initial_epoch, epochs):
             loss_mean.reset_state()
-            for m in self.model.compiled_metrics.metrics:
+            for m in self._metrics():
                 m.reset_state()
             hooks.epoch_begin(epoch)
             r = self._relaxed
@@ -370,7 +398,7 @@ class PipelinedModel:
             self._eval_fn = self.runtime.compiled("evaluate step", eval_fn)
         eval_fn = self._eval_fn
         loss_mean = tf.keras.metrics.Mean()
-        for m in self.model.compiled_metrics.metrics:
+        for m in self._metrics():
             m.reset_state()
         ds = self._dataset(x, y, batch_size, False, "evaluate", sample_weight)
         self._check_dataset(ds, "evaluate's data")

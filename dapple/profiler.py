@@ -45,14 +45,17 @@ import tensorflow as tf
 
 from dapple.keras2 import require_keras2_model
 from dapple.measure import MIN_BACKWARD_MS, median_ms
+from graph_rewrite.keras_adapter import Keras3
 from graph_rewrite.model_graph import (call_positions, layer_order, model_input_ids,
-                                       model_signature, node_call_arguments)
+                                       model_signature, node_call_arguments, node_input_ids,
+                                       node_layer, node_output_ids)
 from planner.formats.profile import Layer, Profile, SharedParameters
 
 
 def _nbytes(tensors) -> int:
-    return int(sum(int(np.prod(t.shape)) * t.dtype.size for t in tf.nest.flatten(tensors)
-                   if hasattr(t, "dtype")))
+    # tf.as_dtype: a Keras 3 variable's dtype is a name
+    return int(sum(int(np.prod(t.shape)) * tf.as_dtype(t.dtype).size
+                   for t in tf.nest.flatten(tensors) if hasattr(t, "dtype")))
 
 
 def _node_call(node, values: Dict[str, tf.Tensor]):
@@ -61,7 +64,7 @@ def _node_call(node, values: Dict[str, tf.Tensor]):
 
 
 def _time_node(node, args, kwargs, warmup: int, runs: int):
-    layer = node.layer
+    layer = node_layer(node)
     float_inputs = [t for t in tf.nest.flatten((args, kwargs))
                     if isinstance(t, tf.Tensor) and t.dtype.is_floating]
 
@@ -101,7 +104,7 @@ def _time_node(node, args, kwargs, warmup: int, runs: int):
 def measure_profile(model: tf.keras.Model, x, name: Optional[str] = None, warmup: int = 2,
                     runs: int = 5) -> Profile:
     """The planner's `Profile` of `model`, measured on the batch `x`."""
-    require_keras2_model(model, "dapple.profile")
+    require_keras2_model(model, "dapple.profile", keras3_functional=Keras3.is_graph_model)
     if runs < 1 or warmup < 0:
         raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     order = layer_order(model)
@@ -165,7 +168,7 @@ def parameter_bytes(model: tf.keras.Model, num_positions: int):
     used_at: Dict[int, set] = {}
     size: Dict[int, int] = {}
     for node, p in call_positions(model):
-        for v in node.layer.weights:
+        for v in node_layer(node).weights:
             key = _variable_key(v)
             used_at.setdefault(key, set()).add(p)
             size[key] = _nbytes([v])
@@ -189,21 +192,21 @@ def _measure(model, order, values, producer, warmup, runs) -> List[dict]:
              for _ in order]
     for node, q in call_positions(model):
         args, kwargs = _node_call(node, values)
-        outputs = node.layer(*args, **kwargs)
-        for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
+        outputs = node_layer(node)(*args, **kwargs)
+        for tid, y in zip(node_output_ids(node), tf.nest.flatten(outputs)):
             values[tid] = y
         forward_ms, backward_ms, input_ms = _time_node(node, args, kwargs, warmup, runs)
-        s = stats[position[id(node.layer)]]
+        s = stats[position[id(node_layer(node))]]
         s["forward_ms"] += forward_ms
         s["backward_ms"] += backward_ms
         s["input_gradient_ms"] += input_ms
         s = stats[q]
         s["output_bytes"] += _nbytes(outputs)
-        for tid in node.flat_input_ids:
+        for tid in node_input_ids(node):
             src = producer[tid]
             if src != q and src not in s["inputs"]:
                 s["inputs"].append(src)
-        for tid in node.flat_output_ids:
+        for tid in node_output_ids(node):
             producer[tid] = q
     return stats
 

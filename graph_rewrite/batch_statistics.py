@@ -30,6 +30,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from graph_rewrite.keras_adapter import layer_of
+
 
 def _batch_normalization_base():
     for cls in tf.keras.layers.BatchNormalization.__mro__:
@@ -196,7 +198,7 @@ class StatisticsRecorder:
         self.by_node: Dict[int, List[SliceStatistics]] = {}    # id(node) -> per call
 
     def __call__(self, node, args, kwargs) -> None:
-        layer = node.layer
+        layer = layer_of(node)
         if not updates_in_training(layer, kwargs):
             return
         inputs = args[0] if args else kwargs["inputs"]
@@ -211,9 +213,10 @@ def normalization_layers(nodes) -> List:
     """The BatchNormalization layers that `nodes` call, once each, in call order."""
     seen, out = set(), []
     for node in nodes:
-        if is_batch_normalization(node.layer) and id(node.layer) not in seen:
-            seen.add(id(node.layer))
-            out.append(node.layer)
+        layer = layer_of(node)
+        if is_batch_normalization(layer) and id(layer) not in seen:
+            seen.add(id(layer))
+            out.append(layer)
     return out
 
 

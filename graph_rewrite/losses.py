@@ -17,10 +17,18 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from graph_rewrite import keras_adapter
+
 Reduction = tf.keras.losses.Reduction
 
 
 def _per_element_fn(loss) -> Tuple[Any, str]:
+    if keras_adapter.is_keras3(loss):           # a Keras 3 `keras.losses.Loss`
+        reduction = getattr(loss, "reduction", None)
+        if reduction not in ("sum_over_batch_size", "sum") or not hasattr(loss, "call"):
+            raise ValueError(f"cannot use {loss!r} (reduction {reduction!r}) as a loss yet: "
+                             f"Keras 3 losses with sum_over_batch_size or sum reduction")
+        return loss.call, "sum" if reduction == "sum" else "mean"
     obj = tf.keras.losses.get(loss)
     if isinstance(obj, tf.keras.losses.Loss):
         reduction = obj.reduction
@@ -114,10 +122,9 @@ def weight_penalties_by_stage(stages) -> List[list]:
     for graph in stages:
         mine = []
         for layer in graph.called_layers:
-            for sub in layer._flatten_layers():
-                for c in sub._callable_losses:
-                    if id(c) not in seen:
-                        seen.add(id(c))
-                        mine.append(c)
+            for c in keras_adapter.for_model(layer).weight_penalties(layer):
+                if id(c) not in seen:
+                    seen.add(id(c))
+                    mine.append(c)
         out.append(mine)
     return out

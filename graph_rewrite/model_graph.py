@@ -19,17 +19,22 @@ if later, the latest position that produced one of its inputs), so its calls may
 different stages, each of which then holds the layer's variables. Variables shared by different
 layers (a tied embedding and output projection) are likewise held by every stage that uses them.
 
+What is read of Keras's graph (nodes, their layers, tensor ids, call arguments, masks) goes
+through `graph_rewrite.keras_adapter`, one adapter per Keras version (tf_keras's Keras 2 and
+Keras 3).
+
 Limits, each reported with the layer's name: subclassed models (no layer graph), and Keras masks
 crossing a cut (masks are not transferred).
 """
 from __future__ import annotations
 
-import collections
 import hashlib
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
+
+from graph_rewrite import keras_adapter
 
 
 class CutError(ValueError):
@@ -37,9 +42,16 @@ class CutError(ValueError):
 
 
 def _check_graph_model(model: tf.keras.Model) -> None:
+    if keras_adapter.is_keras3(model):
+        if not keras_adapter.Keras3.is_graph_model(model):
+            raise CutError(f"Keras 3 model {model.name!r} ({type(model).__name__}) has no "
+                           f"functional layer graph: dapple pipelines Keras 3 functional "
+                           f"models (keras.Model(inputs, outputs)) and built Sequential ones "
+                           f"so far")
+        return
     if not isinstance(model, tf.keras.Model):
         raise CutError(f"dapple needs a tf.keras.Model, got {type(model).__name__}")
-    if not getattr(model, "_is_graph_network", False):
+    if not keras_adapter.Keras2.is_graph_model(model):
         if isinstance(model, tf.keras.Sequential):
             raise CutError(f"Sequential model {model.name!r} has no layer graph yet: give its "
                            f"first layer an input_shape (or call model.build) before pipelining")
@@ -50,10 +62,12 @@ def _check_graph_model(model: tf.keras.Model) -> None:
 
 def nodes_in_execution_order(model: tf.keras.Model):
     """The model's non-input nodes in the order Keras's Functional runs them."""
+    keras = keras_adapter.for_model(model)
+    by_depth = keras.nodes_by_depth(model)
     out = []
-    for depth in sorted(model._nodes_by_depth.keys(), reverse=True):
-        for node in model._nodes_by_depth[depth]:
-            if not node.is_input:
+    for depth in sorted(by_depth.keys(), reverse=True):
+        for node in by_depth[depth]:
+            if not keras.is_input(node):
                 out.append(node)
     return out
 
@@ -63,10 +77,22 @@ def layer_order(model: tf.keras.Model) -> List[tf.keras.layers.Layer]:
     _check_graph_model(model)
     seen, order = set(), []
     for node in nodes_in_execution_order(model):
-        if id(node.layer) not in seen:
-            seen.add(id(node.layer))
-            order.append(node.layer)
+        layer = node_layer(node)
+        if id(layer) not in seen:
+            seen.add(id(layer))
+            order.append(layer)
     return order
+
+
+node_layer = keras_adapter.layer_of
+
+
+def node_input_ids(node) -> List[str]:
+    return keras_adapter.for_node(node).input_ids(node)
+
+
+def node_output_ids(node) -> List[str]:
+    return keras_adapter.for_node(node).output_ids(node)
 
 
 def call_positions(model: tf.keras.Model) -> List[Tuple[object, int]]:
@@ -77,9 +103,9 @@ def call_positions(model: tf.keras.Model) -> List[Tuple[object, int]]:
     produced_at = {str(id(t)): -1 for t in model.inputs}
     out = []
     for node in nodes_in_execution_order(model):
-        p = max([position[id(node.layer)]] + [produced_at.get(tid, -1)
-                                                for tid in node.flat_input_ids])
-        for tid in node.flat_output_ids:
+        p = max([position[id(node_layer(node))]] + [produced_at.get(tid, -1)
+                                                   for tid in node_input_ids(node)])
+        for tid in node_output_ids(node):
             produced_at[tid] = p
         out.append((node, p))
     return out
@@ -115,7 +141,7 @@ class StageGraph:
     @property
     def called_layers(self) -> List[tf.keras.layers.Layer]:
         """The layers this stage calls: its own, and shared layers whose later calls run here."""
-        return _unique(self.layers + [node.layer for node in self.nodes])
+        return _unique(self.layers + [node_layer(node) for node in self.nodes])
 
     @property
     def trainable_variables(self) -> List[tf.Variable]:
@@ -137,16 +163,15 @@ class StageGraph:
             args, kwargs = node_call_arguments(node, values, training)
             if observe is not None:
                 observe(node, args, kwargs)
-            outputs = node.layer(*args, **kwargs)
-            for tid, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
+            outputs = node_layer(node)(*args, **kwargs)
+            for tid, y in zip(node_output_ids(node), tf.nest.flatten(outputs)):
                 values[tid] = y
         return {tid: values[tid] for tid in self.output_ids}
 
 
 def draws_random_numbers(layer) -> bool:
     """Whether `layer` (Dropout and its kin) draws random numbers in training."""
-    return (getattr(layer, "_random_generator", None) is not None
-            and getattr(layer, "rate", 1.0) != 0)
+    return keras_adapter.for_model(layer).draws_random_numbers(layer)
 
 
 def _unique(items) -> list:
@@ -159,18 +184,9 @@ def _unique(items) -> list:
 
 
 def node_call_arguments(node, values: Dict[str, tf.Tensor], training: bool):
-    """(args, kwargs) to call a Keras node's layer with, its input tensors looked up by id.
-
-    The same mapping Keras's Functional uses (`Node.map_arguments`), plus the training flag
-    for layers that take one, unless the model's graph fixed it at that call.
-    """
-    lists = collections.defaultdict(list)
-    for tid in node.flat_input_ids:
-        lists[tid].append(values[tid])
-    args, kwargs = node.map_arguments(lists)
-    if getattr(node.layer, "_expects_training_arg", False) and "training" not in kwargs:
-        kwargs = dict(kwargs, training=training)
-    return args, kwargs
+    """(args, kwargs) to call a Keras node's layer with, its input tensors looked up by id:
+    the mapping and training flag of that Keras's Functional (`keras_adapter`)."""
+    return keras_adapter.for_node(node).call_arguments(node, values, training)
 
 
 def _spec(keras_tensor) -> tf.TensorSpec:
@@ -210,15 +226,16 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
         producer_stage[str(id(t))] = -1
     nodes_by_stage: List[list] = [[] for _ in range(S)]
     last_consumer: Dict[str, int] = {}
+    keras = keras_adapter.for_model(model)
     for node, p in call_positions(model):
-        layer = node.layer
+        layer = keras.layer(node)
         s = stage_of_position[p]
-        for tid in node.flat_input_ids:
+        for tid in keras.input_ids(node):
             if tid not in producer_stage:
                 raise CutError(f"layer {layer.name!r} reads a tensor that no earlier layer "
                                f"produces; the model graph is not supported")
             last_consumer[tid] = max(last_consumer.get(tid, -1), s)
-        for tid, kt in zip(node.flat_output_ids, tf.nest.flatten(node.outputs)):
+        for tid, kt in zip(keras.output_ids(node), keras.outputs(node)):
             keras_tensor[tid] = kt
             producer_stage[tid] = s
         nodes_by_stage[s].append(node)
@@ -236,7 +253,7 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
         if s == S - 1:
             crossing_out = [tid for tid in output_ids_model]
         for tid in crossing_out if s < S - 1 else []:
-            if getattr(keras_tensor[tid], "_keras_mask", None) is not None:
+            if keras.mask(keras_tensor[tid]) is not None:
                 raise CutError(f"the output of layer {keras_tensor[tid].node.layer.name!r} carries a "
                                f"Keras mask and would cross the cut after stage {s}; masks are not "
                                f"transferred between stages: move the cut")

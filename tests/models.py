@@ -4,30 +4,33 @@ import numpy as np
 import tensorflow as tf
 
 
-def mlp_with_skip(seed=0):
-    """5 layers: d1 -> d2 -> add(d1, d2) -> d3 -> out. Cuts after d1 or d2 carry the skip."""
-    tf.keras.utils.set_random_seed(seed)
-    x = tf.keras.Input((6,), name="x")
-    h1 = tf.keras.layers.Dense(12, activation="tanh", name="d1")(x)
-    h2 = tf.keras.layers.Dense(12, activation="relu", name="d2")(h1)
-    s = tf.keras.layers.Add(name="add")([h1, h2])
-    h3 = tf.keras.layers.Dense(10, activation="tanh", name="d3")(s)
-    out = tf.keras.layers.Dense(5, name="out")(h3)
-    return tf.keras.Model(x, out, name="mlp_with_skip")
+def mlp_with_skip(seed=0, keras=None):
+    """5 layers: d1 -> d2 -> add(d1, d2) -> d3 -> out. Cuts after d1 or d2 carry the skip.
+    `keras`: the Keras module to build with (default `tf.keras`; `import keras` for Keras 3)."""
+    keras = keras or tf.keras
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,), name="x")
+    h1 = keras.layers.Dense(12, activation="tanh", name="d1")(x)
+    h2 = keras.layers.Dense(12, activation="relu", name="d2")(h1)
+    s = keras.layers.Add(name="add")([h1, h2])
+    h3 = keras.layers.Dense(10, activation="tanh", name="d3")(s)
+    out = keras.layers.Dense(5, name="out")(h3)
+    return keras.Model(x, out, name="mlp_with_skip")
 
 
-def two_in_two_out(seed=0):
-    """Dict inputs, the second input entering late, and two outputs."""
-    tf.keras.utils.set_random_seed(seed)
-    a = tf.keras.Input((4,), name="a")
-    b = tf.keras.Input((3,), name="b")
-    ha = tf.keras.layers.Dense(8, activation="tanh", name="da")(a)
-    hb = tf.keras.layers.Dense(8, activation="tanh", name="db")(b)
-    h = tf.keras.layers.Concatenate(name="cat")([ha, hb])
-    h = tf.keras.layers.Dense(8, activation="relu", name="dh")(h)
-    cls = tf.keras.layers.Dense(3, name="cls")(h)
-    reg = tf.keras.layers.Dense(1, name="reg")(h)
-    return tf.keras.Model({"a": a, "b": b}, [cls, reg], name="two_in_two_out")
+def two_in_two_out(seed=0, keras=None):
+    """Dict inputs, the second input entering late, and two outputs (`keras`: as above)."""
+    keras = keras or tf.keras
+    keras.utils.set_random_seed(seed)
+    a = keras.Input((4,), name="a")
+    b = keras.Input((3,), name="b")
+    ha = keras.layers.Dense(8, activation="tanh", name="da")(a)
+    hb = keras.layers.Dense(8, activation="tanh", name="db")(b)
+    h = keras.layers.Concatenate(name="cat")([ha, hb])
+    h = keras.layers.Dense(8, activation="relu", name="dh")(h)
+    cls = keras.layers.Dense(3, name="cls")(h)
+    reg = keras.layers.Dense(1, name="reg")(h)
+    return keras.Model({"a": a, "b": b}, [cls, reg], name="two_in_two_out")
 
 
 def small_conv(seed=0):
@@ -210,7 +213,7 @@ def float32_logits_mlp(seed=0):
 
 def keras3_mlp():
     """The same kind of model written with `import keras`: Keras 3 on TensorFlow 2.16+, which
-    dapple refuses (tests/dapple/test_keras2.py)."""
+    dapple's profiler and CLI refuse (tests/dapple/test_keras2.py)."""
     import keras
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d1"),
                              keras.layers.Dense(2, name="d2")], name="keras3_mlp")

@@ -36,17 +36,26 @@ def _use_horovod(runtime: Optional[str]) -> bool:
     return hvd is not None and hvd.is_initialized()
 
 
+def chosen(runtime: Optional[str]) -> str:
+    """The name (one of RUNTIMES) of the runtime `make_runtime(runtime, ...)` makes."""
+    if _use_horovod(runtime):
+        return "horovod"
+    if runtime == "tensorflow" or (runtime is None and in_cluster()):
+        return "tensorflow"
+    return "local"
+
+
 def make_runtime(runtime: Optional[str], model: tf.keras.Model, plan: Plan,
                  devices) -> Runtime:
     """The runtime `runtime` names (None: detected), with the model cut by the plan: the one
     cut every step of the model reads."""
-    horovod = _use_horovod(runtime)
+    name = chosen(runtime)
     stages = cut_model(model, [tuple(st.layers) for st in plan.stages])
-    if horovod:
+    if name == "horovod":
         # Imported only when chosen: it needs Horovod, which a local run may not have.
         from dapple.runtime.horovod.runtime import HorovodRuntime
         return HorovodRuntime(model, plan, stages, devices)
-    if runtime == "tensorflow" or (runtime is None and in_cluster()):
+    if name == "tensorflow":
         from dapple.runtime.tf_cluster.runtime import TFClusterRuntime
         return TFClusterRuntime(plan, devices, stages)   # `dapple launch --runtime=tensorflow`
     return LocalRuntime(plan, devices, stages)

@@ -1,0 +1,233 @@
+"""What cutting and calling a model needs from Keras, once per Keras version.
+
+dapple's rewriter re-executes a functional model's own layer calls stage by stage
+(`graph_rewrite.model_graph`). Keras 2 (tf_keras: `tf.keras` after `import dapple`) and Keras 3
+(`import keras`, the Keras that TensorFlow ships) record those calls differently; everything
+the rewriter reads of them goes through one adapter per version:
+
+- the model's calls (nodes) in the order its Functional runs them, whether it has a graph, its
+  output names;
+- a node's layer, the ids of its input and output tensors, its output KerasTensors;
+- the (args, kwargs) to call a node's layer with, given tensors by id, in training or not;
+- a layer's weight regularizers (Keras 2's callable losses), whether it draws random numbers;
+- building an optimizer's variables before the step is traced; the compiled metrics.
+
+A tensor is identified by `str(id(keras_tensor))` in both versions (what both Functionals key
+their tensors by). `Keras2` is what the rewriter always did, moved here unchanged.
+
+Keras 3 is supported on a thin path for now (docs/keras3.md): functional (and built Sequential)
+models without BatchNormalization, masks, or losses from activations or weights; `for_model`
+tells the versions apart, and `unsupported_keras3` names what a Keras 3 model uses that is not
+supported yet.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+from typing import Dict, List
+
+import tensorflow as tf
+
+
+def _keras_root(obj) -> str:
+    """'keras' (Keras 3), 'tf_keras' (Keras 2) or '' for what defines obj's class."""
+    for cls in type(obj).__mro__:
+        root = (cls.__module__ or "").split(".")[0]
+        if root in ("keras", "tf_keras"):
+            return root
+    return ""
+
+
+def is_keras3(obj) -> bool:
+    """Whether `obj` (a model, layer or node) is Keras 3's (`import keras` on TF >= 2.16)."""
+    if _keras_root(obj) != "keras":
+        return False
+    version = str(getattr(sys.modules.get("keras"), "__version__", "2"))
+    return not version.startswith(("1.", "2."))
+
+
+class _Functional:
+    """What both Keras versions' Functionals spell alike."""
+
+    @staticmethod
+    def nodes_by_depth(model) -> Dict[int, list]:
+        return model._nodes_by_depth
+
+    @staticmethod
+    def mask(keras_tensor):
+        return getattr(keras_tensor, "_keras_mask", None)
+
+
+class Keras2(_Functional):
+    """tf_keras (and TF 2.15's built-in keras): nodes are `keras.engine.node.Node`."""
+    name = "Keras 2"
+
+    @staticmethod
+    def is_graph_model(model) -> bool:
+        return bool(getattr(model, "_is_graph_network", False))
+
+    @staticmethod
+    def output_names(model) -> List[str]:
+        return list(model.output_names)
+
+    @staticmethod
+    def compiled_metrics(model):
+        """The metrics `compile` made (`update_state`, `reset_state`, `metrics`, `built`)."""
+        return model.compiled_metrics
+
+    @staticmethod
+    def is_input(node) -> bool:
+        return node.is_input
+
+    @staticmethod
+    def layer(node):
+        return node.layer
+
+    @staticmethod
+    def input_ids(node) -> List[str]:
+        return node.flat_input_ids
+
+    @staticmethod
+    def output_ids(node) -> List[str]:
+        return node.flat_output_ids
+
+    @staticmethod
+    def outputs(node) -> list:
+        return tf.nest.flatten(node.outputs)
+
+    @staticmethod
+    def call_arguments(node, values: Dict[str, tf.Tensor], training: bool):
+        """The mapping Keras's Functional uses (`Node.map_arguments`), plus the training flag
+        for layers that take one, unless the model's graph fixed it at that call."""
+        lists = collections.defaultdict(list)
+        for tid in node.flat_input_ids:
+            lists[tid].append(values[tid])
+        args, kwargs = node.map_arguments(lists)
+        if getattr(node.layer, "_expects_training_arg", False) and "training" not in kwargs:
+            kwargs = dict(kwargs, training=training)
+        return args, kwargs
+
+    @staticmethod
+    def draws_random_numbers(layer) -> bool:
+        return (getattr(layer, "_random_generator", None) is not None
+                and getattr(layer, "rate", 1.0) != 0)
+
+    @staticmethod
+    def weight_penalties(layer) -> list:
+        """The layer's (and its sublayers') weight regularizers, as callables."""
+        return [c for sub in layer._flatten_layers() for c in sub._callable_losses]
+
+    @staticmethod
+    def build_optimizer(optimizer, variables) -> None:
+        if isinstance(optimizer, tf.keras.optimizers.Optimizer):   # LossScaleOptimizerV3 too
+            optimizer.build(variables)
+
+
+class Keras3(_Functional):
+    """Keras 3 (`import keras`): nodes are `keras.src.ops.node.Node` (`operation`,
+    `arguments`), as `keras.src.ops.function.Function._run_through_graph` runs them."""
+    name = "Keras 3"
+
+    @staticmethod
+    def graph(model):
+        """The Functional whose graph runs `model`: a built Sequential's `_functional` (the
+        same layers and tensors), else the model."""
+        return getattr(model, "_functional", None) or model
+
+    @staticmethod
+    def is_graph_model(model) -> bool:
+        return isinstance(getattr(Keras3.graph(model), "_nodes_by_depth", None), dict)
+
+    @staticmethod
+    def nodes_by_depth(model) -> Dict[int, list]:
+        return Keras3.graph(model)._nodes_by_depth
+
+    @staticmethod
+    def output_names(model) -> List[str]:
+        return list(Keras3.graph(model).output_names)
+
+    @staticmethod
+    def compiled_metrics(model):
+        """Keras 3's `CompileMetrics` (`keras.src.trainers.compile_utils`), None before
+        compile or without metrics; the same methods as Keras 2's container."""
+        return getattr(model, "_compile_metrics", None)
+
+    @staticmethod
+    def is_input(node) -> bool:
+        return node.is_input or not node.operation
+
+    @staticmethod
+    def layer(node):
+        return node.operation
+
+    @staticmethod
+    def input_ids(node) -> List[str]:
+        return [str(id(t)) for t in node.input_tensors]
+
+    @staticmethod
+    def output_ids(node) -> List[str]:
+        return [str(id(t)) for t in node.outputs]
+
+    @staticmethod
+    def outputs(node) -> list:
+        return list(node.outputs)
+
+    @staticmethod
+    def call_arguments(node, values: Dict[str, tf.Tensor], training: bool):
+        """`node.arguments.fill_in` on the tensors by Keras's own int ids, plus the training
+        flag as Keras 3's Functional passes it (`functional.operation_fn`: every call-context
+        argument the operation registers, overriding the graph's)."""
+        args, kwargs = node.arguments.fill_in(
+            {int(tid): values[tid] for tid in Keras3.input_ids(node)})
+        if "training" in getattr(node.operation, "_call_context_args", ()):
+            kwargs = dict(kwargs, training=training)
+        return args, kwargs
+
+    @staticmethod
+    def draws_random_numbers(layer) -> bool:
+        """Keras 3's random layers hold a `keras.random.SeedGenerator` (Dropout only when its
+        rate is not 0)."""
+        return (getattr(layer, "seed_generator", None) is not None
+                and getattr(layer, "rate", 1.0) != 0)
+
+    @staticmethod
+    def weight_penalties(layer) -> list:
+        return []           # refused before a step is built (`unsupported_keras3`)
+
+    @staticmethod
+    def build_optimizer(optimizer, variables) -> None:
+        if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
+            optimizer.build(variables)
+
+
+def for_model(model):
+    """The adapter for a model (or a layer, or a node) of either Keras."""
+    return Keras3 if is_keras3(model) else Keras2
+
+
+def for_node(node):
+    return Keras3 if hasattr(node, "operation") and is_keras3(node) else Keras2
+
+
+def layer_of(node):
+    """The layer a node (one call) calls, in either Keras."""
+    return for_node(node).layer(node)
+
+
+def unsupported_keras3(model) -> List[str]:
+    """What a Keras 3 model uses that dapple's Keras 3 path does not support yet (each named),
+    empty when it may be pipelined."""
+    problems = []
+    for layer in model._flatten_layers(include_self=False):
+        kind = type(layer).__name__
+        if hasattr(layer, "moving_mean"):
+            problems.append(f"layer {layer.name!r} ({kind}): moving statistics")
+        if getattr(layer, "supports_masking", False) and kind in ("Embedding", "Masking"):
+            problems.append(f"layer {layer.name!r} ({kind}): masks")
+        for attr in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                     "embeddings_regularizer", "gamma_regularizer", "beta_regularizer"):
+            if getattr(layer, attr, None) is not None:
+                problems.append(f"layer {layer.name!r} ({kind}): {attr}")
+    if getattr(model, "losses", None):
+        problems.append(f"{len(model.losses)} loss(es) added to the model (add_loss)")
+    return problems

@@ -1,0 +1,314 @@
+"""Keras 3 models (`import keras`, the Keras TensorFlow ships) through `PipelinedModel`, the thin
+path of #30 (docs/keras3.md): a functional model cut into stages on the local runtime computes
+the plain Keras 3 model's gradients, and trains to its weights. The references are Keras 3's
+own: a `tf.GradientTape` step of the plain model, and the plain model's `train_on_batch` with
+the same Keras 3 optimizer; never dapple's code. What the path does not support yet is refused
+by name.
+"""
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from planner.formats.plan import straight_plan
+from tests import models
+
+keras = pytest.importorskip("keras")
+if keras.__version__.startswith(("1.", "2.")):
+    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
+
+GLOBAL_BATCH = 24
+
+
+def mlp_with_skip(seed=0):
+    """tests/models.py's, built with Keras 3."""
+    return models.mlp_with_skip(seed, keras=keras)
+
+
+def shared_dense(seed=0):
+    """`shared` is called twice: on d1's output and, after d2, on the sum."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,), name="x")
+    shared = keras.layers.Dense(6, activation="tanh", name="shared")
+    h1 = keras.layers.Dense(6, activation="relu", name="d1")(x)
+    a = shared(h1)
+    h2 = keras.layers.Dense(6, activation="tanh", name="d2")(a)
+    b = shared(keras.layers.Add(name="add")([h1, h2]))
+    return keras.Model(x, keras.layers.Dense(5, name="out")(b), name="k3_shared")
+
+
+def sequential_mlp(seed=0):
+    """A built Keras 3 Sequential: its graph is its `_functional`'s."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh",
+                                                                   name="d1"),
+                             keras.layers.Dense(8, activation="relu", name="d2"),
+                             keras.layers.Dense(5, name="out")], name="k3_sequential")
+
+
+def data(seed):
+    rng = np.random.RandomState(seed)
+    return (rng.randn(GLOBAL_BATCH, 6).astype("float32"),
+            rng.randint(0, 5, size=GLOBAL_BATCH).astype("int32"))
+
+
+def loss_fn():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def plan_for(model, cuts, replicas, micro_batches=4):
+    from graph_rewrite.model_graph import layer_order
+    return straight_plan(cuts, len(layer_order(model)), micro_batches, GLOBAL_BATCH,
+                         replicas=replicas, schedule="1f1b")
+
+
+CASES = [
+    # (builder, cut positions, replicas)
+    (mlp_with_skip, [2], [1, 1]),          # the skip d1 -> add crosses the cut
+    (mlp_with_skip, [1], [2, 1]),          # 2:1 on 3 devices
+    (shared_dense, [2], [1, 1]),           # the shared layer's calls in both stages
+    (sequential_mlp, [1], [1, 2]),         # a Sequential, 1:2
+]
+
+
+def case_id(case):
+    builder, cuts, replicas = case
+    return f"{builder.__name__}-{':'.join(map(str, replicas))}-cuts{cuts}"
+
+
+def cases(*indices):
+    """pytest.mark.parametrize over CASES (those at `indices`, or all)."""
+    chosen = [CASES[i] for i in indices] if indices else CASES
+    return pytest.mark.parametrize("case", chosen, ids=[case_id(c) for c in chosen])
+
+
+def pipelined(case):
+    """(model, its plain twin with the same weights, the model's PipelinedModel)."""
+    builder, cuts, replicas = case
+    model, reference = builder(), builder()
+    return model, reference, dapple.PipelinedModel(model, plan_for(model, cuts, replicas))
+
+
+@cases()
+def test_gradients_equal_plain_keras3_model(case):
+    model, reference, pm = pipelined(case)
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    x, y = data(seed=7)
+    got = pm.gradients(x, y)
+    with tf.GradientTape() as tape:
+        want_loss = loss_fn()(y, reference(x, training=True))
+    want = tape.gradient(want_loss, reference.trainable_variables)
+    assert [v.path for v in model.trainable_variables] == \
+        [v.path for v in reference.trainable_variables]
+    assert len(got) == len(want) == len(model.trainable_variables)
+    for g, w, v in zip(got, want, model.trainable_variables):
+        assert float(np.max(np.abs(np.asarray(w)))) > 0, v.path    # the test can fail
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6,
+                                   err_msg=v.path)
+
+
+@cases(0, 2)
+def test_weights_after_three_steps_equal_train_on_batch(case):
+    model, reference, pm = pipelined(case)
+    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
+                      jit_compile=False)
+    before = [np.array(w) for w in model.get_weights()]
+    for step in range(3):
+        x, y = data(seed=100 + step)          # different data every step
+        got_loss = pm.train_step(x, y)
+        want_loss = reference.train_on_batch(x, y)
+        assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    for got, want, start in zip(model.get_weights(), reference.get_weights(), before):
+        assert np.max(np.abs(want - start)) > 1e-3           # the weights did train
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@cases(1, 3)
+def test_predict_equals_plain_keras3_predict(case):
+    """Before compile, in global batches, the last one partial (padded, its padding dropped)."""
+    model, reference, pm = pipelined(case)
+    x = np.random.RandomState(5).randn(2 * GLOBAL_BATCH + 5, 6).astype("float32")
+    got = pm.predict(x)
+    want = reference.predict(x, batch_size=GLOBAL_BATCH, verbose=0)
+    assert got.shape == want.shape == (2 * GLOBAL_BATCH + 5, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@cases(0, 3)
+def test_evaluate_equals_plain_keras3_evaluate(case):
+    model, reference, pm = pipelined(case)
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn(), jit_compile=False)
+    rng = np.random.RandomState(9)
+    x = rng.randn(3 * GLOBAL_BATCH, 6).astype("float32")
+    y = rng.randint(0, 5, size=3 * GLOBAL_BATCH).astype("int32")
+    got = pm.evaluate(x, y, batch_size=GLOBAL_BATCH)
+    want = reference.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    assert abs(float(got) - float(want)) < 1e-5
+    assert pm.evaluate(x, y, return_dict=True) == {"loss": got}
+
+
+def test_dict_inputs_and_two_outputs_train_like_plain_keras3():
+    """Losses per output with loss_weights; 3 stages (1:2:1), the input `b` entering late."""
+    model, reference = (models.two_in_two_out(keras=keras), models.two_in_two_out(keras=keras))
+    losses = [loss_fn(), keras.losses.MeanSquaredError()]
+    weights = [1.0, 0.5]
+    pm = dapple.PipelinedModel(model, plan_for(model, [1, 4], [1, 2, 1]))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=losses, loss_weights=weights)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=losses, loss_weights=weights,
+                      jit_compile=False)
+    for step in range(2):
+        rng = np.random.RandomState(20 + step)
+        x = {"a": rng.randn(GLOBAL_BATCH, 4).astype("float32"),
+             "b": rng.randn(GLOBAL_BATCH, 3).astype("float32")}
+        y = [rng.randint(0, 3, size=GLOBAL_BATCH).astype("int32"),
+             rng.randn(GLOBAL_BATCH, 1).astype("float32")]
+        got_loss = pm.train_step(x, y)
+        want_loss = reference.train_on_batch(x, y)
+        want_loss = want_loss[0] if isinstance(want_loss, list) else want_loss
+        assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("make_optimizer", [lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+                                            lambda: keras.optimizers.Adam(0.01)],
+                         ids=["sgd_momentum", "adam"])
+def test_train_step_traces_the_pipeline_once(make_optimizer):
+    """Keras 3's optimizer variables are built before the step is traced (else TensorFlow
+    traces the whole pipeline twice: tests/dapple/test_trace_once.py)."""
+    from tests.dapple.test_trace_once import counting_runs
+    model, _, pm = pipelined(CASES[1])
+    pm.compile(optimizer=make_optimizer(), loss=loss_fn())
+    calls = counting_runs(pm)
+    x, y = data(seed=4)
+    pm.train_step(x, y)
+    pm.train_step(x, y)
+    assert len(calls) == 1
+
+
+@cases(0, 3)
+def test_fit_equals_plain_keras3_fit(case, capsys):
+    """Two epochs of 3 global batches, unshuffled, with validation data, compiled metrics and a
+    Keras 3 callback: History (loss, metrics, their val_) and weights as the plain model's
+    `fit`; `evaluate`'s dict as its."""
+    model, reference, pm = pipelined(case)
+    metrics = ["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")]
+    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
+               metrics=metrics)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
+                      jit_compile=False, metrics=[
+                          "accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2,
+                                                                                   name="top2")])
+    rng = np.random.RandomState(11)
+    x = rng.randn(3 * GLOBAL_BATCH, 6).astype("float32")
+    y = rng.randint(0, 5, size=3 * GLOBAL_BATCH).astype("int32")
+    val = (x[:GLOBAL_BATCH] * 0.5, y[:GLOBAL_BATCH])
+    seen = []
+    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=1,
+                 validation_data=val, callbacks=[keras.callbacks.LambdaCallback(
+                     on_epoch_end=lambda epoch, logs: seen.append(epoch))])
+    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+                         validation_data=val)
+    assert seen == [0, 1] and "3/3" in capsys.readouterr().out     # Keras 3's progress bar
+    assert sorted(got.history) == sorted(want.history)
+    for key in want.history:            # loss, accuracy, top2 and their val_
+        np.testing.assert_allclose(got.history[key], want.history[key], rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+    assert pm.evaluate(*val, return_dict=True) == pytest.approx(
+        reference.evaluate(*val, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True),
+        rel=1e-5)
+    for got_w, want_w in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
+
+
+def test_profile_counts_keras3_layers_parameters_and_edges():
+    """`dapple.profile` on a Keras 3 model: its layers in Keras's order, each one's parameter
+    bytes as Keras counts them, output bytes from Keras's output shapes, the skip edge."""
+    model = mlp_with_skip()
+    x, _ = data(seed=2)
+    profile = dapple.profile(model, x, warmup=0, runs=1)
+    names = [layer.name for layer in profile.layers]
+    assert names == ["d1", "d2", "add", "d3", "out"]
+    for layer in profile.layers:
+        keras_layer = model.get_layer(layer.name)
+        assert layer.parameter_bytes == 4 * keras_layer.count_params()
+        assert layer.output_bytes == 4 * GLOBAL_BATCH * keras_layer.output.shape[-1]
+        assert layer.forward_ms > 0
+    assert sorted(profile.layers[names.index("add")].inputs) == [0, 1]
+    assert profile.batch_size == GLOBAL_BATCH and profile.input_bytes == x.nbytes
+
+
+def test_weights_saved_load_into_plain_keras3_and_back(tmp_path):
+    """A pipelined model's checkpoint after a step is Keras 3's own file: the plain model's
+    `load_weights` reads the trained weights; `PipelinedModel.load_weights` puts them back."""
+    model, fresh, pm = pipelined(CASES[0])
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    pm.train_step(*data(seed=3))
+    trained = [np.array(w) for w in model.get_weights()]
+    path = str(tmp_path / "k3.weights.h5")
+    pm.save_weights(path)
+    with pytest.raises(ValueError, match=r"Keras 3 saves weights to a path ending \.weights\.h5"):
+        pm.save_weights(str(tmp_path / "k3.h5"))
+    fresh.load_weights(path)                                 # plain Keras 3 reads the file
+    for got, want in zip(fresh.get_weights(), trained):
+        np.testing.assert_array_equal(got, want)
+    untrained = mlp_with_skip()                              # loaded under another plan
+    pm_untrained = dapple.PipelinedModel(untrained, plan_for(untrained, [1], [2, 1]))
+    assert not np.array_equal(untrained.get_weights()[0], trained[0])
+    pm_untrained.load_weights(path)
+    for got, want in zip(untrained.get_weights(), trained):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_backup_and_restore_is_refused_for_keras3_by_name():
+    model = mlp_with_skip()
+    pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    x, y = data(seed=1)
+    with pytest.raises(NotImplementedError, match=r"model 'mlp_with_skip' is a Keras 3 model.* "
+                                                  r"does not support BackupAndRestore yet"):
+        pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0,
+               callbacks=[keras.callbacks.BackupAndRestore("unused")])
+
+
+def test_batch_normalization_is_refused_by_name():
+    x = keras.Input((4,))
+    h = keras.layers.BatchNormalization(name="bn")(keras.layers.Dense(4, name="d")(x))
+    model = keras.Model(x, keras.layers.Dense(2, name="out")(h), name="k3_bn")
+    with pytest.raises(ValueError, match=r"Keras 3 model 'k3_bn' .*layer 'bn' "
+                                         r"\(BatchNormalization\): moving statistics"):
+        dapple.PipelinedModel(model, straight_plan([1], 3, 2, 8))
+
+
+def test_recomputing_a_keras3_dropout_is_refused_by_name():
+    x = keras.Input((4,))
+    h = keras.layers.Dropout(0.5, name="drop")(keras.layers.Dense(4, name="d")(x))
+    model = keras.Model(x, keras.layers.Dense(2, name="out")(h), name="k3_dropout")
+    plan = straight_plan([1], 3, 2, 8)
+    plan.recompute = True
+    with pytest.raises(ValueError, match=r"layer 'drop' \(Dropout\) draws random numbers"):
+        dapple.PipelinedModel(model, plan)
+
+
+def test_other_runtimes_are_refused_for_keras3_by_name():
+    model = mlp_with_skip()
+    for runtime in ("horovod", "tensorflow"):
+        with pytest.raises(NotImplementedError, match=f"does not support the {runtime} runtime"):
+            dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]), runtime=runtime)
+
+
+def test_relaxed_schedules_and_mixed_precision_are_refused_for_keras3_by_name():
+    model = mlp_with_skip()
+    plan = straight_plan([2], 5, 4, GLOBAL_BATCH, schedule="2bw")
+    with pytest.raises(NotImplementedError, match="does not support the 2bw schedule"):
+        dapple.PipelinedModel(model, plan)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = mlp_with_skip()
+        pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
+        with pytest.raises(NotImplementedError, match=r"does not support mixed precision"):
+            pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
