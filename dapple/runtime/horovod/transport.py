@@ -9,11 +9,16 @@ builds only this rank's unit and moves boundary tensors and gradients with Horov
   bytes (`graph_rewrite.packing`), with uneven `splits` (`ranks.RankLayout.
   send_splits`): split, concat or both when replica counts differ. Gradients go back the same
   way, one collective per micro-batch.
-* Replicas of a stage: `hvd.allreduce(op=Sum)` of the accumulated gradients in the stage's
-  process set (the global set for a data-parallel-only plan: plain Horovod data parallelism).
-* The step's loss is summed over all ranks (only last-stage ranks hold loss terms). That global
-  collective also ends every step on all ranks together (a rank that returns early shuts
-  Horovod down for the rest).
+* Replicas of a stage: one `hvd.grouped_allreduce(op=Sum)` of all the stage's accumulated
+  gradients in the stage's process set (the global set for a data-parallel-only plan): one
+  negotiation and one pass through the fusion buffer, not one allreduce per variable.
+* The step's loss is summed over all ranks (only last-stage ranks hold loss terms). In a
+  data-parallel plan it rides in the gradients' grouped allreduce (no collective of its own);
+  in a pipeline it is one global allreduce made after the rank's gradients, which nothing but
+  the step's end waits for (it used to gate every gradient: the update waited for a scalar
+  negotiated 30-37 ms after the gradients, docs/cluster.md "Speed"). A step's last
+  collective is global either way, so every rank ends the step together (a rank that
+  returns early shuts Horovod down for the rest).
 
 Decisions a newcomer needs (tests/dapple/runtime/horovod checks each on the pinned stack,
 docs/stacks.md):
@@ -236,15 +241,25 @@ class HorovodTransport:
     # ---- replicas ---------------------------------------------------------------------------
     def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
                      device: str, tag: str = "ar") -> List[tf.Tensor]:
-        """Allreduce (sum) in the stage's process set; `tag` names the collectives."""
+        """Allreduce (sum) in the stage's process set, all tensors in one grouped collective
+        (one negotiation, one pass through the fusion buffer per dtype); `tag` names it."""
         grads = grads_by_replica[self.replica]
-        if len(self.layout.stage_ranks(stage)) == 1:
+        if len(self.layout.stage_ranks(stage)) == 1 or not grads:
             return grads
         ps = self.sets[tuple(sorted(self.layout.stage_ranks(stage)))]
         with tf.name_scope(f"stage{stage}/{tag}"):
-            return [hvd.allreduce(self.distinct(g), op=hvd.Sum, process_set=ps,
-                                  name=f"dapple.{tag}{stage}.{i}", ignore_name_scope=True)
-                    for i, g in enumerate(grads)]
+            return self.grouped_sum(grads, f"dapple.{tag}{stage}", ps)
+
+    def grouped_sum(self, tensors: List[tf.Tensor], name: str, process_set) -> List[tf.Tensor]:
+        """One `hvd.grouped_allreduce(op=Sum)` of `tensors`. Only the smallest input carries
+        the salt that keeps the op distinct and non-constant (see the module docstring): one
+        distinct input makes the whole op distinct, and an add over every gradient cost a pass
+        over megabytes on the rank's one thread."""
+        tensors = list(tensors)
+        small = min(range(len(tensors)), key=lambda i: tensors[i].shape.num_elements() or 0)
+        tensors[small] = self.distinct(tensors[small])
+        return list(hvd.grouped_allreduce(tensors, op=hvd.Sum, process_set=process_set,
+                                          name=name, ignore_name_scope=True))
 
     def sum_over_ranks(self, tensor: tf.Tensor, name: str, ranks=None) -> tf.Tensor:
         """Allreduce (sum) over `ranks` (default: all)."""
@@ -289,13 +304,43 @@ class HorovodPipelineStep(PipelineStep):
                                                    self.layout.ranks_of_stages(stages))
         return out
 
+    def _loss_rides(self, state, stage: int, action) -> bool:
+        """Whether the step's loss can ride in `stage`'s gradient allreduce: a data-parallel
+        plan (one stage on every rank, one allreduce a step) whose loss terms are all made."""
+        return (len(self.stages) == 1 and action.micro_batch is None and state.backward
+                and len(self.layout.stage_ranks(stage)) == self.layout.size > 1
+                and not self.transport.pending and bool(state.loss_terms))
+
+    def _allreduce(self, state, stage: int, replicas: List[int], action) -> None:
+        if not self._loss_rides(state, stage, action):
+            super()._allreduce(state, stage, replicas, action)
+            return
+        local = tf.add_n(state.loss_terms)
+        grads = {r: list(state.accumulated[(stage, r)]) + [local] for r in replicas}
+        *state.reduced[stage], loss = self.transport.sum_replicas(stage, grads,
+                                                                  self.device(stage, 0))
+        self._rider = (state, len(state.loss_terms), loss)
+
     def run(self, x, y=None, training: bool = True, **kwargs) -> StepResult:
         """Callers must fetch `loss` (return it from the tf.function): it carries the data
-        dependencies that keep every transfer; a control dependency on it may be dropped."""
+        dependencies that keep every transfer; a control dependency on it may be dropped.
+
+        Data parallelism (one stage on every rank): the loss rides in the gradients' one
+        grouped allreduce. Pipelines: the global loss allreduce is made after the gradients
+        (a control dependency on them), off the update's path; nothing waits for it but the
+        step's end."""
         self.transport.begin_step()
+        self._rider = None
         result = super().run(x, y, training, **kwargs)
         if result.gradients:
             result.gradients = self._sum_shared(result.gradients)
+        if self._rider is not None:
+            state, terms, loss = self._rider
+            self._rider = None
+            if len(state.loss_terms) != terms:     # a loss term made after the allreduce
+                raise AssertionError("the step's loss changed after its allreduce")
+            return StepResult(loss=loss, gradients=result.gradients,
+                              predictions=result.predictions, global_batch=result.global_batch)
         # Sends' outputs are empty; summing them adds an exact 0 and keeps them in the graph
         # (a control dependency alone did not: the job hung, see the module docstring).
         kept = result.loss
@@ -305,12 +350,13 @@ class HorovodPipelineStep(PipelineStep):
             # on the rank's one thread between two transfers
             first = tf.reshape(out, [-1])[:1]
             kept = kept + tf.reduce_sum(tf.cast(first, kept.dtype)) * self.transport.salt()
+        # After this rank's gradients (their allreduces negotiated first), not before them:
+        # the update does not wait for the loss.
+        with tf.control_dependencies([g for g in result.gradients if g is not None]):
+            kept = tf.identity(kept)
         loss = hvd.allreduce(kept, op=hvd.Sum, name="dapple.loss", ignore_name_scope=True)
-        # Gradients are read after the loss: every rank's step ends with the global collective.
-        with tf.control_dependencies([loss]):
-            gradients = [None if g is None else tf.identity(g) for g in result.gradients]
-        return StepResult(loss=loss, gradients=gradients, predictions=result.predictions,
-                          global_batch=result.global_batch)
+        return StepResult(loss=loss, gradients=result.gradients,
+                          predictions=result.predictions, global_batch=result.global_batch)
 
     def sum_over_ranks(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
         """Allreduce (sum) over all ranks, as one of this step's collectives."""

@@ -1,0 +1,185 @@
+"""dapple's data-parallel step under Horovod against plain Horovod's and against plain Keras's
+own gradient accumulation, at M = 1, 2, 8 micro-batches (issue #28, items 2 and 3).
+
+    python benchmarks/dp_step_horovod.py [--width=1024] [--blocks=4] [--batch=256]
+        [--micro_batches=1,2,8] [--steps=10] [--repeats=3] [--timeline_dir=DIR]
+
+The model is a residual MLP (`build`: `blocks` blocks of two Dense(width) layers and a skip
+add, then a 10-way classifier), sparse categorical cross-entropy, SGD. For each M:
+
+* dapple: `horovodrun -np 2 -H localhost:2 --gloo`, a data-parallel plan (one stage, 2
+  replicas, M micro-batches: the lane's loop for M > 1), `PipelinedModel.train_step`;
+* horovod: the same 2 ranks, plain Horovod: each rank its half of the batch, M micro-batches'
+  gradients summed in a Python loop inside one `tf.function`, then one `hvd.allreduce` per
+  gradient (what `hvd.DistributedGradientTape` does; at M = 1 it is that tape), SGD apply;
+* keras: one process, one thread, one rank's half of the batch, the same accumulation without
+  Horovod: what a step costs with no collective at all.
+
+Every rank has one intra-op thread, `HOROVOD_CYCLE_TIME=0.1` (what `dapple launch` sets); the
+median of `--steps` steps after 3 warm-up steps, kinds alternating, `--repeats` rounds, median
+kept. Prints ms per step, dapple / horovod, and each kind's ratio to its own M = 1, with the
+load average (the machine is shared). `--timeline_dir` also writes a Horovod timeline of the
+dapple and horovod runs of the first round (HOROVOD_TIMELINE), one file per kind and M.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from benchmarks.step_timing import (median_step_ms, read_step_ms, report,  # noqa: E402
+                                    run_checked, venv_bin)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("width", 1024, "units of every Dense layer")
+flags.DEFINE_integer("blocks", 4, "residual blocks (two Dense layers and an add each)")
+flags.DEFINE_integer("batch", 256, "global batch (each of the 2 ranks gets half)")
+flags.DEFINE_list("micro_batches", ["1", "2", "8"], "values of M")
+flags.DEFINE_integer("steps", 10, "timed steps per measurement (median kept)")
+flags.DEFINE_integer("repeats", 3, "rounds of alternating measurements (median kept)")
+flags.DEFINE_string("timeline_dir", "", "write Horovod timelines of the first round here")
+flags.DEFINE_string("worker", "", "internal: time this kind (dapple, horovod, keras)")
+flags.DEFINE_integer("worker_m", 1, "internal: the worker's M")
+KINDS = ("dapple", "horovod", "keras")
+
+
+def build(width: int = 1024, blocks: int = 4, classes: int = 10, seed: int = 0):
+    import tensorflow as tf
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((width,))
+    h = x
+    for _ in range(blocks):
+        inner = tf.keras.layers.Dense(width, activation="relu")(h)
+        inner = tf.keras.layers.Dense(width)(inner)
+        h = tf.keras.layers.Activation("relu")(tf.keras.layers.Add()([h, inner]))
+    return tf.keras.Model(x, tf.keras.layers.Dense(classes)(h))
+
+
+# ---- one rank (or the one process) of one measurement --------------------------------------------
+def plain_step(model, x, y, M: int, reduce):
+    """A `train_step`-like object: M micro-batches' gradients summed, `reduce`d, applied."""
+    import tensorflow as tf
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = tf.keras.optimizers.SGD(0.01)
+    V = model.trainable_variables
+    rows = x.shape[0] // M
+
+    @tf.function
+    def step(x, y):
+        sums, loss = None, 0.0
+        for m in range(M):
+            with tf.GradientTape() as tape:
+                part = loss_fn(y[m * rows:(m + 1) * rows],
+                               model(x[m * rows:(m + 1) * rows], training=True)) / M
+            tape = reduce.tape(tape) if reduce and M == 1 else tape
+            grads = tape.gradient(part, V)
+            sums = grads if sums is None else [a + g for a, g in zip(sums, grads)]
+            loss = loss + part
+        if reduce and M > 1:
+            sums = [reduce.allreduce(g) for g in sums]
+        optimizer.apply_gradients(zip(sums, V))
+        return loss
+
+    return types.SimpleNamespace(train_step=step)
+
+
+def worker() -> None:
+    import numpy as np
+    kind, M = FLAGS.worker, FLAGS.worker_m
+    import dapple  # before TensorFlow, for every kind: it selects Keras 2
+    import tensorflow as tf
+    tf.get_logger().setLevel("ERROR")
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(FLAGS.batch, FLAGS.width).astype("float32"))
+    y = tf.constant(rng.randint(0, 10, FLAGS.batch).astype("int32"))
+    model = build(FLAGS.width, FLAGS.blocks)
+    if kind == "dapple":
+        from graph_rewrite.model_graph import layer_order
+        from planner.formats.plan import straight_plan
+        plan = straight_plan([], len(layer_order(model)), M, FLAGS.batch, replicas=[2])
+        pm = dapple.PipelinedModel(model, plan)
+        pm.compile(tf.keras.optimizers.SGD(0.01),
+                   tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return report(pm, median_step_ms(pm, x, y, FLAGS.steps))
+    half = FLAGS.batch // 2
+    if kind == "keras":
+        step = plain_step(model, x[:half], y[:half], M, None)
+        return report(types.SimpleNamespace(rank=0), median_step_ms(step, x[:half], y[:half],
+                                                                    FLAGS.steps))
+    import horovod.tensorflow as hvd
+    hvd.init()
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    mine = slice(hvd.rank() * half, (hvd.rank() + 1) * half)
+    reduce = types.SimpleNamespace(tape=hvd.DistributedGradientTape, allreduce=hvd.allreduce)
+    step = plain_step(model, x[mine], y[mine], M, reduce)
+    report(types.SimpleNamespace(rank=hvd.rank()),
+           median_step_ms(step, x[mine], y[mine], FLAGS.steps))
+
+
+# ---- the parent ----------------------------------------------------------------------------------
+def env(**extra) -> dict:
+    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
+                OMP_NUM_THREADS="1", DAPPLE_NUM_CPU_DEVICES="1", HOROVOD_CYCLE_TIME="0.1",
+                PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **extra)
+
+
+def measure(kind: str, M: int, timeline: str = "") -> float:
+    argv = [sys.executable, os.path.abspath(__file__), f"--worker={kind}", f"--worker_m={M}",
+            f"--width={FLAGS.width}", f"--blocks={FLAGS.blocks}", f"--batch={FLAGS.batch}",
+            f"--steps={FLAGS.steps}"]
+    if kind != "keras":
+        argv = [venv_bin("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + argv
+    extra = {"HOROVOD_TIMELINE": timeline} if timeline else {}
+    return read_step_ms(run_checked(argv, env(**extra), REPO))
+
+
+def main(argv):
+    del argv
+    if FLAGS.worker:
+        return worker()
+    Ms = [int(m) for m in FLAGS.micro_batches]
+    print(f"command: python benchmarks/dp_step_horovod.py --width={FLAGS.width} "
+          f"--blocks={FLAGS.blocks} --batch={FLAGS.batch} "
+          f"--micro_batches={','.join(map(str, Ms))} --steps={FLAGS.steps} "
+          f"--repeats={FLAGS.repeats}" + (f" --timeline_dir={FLAGS.timeline_dir}"
+                                           if FLAGS.timeline_dir else ""))
+    measured = {(k, M): [] for k in KINDS for M in Ms}
+    loads = []
+    for round_ in range(FLAGS.repeats):
+        for M in Ms:
+            for kind in KINDS:
+                timeline = ""
+                if FLAGS.timeline_dir and round_ == 0 and kind != "keras":
+                    os.makedirs(FLAGS.timeline_dir, exist_ok=True)
+                    timeline = os.path.join(os.path.abspath(FLAGS.timeline_dir),
+                                            f"{kind}_M{M}.json")
+                loads.append(os.getloadavg()[0])
+                measured[(kind, M)].append(measure(kind, M, timeline))
+    med = {key: statistics.median(v) for key, v in measured.items()}
+    print(f"\nresidual MLP, {FLAGS.blocks} blocks x 2 Dense({FLAGS.width}), global batch "
+          f"{FLAGS.batch}; dapple and horovod: 2 ranks (horovodrun --gloo), keras: one process "
+          f"on one rank's half; 1 intra-op thread each; load average "
+          f"{min(loads):.1f}..{max(loads):.1f}")
+    print(f"{'M':>3}{'dapple ms':>11}{'horovod ms':>12}{'keras ms':>10}{'dapple/hvd':>12}"
+          f"{'dapple/M1':>11}{'hvd/M1':>8}{'keras/M1':>10}")
+    for M in Ms:
+        d, h, k = (med[(kind, M)] for kind in KINDS)
+        d1, h1, k1 = (med[(kind, Ms[0])] for kind in KINDS)
+        print(f"{M:>3}{d:>11.1f}{h:>12.1f}{k:>10.1f}{d / h:>12.3f}{d / d1:>11.3f}"
+              f"{h / h1:>8.3f}{k / k1:>10.3f}")
+    print("per round (ms): " + "; ".join(
+        f"{kind} M={M} " + ", ".join(f"{t:.0f}" for t in measured[(kind, M)])
+        for M in Ms for kind in KINDS))
+
+
+if __name__ == "__main__":
+    app.run(main)
