@@ -52,6 +52,13 @@ class SearchStats:
     complete: bool = True       # False when the candidate budget stopped the search early
     plan_space: str = ""        # the space the plan came from ("paper" or "full")
 
+    COUNTS = ("nodes", "candidates", "pruned", "seeds")
+
+    def add_counts(self, other: "SearchStats") -> None:
+        """Add `other`'s counts (nodes, candidates, pruned, seeds) to these."""
+        for name in self.COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 class _Budget(Exception):
     pass

@@ -102,9 +102,8 @@ def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
     if bounded and found.best is not None:
         alone, result = _search(profile, topo, gbs, policies, sizes, max_stages, even_slices,
                                 budget, ms)
-        own = SearchStats(*(getattr(own, k) + getattr(alone, k)
-                            for k in ("nodes", "candidates", "pruned", "seeds")),
-                          complete=alone.complete)
+        own.add_counts(alone)
+        own.complete = alone.complete
     else:
         result = Found(found.best, found.best_value)
     hit = (profile, own, result)
@@ -170,8 +169,7 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     def search(sizes, max_stages, below=math.inf):
         own, found = _search(profile, topo, global_batch_size, policies, sizes, max_stages,
                              even_slices, budget, ms, below)
-        for name in ("nodes", "candidates", "pruned", "seeds"):
-            setattr(stats, name, getattr(stats, name) + getattr(own, name))
+        stats.add_counts(own)
         stats.complete = stats.complete and own.complete
         return found
 
