@@ -5,11 +5,12 @@
 * One task per slot, hosts in `--hosts` order (checked against the plan as for horovodrun:
   `dapple.runtime.launch.hosts_for_plan`), task t holding plan device t; with
   `--group_devices`, one task per host holding all its slots' devices (plan devices numbered
-  host by host, as before), so transfers inside a host are device copies in one process. Task 0 is the chief: the
-  training script itself, run once, on this machine (so the first host must be this one). Every
-  other task is a `tf.distribute.Server` (`dapple.runtime.tf_cluster.server`): a subprocess here, or
-  over `ssh -tt` on another host (as horovodrun reaches hosts; the remote end is hung up, so
-  its server ends, when the launcher ends the ssh).
+  host by host, as before), so transfers inside a host are device copies in one process. Task
+  0 is the chief: the training script itself, run once, on this machine (so the first host
+  must be this one). Every other task is a `tf.distribute.Server`
+  (`dapple.runtime.tf_cluster.server`): a subprocess here, or over `ssh -tt` on another host
+  (as horovodrun reaches hosts; the remote end is hung up, so its server ends, when the
+  launcher ends the ssh).
 * The chief's environment describes the cluster (`DAPPLE_TF_CLUSTER`, with `DAPPLE_PLAN`);
   `import dapple` connects to it and `PipelinedModel(model, plan)` picks this runtime.
 * The job ends when the script ends (with its status), when a server exits (the task is named

@@ -1,10 +1,11 @@
 """One task's `tf.distribute.Server`, as `dapple launch --runtime=tensorflow` starts it.
 
-    python -m dapple.runtime.tf_cluster.server --cluster='["h1:2222","h1:2223"]' --task=1 \
+    python -m dapple.runtime.tf_cluster.server --cluster='["h1:2222","h1:2223"]' --task=1
         [--devices=N]
 
-Holds N CPU devices (default 1; its GPUs, if any, as TensorFlow finds them). Serves until ended (the launcher ends it when the training script ends). Its thread pools
-follow `TF_NUM_INTRAOP_THREADS` and `TF_NUM_INTEROP_THREADS` when set, as TensorFlow's own
+Holds N CPU devices (default 1; its GPUs, if any, as TensorFlow finds them). Serves until ended
+(the launcher ends it when the training script ends). Its thread pools follow
+`TF_NUM_INTRAOP_THREADS` and `TF_NUM_INTEROP_THREADS` when set, as TensorFlow's own
 do in the chief.
 """
 from __future__ import annotations
