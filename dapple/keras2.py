@@ -96,21 +96,19 @@ def require_keras2_model(model, where: str, keras3_functional=None) -> None:
         _refuse_other_keras_inside(model, where)
         return
     found = keras_of(model)
-    if found and not found[1].startswith(("1.", "2.")) and keras3_functional is not None \
-            and keras3_functional(model):
-        return
-    if found and not found[1].startswith(("1.", "2.")) and keras3_functional is not None:
+    if found and not found[1].startswith(("1.", "2.")):          # Keras 3
+        name = getattr(model, "name", "")
+        if keras3_functional is None:
+            raise TypeError(
+                f"{where}: the model {name!r} is a Keras {found[1]} model (`import keras`), and "
+                f"dapple pipelines Keras 2 models. One-line fix: {ONE_LINE_FIX}")
+        if keras3_functional(model):
+            return
         raise TypeError(
-            f"{where}: the model {getattr(model, 'name', '')!r} is a Keras {found[1]} model "
-            f"(`import keras`) of type {type(model).__name__}, and dapple pipelines Keras 2 "
-            f"models and, so far, Keras 3 functional models (keras.Model(inputs, outputs)) "
-            f"and built Sequential ones; "
+            f"{where}: the model {name!r} is a Keras {found[1]} model (`import keras`) of type "
+            f"{type(model).__name__}, and dapple pipelines Keras 2 models and, so far, Keras 3 "
+            f"functional models (keras.Model(inputs, outputs)) and built Sequential ones; "
             f"docs/keras3.md. One-line fix: {ONE_LINE_FIX}")
-    if found and not found[1].startswith(("1.", "2.")):
-        raise TypeError(
-            f"{where}: the model {getattr(model, 'name', '')!r} is a Keras {found[1]} model "
-            f"(`import keras`), and dapple pipelines Keras 2 models. One-line fix: "
-            f"{ONE_LINE_FIX}")
     raise TypeError(f"{where}: dapple needs a tf.keras.Model (Keras 2), got "
                     f"{type(model).__module__}.{type(model).__name__}")
 
