@@ -70,8 +70,10 @@ def resolve_program(program: Sequence[str]) -> List[str]:
 def host_assignments(cluster: EmulatedCluster):
     """Horovod's slot assignments (rank, local and cross ranks) for hosts host0, host1, ..."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    hosts = ",".join(f"host{h}:{n}" for h, n in enumerate(cluster.ranks_per_host))
-    return get_host_assignments(parse_hosts(hosts), cluster.num_ranks)
+
+    from dapple.runtime.launch import format_hosts
+    return get_host_assignments(parse_hosts(format_hosts(emulated_hosts(cluster))),
+                                cluster.num_ranks)
 
 
 def thread_environment(threads_per_rank: int, base: Optional[Dict[str, str]] = None
@@ -181,6 +183,7 @@ def horovod_job(cluster: EmulatedCluster, network: EmulatedNetwork, argv: List[s
 
 
 def emulated_hosts(cluster: EmulatedCluster):
+    """The emulated hosts as `--hosts` lists them: [("host0", slots), ...]."""
     return [(f"host{h}", n) for h, n in enumerate(cluster.ranks_per_host)]
 
 
