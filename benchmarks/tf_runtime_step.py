@@ -17,8 +17,10 @@ of `--repeats` rounds and the median over rounds is kept:
 * tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
 * tensorflow/1f1b-grouped: the same with `--group_devices`: one process holding this host's 2
   devices (so no Send/Recv at all on one host);
-* tensorflow/1f1b-no-copies: the same without working copies (every unit reads the weights on
-  the chief, once per micro-batch and again in its backward);
+* tensorflow/1f1b, weights on the chief (copies|reads): the same with the model's weights
+  trained on the chief instead of on each stage's device (`DAPPLE_TF_WEIGHTS`): `copies`, a
+  remote stage reads working copies refreshed every step; `chief`, every unit reads the
+  weights on the chief, once per micro-batch and again in its backward;
 * horovod/1f1b: `horovodrun -np 2` (HOROVOD_CYCLE_TIME=0.1, as schedule_step_time.py).
 
 Prints every figure, then the ratios: tensorflow 1f1b / plain, horovod / tensorflow (1f1b),
@@ -57,8 +59,9 @@ flags.DEFINE_bool("onednn", True, "TF_ENABLE_ONEDNN_OPTS=1 for every job, plain 
                   "and Eigen's products at micro-batch rows are slow: docs/cluster.md)")
 flags.DEFINE_bool("grouped", True, "also time tensorflow 1f1b with --group_devices: this "
                   "host's 2 devices in one process (transfers are device copies)")
-flags.DEFINE_bool("without_copies", True, "also time tensorflow 1f1b with every unit reading "
-                  "the chief's variables (DAPPLE_TF_WORKING_COPIES=0)")
+flags.DEFINE_list("chief_weights", ["copies", "chief"], "also time tensorflow 1f1b with the "
+                  "weights trained on the chief (DAPPLE_TF_WEIGHTS=copies: working copies "
+                  "refreshed every step; =chief: every unit reads them there)")
 
 
 def plain_worker() -> None:
@@ -163,8 +166,8 @@ def main(argv):
     jobs = [("plain", "plain", None),
             (f"plain, accumulating {FLAGS.micro_batches}", "plain-accumulating", None)] + [(f"tensorflow/{s}", "tensorflow", s)
                                          for s in FLAGS.schedules]
-    if FLAGS.without_copies:
-        jobs.append(("tensorflow/1f1b-no-copies", "tensorflow", "1f1b"))
+    for mode in FLAGS.chief_weights:
+        jobs.append((f"tensorflow/1f1b, weights on the chief ({mode})", "tensorflow", "1f1b"))
     if FLAGS.grouped:
         jobs.append(("tensorflow/1f1b-grouped", "tensorflow-grouped", "1f1b"))
     if FLAGS.horovod:
@@ -177,7 +180,8 @@ def main(argv):
             every[s].save(paths[s])
         for r in range(FLAGS.repeats):
             for name, kind, schedule in jobs:
-                extra = {"DAPPLE_TF_WORKING_COPIES": "0"} if "no-copies" in name else None
+                extra = ({"DAPPLE_TF_WEIGHTS": name.split("(")[1].rstrip(")")}
+                         if "on the chief" in name else None)
                 figures[name].append(measure(kind, paths.get(schedule, ""), extra))
                 print(f"round {r + 1}: {name} {figures[name][-1]:.1f} ms "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
@@ -195,9 +199,10 @@ def main(argv):
         if "tensorflow/1f1b-grouped" in ms:
             print(f"tensorflow 1f1b, one process per host (--group_devices) / one per slot: "
                   f"{ms['tensorflow/1f1b-grouped'] / ms['tensorflow/1f1b']:.3f}")
-        if "tensorflow/1f1b-no-copies" in ms:
-            print(f"tensorflow 1f1b without / with working copies: "
-                  f"{ms['tensorflow/1f1b-no-copies'] / ms['tensorflow/1f1b']:.3f}")
+        for mode in FLAGS.chief_weights:
+            name = f"tensorflow/1f1b, weights on the chief ({mode})"
+            print(f"{name} / weights on each stage's device: "
+                  f"{ms[name] / ms['tensorflow/1f1b']:.3f}")
         for s in FLAGS.schedules:
             if s != "1f1b":
                 m = ms[f'tensorflow/{s}'] / ms['tensorflow/1f1b']

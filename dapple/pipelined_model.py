@@ -223,6 +223,7 @@ class PipelinedModel:
         Aligned with `model.trainable_variables` (None for variables this process does not
         train, under horovodrun)."""
         self._require_compiled()
+        self.runtime.model_may_have_changed()
         self._check_batch(rows(x))
         if self._grad_fn is None:
             @tf.function
@@ -249,6 +250,7 @@ class PipelinedModel:
         """One optimizer step on one global batch; returns the loss. Relaxed schedules: one run
         of the steps `x` holds (whole global batches; AvgPipe: N a step)."""
         self._require_compiled()
+        self.runtime.model_may_have_changed()
         (self._relaxed.check_rows if self._relaxed else self._check_batch)(rows(x))
         return self._train(x, y, sample_weight)
 
@@ -307,6 +309,7 @@ class PipelinedModel:
         (through `evaluate`) at each epoch's end.
         """
         self._require_compiled()
+        self.runtime.model_may_have_changed()
         ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
         self._check_dataset(ds, "fit's data")
         if validation_data is not None:     # checked now, not after a whole epoch of training
@@ -355,6 +358,7 @@ class PipelinedModel:
         Works before `compile`. A last partial batch is padded to the global batch (by
         repeating its last row) and the padding's outputs dropped, so every row is predicted.
         """
+        self.runtime.model_may_have_changed()
         if self._step is None:
             self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), None)
         if self._predict_fn is None:
@@ -389,6 +393,7 @@ class PipelinedModel:
         """Loss and compiled metrics over full global batches, through the pipeline (no
         backward). Returns what Keras returns: the loss, or [loss, metrics...], or a dict."""
         self._require_compiled()
+        self.runtime.model_may_have_changed()
         if self._eval_fn is None:
             @tf.function
             def eval_fn(x, y, sample_weight):

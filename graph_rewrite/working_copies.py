@@ -15,11 +15,16 @@ put back on exit; the copies reach the traced function as arguments, so one trac
 device. A stage is only given copies when every one of its trainable variables is such an
 attribute and it has no weight regularizer (whose penalty reads the variable itself): otherwise
 its calls read the variables where they live, which is slower, never wrong.
+
+A runtime may also keep the stage's weights on one device (`keep_on`): the copies there are
+then the stage's current weights, trained there by the optimizer, and the others are refreshed
+from them; the variables are brought up to date only when asked (`store_home`), and the copies
+there take the variables' values again when those may have changed (`load_home`).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -50,6 +55,7 @@ class WorkingCopies:
         self.possible = (bool(self.variables) and not penalized
                          and all(id(v) in self._slots for v in self.variables))
         self._by_device: Dict[str, List[tf.Variable]] = {}
+        self.home: Optional[str] = None       # the device whose copies are trained (`keep_on`)
 
     def make(self, device: str) -> None:
         """Give `device` copies (eagerly: a `tf.function` that creates variables traces twice),
@@ -58,9 +64,7 @@ class WorkingCopies:
                 _lives_on(v, device) for v in self.variables):
             return
         with tf.init_scope(), tf.device(device):
-            self._by_device[device] = [tf.Variable(v.read_value(), trainable=True,
-                                                   name="dapple_working_copy")
-                                       for v in self.variables]
+            self._by_device[device] = [_copy_of(v) for v in self.variables]
 
     def on(self, device: str) -> List[tf.Variable]:
         return self._by_device.get(device, [])
@@ -69,12 +73,36 @@ class WorkingCopies:
         """What the stage's calls on `device` read: its copies, else the variables."""
         return self.on(device) or self.variables
 
+    def keep_on(self, device: str) -> bool:
+        """Make the copies on `device` the stage's current weights, if it has copies there."""
+        if self.on(device):
+            self.home = device
+        return self.home == device
+
+    def home_copies(self) -> List[tf.Variable]:
+        return self.on(self.home) if self.home else []
+
     def refresh(self) -> None:
-        """Every copy := its variable (in a step: ordered before the calls that read it)."""
+        """Every copy but the home's := the current weights: the home's copies, else the
+        variables (in a step: ordered before the calls that read them)."""
+        source = self.home_copies() or self.variables
         for device, copies in self._by_device.items():
+            if device == self.home:
+                continue
             with tf.device(device), tf.name_scope("working_copies"):
-                for copy, v in zip(copies, self.variables):
+                for copy, v in zip(copies, source):
                     copy.assign(v.read_value())
+
+    def load_home(self) -> None:
+        """The home's copies := the variables."""
+        with tf.device(self.home or ""), tf.name_scope("working_copies"):
+            for copy, v in zip(self.home_copies(), self.variables):
+                copy.assign(v.read_value())
+
+    def store_home(self) -> None:
+        """The variables := the home's copies."""
+        for copy, v in zip(self.home_copies(), self.variables):
+            v.assign(copy.read_value())
 
     @contextlib.contextmanager
     def redirect(self, copies: Sequence[tf.Variable]):
@@ -88,6 +116,17 @@ class WorkingCopies:
         finally:
             for layer, name, v in saved:
                 object.__setattr__(layer, name, v)
+
+
+def _copy_of(variable: tf.Variable) -> tf.Variable:
+    # The variable's own name: an optimizer may choose by name (weight decay's exclusions).
+    copy = tf.Variable(variable.read_value(), trainable=True,
+                       name=variable.name.rsplit(":", 1)[0])
+    if hasattr(variable, "true_dtype"):
+        # Keras 2's mixed precision (AutoCastVariable): the copy is read in the layer's
+        # compute dtype as the variable is, and kept in float32 as it is
+        copy = type(variable)(copy)
+    return copy
 
 
 def _lives_on(variable: tf.Variable, device: str) -> bool:

@@ -99,6 +99,7 @@ def assert_trains_like_plain_model(pm, model, reference, loss, make_optimizer, b
         want_loss, grads = plain_loss_and_grads(reference, loss, x, y)
         ref_opt.apply_gradients(zip(grads, reference.trainable_variables))
         assert abs(float(got_loss) - float(want_loss)) < 1e-5
+    pm.gather_weights()
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 

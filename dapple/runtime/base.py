@@ -81,6 +81,10 @@ class Runtime(abc.ABC):
     def broadcast_model(self, model: tf.keras.Model) -> None:
         """Every process's copy of `model`'s variables becomes the writing process's."""
 
+    def model_may_have_changed(self) -> None:
+        """The user's code ran since the last step and may have changed the model's variables
+        (`PipelinedModel` says so at the start of every call that runs a step)."""
+
     @abc.abstractmethod
     def save_weights(self, model: tf.keras.Model, path: str) -> None:
         """The plain model's checkpoint with every stage's variables, written once."""

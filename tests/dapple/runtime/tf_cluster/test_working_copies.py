@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from dapple.runtime.local.runtime import LocalRuntime
-from dapple.runtime.tf_cluster.runtime import CopyingStep
+from dapple.runtime.tf_cluster.stage_weights import CopyingStep
 from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests import models

@@ -1,0 +1,192 @@
+"""Every stage's weights kept and trained on the stage's own device; the model's variables made
+current only when something reads them.
+
+On the TensorFlow-cluster runtime the model's variables live where the user's script made
+them, on the chief, and most units run on other processes. Working copies refreshed from the
+variables every step (`graph_rewrite.working_copies`) still move each remote stage's weights
+out and its gradients back, once a step each, on the slowest links. Here the copies on a
+stage's first device (its first replica's) *are* the stage's weights: the optimizer updates
+them there (Keras makes its slots beside the variable they belong to), the stage's other
+replicas refresh from them, and only boundaries and replica gradients cross the network, as
+in the DAPPLE paper's runtime and in our Horovod runtime.
+
+The model's variables are made current when something reads them (`gather_weights`: `fit`'s
+callbacks, `save_weights`, the user), and the home copies take the model's values again before
+the next step when the model may have changed since: after a gather (callbacks may change it),
+`load_weights`, and the user's code between calls (`model_may_have_changed`). The model never
+overwrites training it has not gathered. A stage stays with the model's variables (copies
+refreshed every step) when it shares a variable with another stage, when its copies are not
+possible (`WorkingCopies.possible`), and for relaxed plans, whose runs update the variables.
+
+`DAPPLE_TF_WEIGHTS` chooses, to measure: `stage` (the default, above), `copies` (the model's
+variables trained on the chief, working copies refreshed every step) or `chief` (no copies:
+every unit reads the variables on the chief).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, List, Optional, Set
+
+import tensorflow as tf
+
+from dapple.checkpoint import save_weights_atomically
+from dapple.eager_build import build_optimizer
+from dapple.runtime.base import apply_present, unscaled
+from dapple.runtime.local.runtime import LocalRuntime
+from graph_rewrite.losses import PipelineLoss
+from graph_rewrite.pipeline import PipelineStep
+from graph_rewrite.working_copies import WorkingCopies
+from planner.formats.plan import Plan
+
+ENV_WEIGHTS = "DAPPLE_TF_WEIGHTS"
+WEIGHT_MODES = ("stage", "copies", "chief")
+
+
+def weight_mode() -> str:
+    mode = os.environ.get(ENV_WEIGHTS, "stage")
+    if mode not in WEIGHT_MODES:
+        raise ValueError(f"{ENV_WEIGHTS}={mode!r}: expected one of {', '.join(WEIGHT_MODES)} "
+                         f"(stage: each stage's weights on its device, the default)")
+    return mode
+
+
+class CopyingStep(PipelineStep):
+    """The local step whose units read working copies of their stage's weights on their own
+    device where the weights live elsewhere, refreshed at the start of every step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for s, r in self.transport.local_units():
+            self.functions[s].copies.make(self.device(s, r))
+
+    @tf.autograph.experimental.do_not_convert
+    def run(self, *args, **kwargs):
+        for function in self.functions:
+            function.copies.refresh()
+        return super().run(*args, **kwargs)
+
+
+def _shared_ids(step: PipelineStep) -> Set[int]:
+    """The trainable variables more than one stage reads."""
+    seen: Set[int] = set()
+    shared: Set[int] = set()
+    for graph in step.stages:
+        for v in graph.trainable_variables:
+            (shared if id(v) in seen else seen).add(id(v))
+    return shared
+
+
+class StageWeightsRuntime(LocalRuntime):
+    """The local runtime's step on any devices, with each stage's weights on its first device
+    (`DAPPLE_TF_WEIGHTS` chooses otherwise)."""
+
+    def __init__(self, plan: Plan, devices=None, stages=None):
+        super().__init__(plan, devices, stages)
+        self._homes: List[WorkingCopies] = []       # the current step's stages kept at home
+        self._home_of: Dict[int, tf.Variable] = {}  # id(model variable) -> its home copy
+        self._load: Optional[Callable] = None
+        self._store: Optional[Callable] = None
+        self._ahead = False              # the homes hold training the model has not gathered
+        self._model_may_differ = True    # the model may hold values the homes have not taken
+        self._updating: Set[str] = set()  # the compiled functions that train the homes
+        self._running: Optional[str] = None
+
+    # ---- where the weights are ---------------------------------------------------------------
+    def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
+                  micro_batch_loop: bool = False) -> PipelineStep:
+        mode = weight_mode()
+        if mode == "chief":
+            return super().make_step(model, plan, loss, micro_batch_loop)
+        self._leave_homes()             # a new step (compile again): keep what was trained
+        step = CopyingStep(model, plan, loss, self.devices, stages=self.stages,
+                           micro_batch_loop=micro_batch_loop)
+        if mode == "stage":
+            self._keep_homes(step)
+        return step
+
+    def make_relaxed_step(self, model, plan, loss, max_batches):
+        self._leave_homes()             # a relaxed run updates the model's variables
+        return super().make_relaxed_step(model, plan, loss, max_batches)
+
+    def _keep_homes(self, step: CopyingStep) -> None:
+        shared = _shared_ids(step)
+        for s, function in enumerate(step.functions):
+            copies = function.copies
+            if any(id(v) in shared for v in copies.variables):
+                continue
+            if copies.keep_on(step.device(s, 0)):
+                self._homes.append(copies)
+                self._home_of.update({id(v): c for v, c in zip(copies.variables,
+                                                               copies.home_copies())})
+        homes = list(self._homes)
+
+        # tf.functions: one call whatever the number of variables
+        @tf.function(autograph=False)
+        def load():
+            for copies in homes:
+                copies.load_home()
+
+        @tf.function(autograph=False)
+        def store():
+            for copies in homes:
+                copies.store_home()
+        self._load, self._store = (load, store) if homes else (None, None)
+        self._model_may_differ = True
+
+    def _leave_homes(self) -> None:
+        self.gather_weights()
+        for copies in self._homes:
+            copies.home = None
+        self._homes, self._home_of = [], {}
+        self._load = self._store = None
+
+    def _trained(self, variables) -> List[tf.Variable]:
+        """What the optimizer updates for `variables`: their home copies, where kept."""
+        return [self._home_of.get(id(v), v) for v in variables]
+
+    # ---- steps --------------------------------------------------------------------------------
+    def compiled(self, what: str, fn):
+        def call(*args):
+            if self._model_may_differ and not self._ahead and self._load is not None:
+                self._load()
+            self._model_may_differ = False
+            self._running = what
+            try:
+                return fn(*args)
+            finally:
+                self._running = None
+                if what in self._updating:
+                    self._ahead = True
+        return call
+
+    def prepare_optimizer(self, step: PipelineStep, optimizer) -> None:
+        build_optimizer(optimizer, self._trained(step.trained_variables()))
+
+    def apply_gradients(self, step: PipelineStep, optimizer, gradients) -> None:
+        trained = self._trained(step.model.trainable_variables)
+        apply_present(optimizer, unscaled(optimizer, gradients), trained)
+        if self._home_of and self._running is not None:     # traced: record who trains
+            self._updating.add(self._running)
+
+    def model_may_have_changed(self) -> None:
+        self._model_may_differ = True
+
+    # ---- the model's variables -----------------------------------------------------------------
+    def gather_weights(self) -> None:
+        """The model's variables := the stages' weights."""
+        if self._ahead and self._store is not None:
+            self._store()
+        self._ahead = False
+        self._model_may_differ = True   # whoever asked may change them
+
+    def broadcast_model(self, model: tf.keras.Model) -> None:
+        self._ahead, self._model_may_differ = False, True
+
+    def save_weights(self, model: tf.keras.Model, path: str) -> None:
+        self.gather_weights()
+        save_weights_atomically(model, path)
+
+    def load_weights(self, model: tf.keras.Model, path: str):
+        status = model.load_weights(path)
+        self._ahead, self._model_may_differ = False, True
+        return status
