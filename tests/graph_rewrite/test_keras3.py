@@ -275,17 +275,9 @@ def test_backup_and_restore_is_refused_for_keras3_by_name():
 
 
 def residual_bn_shared(seed=0):
-    """The issue's model: BatchNormalization, a residual (`bn`'s output to `add`, across the
-    cut after `shared`) and a layer called twice (`shared`: on bn's output in stage 0, on the
-    sum in stage 1)."""
-    keras.utils.set_random_seed(seed)
-    x = keras.Input((6,), name="x")
-    h1 = keras.layers.BatchNormalization(momentum=0.8, name="bn")(
-        keras.layers.Dense(8, name="d1")(x))
-    shared = keras.layers.Dense(8, activation="tanh", name="shared")
-    h2 = keras.layers.Dense(8, activation="relu", name="d2")(shared(h1))
-    b = shared(keras.layers.Add(name="add")([h1, h2]))
-    return keras.Model(x, keras.layers.Dense(5, name="out")(b), name="k3_bn")
+    """tests/models.py's (#30's model: BatchNormalization, a residual across the cut at 3, a
+    layer called in both stages), built with Keras 3."""
+    return models.residual_bn_shared(seed, keras=keras)
 
 
 def conv_bn(seed=0):
@@ -373,6 +365,30 @@ def test_batch_normalization_moving_statistics_equal_plain_keras3_train_on_batch
             assert np.max(np.abs(want[path] - initial[path])) > 1e-2, f"{path} did not move"
             np.testing.assert_allclose(got[path], want[path], rtol=1e-5, atol=1e-5,
                                        err_msg=f"{path} after step {step + 1}")
+
+
+@bn_cases
+def test_batch_normalization_weights_after_three_steps_equal_plain_keras3(case):
+    """Weights and moving statistics after 3 steps of SGD with momentum (different data each
+    step) equal plain Keras 3's: its gradients slice by slice, its moving statistics moved by
+    a training forward of the whole batch, its optimizer (`tests.models.
+    ghost_batch_train_step`); the reference of the horovodrun test too."""
+    builder, cuts, replicas, m, _ = case
+    model, pm = bn_pipelined(case)
+    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
+    reference, optimizer = builder(), keras.optimizers.SGD(0.1, momentum=0.9)
+    before = [np.array(w) for w in model.get_weights()]
+    for step in range(3):
+        x, y = bn_data(builder, seed=40 + step)
+        got_loss = pm.train_step(x, y)
+        want_loss = models.ghost_batch_train_step(reference, loss_fn(), optimizer, x, y,
+                                                  GLOBAL_BATCH // (m * replicas[0]))
+        assert abs(float(got_loss) - want_loss) < 1e-5
+    for got, want, start, v in zip(model.get_weights(), reference.get_weights(), before,
+                                   model.weights):
+        if not v.path.endswith(("d1/bias", "c1/bias", "c2/bias")):  # these feed a BN: grad 0
+            assert np.max(np.abs(want - start)) > 1e-3, v.path      # every other weight moved
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=v.path)
 
 
 def test_batch_normalization_options_that_cannot_be_pipelined_are_named():
