@@ -126,6 +126,11 @@ class Keras2(_Functional):
         if isinstance(optimizer, tf.keras.optimizers.Optimizer):   # LossScaleOptimizerV3 too
             optimizer.build(variables)
 
+    @staticmethod
+    def tf_variable(variable) -> tf.Variable:
+        """The `tf.Variable` holding a model variable's value: tf_keras's are tf.Variables."""
+        return variable
+
     # BatchNormalization (`graph_rewrite.batch_statistics`)
 
     @staticmethod
@@ -256,6 +261,15 @@ class Keras3(_Functional):
         if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
             optimizer.build(variables)
 
+    @staticmethod
+    def tf_variable(variable) -> tf.Variable:
+        """A `keras.Variable` on the TensorFlow backend wraps a `tf.Variable` (`_value`,
+        `keras.src.backend.tensorflow.core.Variable._initialize`); what takes tf.Variables
+        and assigns them (Horovod's `broadcast_variables`, inside a tf.function) needs that
+        one: a keras.Variable passed to a tf.function arrives as a tensor."""
+        inner = getattr(variable, "_value", None)
+        return inner if isinstance(inner, tf.Variable) else variable
+
     # BatchNormalization (`keras.src.layers.normalization.batch_normalization`): the same
     # `moving_mean`/`moving_variance` attributes (tracked by the layer's `_tracker`; the
     # redirect sets them past it), assigned in `call(training=True)` of a trainable layer.
@@ -305,6 +319,11 @@ def for_model(model):
 
 def for_node(node):
     return Keras3 if hasattr(node, "operation") and is_keras3(node) else Keras2
+
+
+def tf_variables(variables) -> list:
+    """`tf_variable` of each variable, of either Keras."""
+    return [for_model(v).tf_variable(v) for v in variables]
 
 
 def layer_of(node):

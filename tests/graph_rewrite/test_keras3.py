@@ -411,11 +411,18 @@ def test_recomputing_a_keras3_dropout_is_refused_by_name():
         dapple.PipelinedModel(model, plan)
 
 
-def test_other_runtimes_are_refused_for_keras3_by_name():
+def test_the_tensorflow_runtime_and_multi_process_fit_are_refused_for_keras3_by_name():
     model = mlp_with_skip()
-    for runtime in ("horovod", "tensorflow"):
-        with pytest.raises(NotImplementedError, match=f"does not support the {runtime} runtime"):
-            dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]), runtime=runtime)
+    with pytest.raises(NotImplementedError, match="does not support the tensorflow runtime"):
+        dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]), runtime="tensorflow")
+    from dapple.callbacks import FitCallbacks
+
+    class TwoProcesses:
+        processes, rank, is_writer = 2, 0, True
+    with pytest.raises(NotImplementedError, match=r"model 'mlp_with_skip' is a Keras 3 model.*"
+                                                  r"does not support fit over several processes"):
+        FitCallbacks(model, TwoProcesses(), [], verbose=0, epochs=1, steps=1,
+                     stateful_metrics=[])
 
 
 def test_relaxed_schedules_and_mixed_precision_are_refused_for_keras3_by_name():
