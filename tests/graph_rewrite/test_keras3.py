@@ -391,6 +391,30 @@ def test_batch_normalization_weights_after_three_steps_equal_plain_keras3(case):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=v.path)
 
 
+def test_frozen_batch_normalization_keeps_its_statistics_like_plain_keras3():
+    """A non-trainable BatchNormalization runs in inference mode in Keras 3 (`training and
+    self.trainable`): its moving statistics stay, and gradients equal the plain model's."""
+    case = BN_CASES[0]
+    model, reference = residual_bn_shared(), residual_bn_shared()
+    for m in (model, reference):
+        m.get_layer("bn").trainable = False
+    pm = dapple.PipelinedModel(model, plan_for(model, case[1], case[2], micro_batches=case[3]))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    before = [v.numpy() for v in model.non_trainable_variables]
+    assert len(before) == 4                  # bn's gamma and beta are frozen too
+    x, y = bn_data(residual_bn_shared, seed=5)
+    got = pm.gradients(x, y)
+    with tf.GradientTape() as tape:
+        want_loss = loss_fn()(y, reference(x, training=True))
+    want = tape.gradient(want_loss, reference.trainable_variables)
+    for g, w, v in zip(got, want, model.trainable_variables):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6,
+                                   err_msg=v.path)
+    pm.train_step(x, y)
+    for v, value in zip(model.non_trainable_variables, before):
+        np.testing.assert_array_equal(v.numpy(), value, err_msg=v.path)
+
+
 def test_batch_normalization_options_that_cannot_be_pipelined_are_named():
     from graph_rewrite.batch_statistics import UnsupportedLayerError
     for option in (dict(renorm=True), dict(synchronized=True)):
