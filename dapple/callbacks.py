@@ -117,6 +117,11 @@ class FitCallbacks:
         the model itself, run by Keras 3's `CallbackList` with Keras 3's progress bar, as its
         own `fit` runs them (our logs are running means, as its are)."""
         import keras
+        if self.runtime.processes > 1:
+            raise NotImplementedError(
+                f"model {model.name!r} is a Keras 3 model, and dapple's Keras 3 path does not "
+                f"support fit over several processes yet (its callbacks would run on every "
+                f"rank); call train_step in a loop (docs/keras3.md)")
         for c in callbacks:
             if isinstance(c, keras.callbacks.BackupAndRestore):
                 raise NotImplementedError(

@@ -42,14 +42,14 @@ def check_plan_matches_model(plan: Plan, model: tf.keras.Model) -> None:
 
 def check_supported_model(model: tf.keras.Model) -> None:
     """Refuse what the pipelined step would silently compute differently from Keras."""
+    for layer in model._flatten_layers(include_self=False):
+        check_batch_normalization(layer)
     if keras_adapter.is_keras3(model):
         problems = keras_adapter.unsupported_keras3(model)
         if problems:
             raise ValueError(f"Keras 3 model {model.name!r} uses what dapple's Keras 3 path does "
                              f"not support yet: {'; '.join(problems)} (docs/keras3.md)")
         return
-    for layer in model._flatten_layers(include_self=False):
-        check_batch_normalization(layer)
     # Weight regularizers are supported (graph_rewrite.pipeline adds them once per step);
     # losses computed from activations would need the stage's forward and are refused.
     weight_penalties = sum(len(layer._callable_losses) for layer in model._flatten_layers())

@@ -68,7 +68,7 @@ class PipelinedModel:
         if self._keras3 and is_relaxed(self.plan):
             raise NotImplementedError(self._keras3_not_yet(f"the {self.plan.schedule.name} "
                                                            f"schedule"))
-        if self._keras3 and chosen(runtime) != "local":
+        if self._keras3 and chosen(runtime) == "tensorflow":
             raise NotImplementedError(self._keras3_not_yet(f"the {chosen(runtime)} runtime"))
         check_recompute(self.plan, model)
         require_runtime_support(self.plan)
@@ -111,8 +111,9 @@ class PipelinedModel:
     def _keras3_not_yet(self, what: str) -> str:
         return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
                 f"does not support {what} yet: it covers compile, fit, train_step, gradients, "
-                f"evaluate, predict and .weights.h5 checkpoints on the local runtime's "
-                f"synchronous plans (docs/keras3.md); use tf.keras (Keras 2) after "
+                f"evaluate, predict and .weights.h5 checkpoints on synchronous plans, "
+                f"locally (and train_step, gradients and checkpoints under horovodrun) "
+                f"(docs/keras3.md); use tf.keras (Keras 2) after "
                 f"`import dapple` for the rest")
 
     # ---- where this process runs (the runtime's) ------------------------------------------------

@@ -10,10 +10,12 @@ So each unit records, for every BatchNormalization call it makes, the slice's ro
 and sum of squared deviations (`SliceStatistics`); the step combines them over micro-batches
 and the stage's replicas (Chan et al.'s pairwise formula, exact for any split), and applies one
 update with the layer's momentum: `moving = momentum * moving_before_step + (1 - momentum) *
-value`, where value is the mean, and the variance with Keras's convention for that layer (the
-fused kernel, used for 4-D and 5-D inputs on the channel axis, updates with the unbiased
-variance; the non-fused path with the biased one). The step reads the variables before the
-first unit and assigns the combined update after the last.
+value`, where value is the mean, and the variance with Keras's convention for that layer (in
+tf_keras the fused kernel, used for 4-D and 5-D inputs on the channel axis, updates with the
+unbiased variance, the non-fused path with the biased one; Keras 3 always with the biased
+one). The step reads the variables before the first unit and assigns the combined update after
+the last. What differs between the Keras versions (the layer class, its options, channel axes,
+variance and moving-average formula) is asked of `graph_rewrite.keras_adapter`.
 
 Keras's own update still runs inside every training call of the layer, but into scratch
 variables of the unit's device (`ScratchStatistics`), not the layer's: a function call that
@@ -30,17 +32,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from graph_rewrite.keras_adapter import layer_of
-
-
-def _batch_normalization_base():
-    for cls in tf.keras.layers.BatchNormalization.__mro__:
-        if cls.__name__ == "BatchNormalizationBase":
-            return cls
-    return tf.keras.layers.BatchNormalization
-
-
-BATCH_NORMALIZATION = _batch_normalization_base()
+from graph_rewrite.keras_adapter import for_model, layer_of
 
 
 class UnsupportedLayerError(ValueError):
@@ -48,7 +40,8 @@ class UnsupportedLayerError(ValueError):
 
 
 def is_batch_normalization(layer) -> bool:
-    return isinstance(layer, BATCH_NORMALIZATION)
+    """A BatchNormalization layer of either Keras (the adapter of the layer's Keras)."""
+    return for_model(layer).is_batch_normalization(layer)
 
 
 def check_batch_normalization(layer) -> None:
@@ -56,16 +49,7 @@ def check_batch_normalization(layer) -> None:
     the combined update cannot reproduce."""
     if not is_batch_normalization(layer):
         return
-    why = None
-    if getattr(layer, "renorm", False):
-        why = ("batch renormalization (renorm=True) corrects each batch with moving statistics "
-               "that every micro-batch would update")
-    elif getattr(layer, "virtual_batch_size", None) is not None:
-        why = ("virtual_batch_size splits the batch inside the layer; a pipeline already "
-               "normalizes per micro-batch slice: remove virtual_batch_size and choose the "
-               "plan's slice size instead")
-    elif getattr(layer, "adjustment", None) is not None:
-        why = "an adjustment function depends on the batch shape"
+    why = for_model(layer).batch_normalization_problem(layer)
     if why:
         raise UnsupportedLayerError(f"layer {layer.name!r} ({type(layer).__name__}) cannot be "
                                     f"pipelined: {why}")
@@ -91,7 +75,8 @@ def slice_statistics(layer, inputs: tf.Tensor) -> SliceStatistics:
     # Moving statistics are not differentiated (as in Keras); without a path back, a traced
     # stage's backward does not depend on them.
     x = tf.cast(tf.stop_gradient(inputs), tf.float32)
-    axes = [i for i in range(x.shape.rank) if i not in layer.axis]
+    channels = for_model(layer).normalization_axes(layer, x.shape.rank)
+    axes = [i for i in range(x.shape.rank) if i not in channels]
     count = 1
     for i in axes:
         if x.shape[i] is None:
@@ -177,15 +162,15 @@ def combine_replicas(by_replica: Dict[int, List[SliceStatistics]], replicas: int
 
 def moving_update(layer, stats: SliceStatistics, before_mean: tf.Tensor,
                   before_variance: tf.Tensor):
-    """Assign the layer's moving statistics one Keras update from `before_*` with `stats`;
-    returns the new (mean, variance)."""
-    fused = bool(getattr(layer, "fused", False))
-    variance = stats.m2 / (stats.count - 1 if fused and stats.count > 1 else stats.count)
+    """Assign the layer's moving statistics one Keras update from `before_*` with `stats`
+    (the batch variance and moving-average formula of the layer's Keras); returns the new
+    (mean, variance)."""
+    keras = for_model(layer)
+    variance = keras.batch_variance(layer, stats.count, stats.m2)
     new = []
     for var, before, value in ((layer.moving_mean, before_mean, stats.mean),
                                (layer.moving_variance, before_variance, variance)):
-        decay = tf.cast(1.0 - layer.momentum, var.dtype)
-        updated = before - (before - tf.cast(value, var.dtype)) * decay   # Keras's form
+        updated = keras.moving_average(layer, before, tf.cast(value, var.dtype))
         var.assign(updated)
         new.append(updated)
     return tuple(new)
@@ -251,8 +236,9 @@ class ScratchStatistics:
         saved = [(layer, layer.moving_mean, layer.moving_variance) for layer in self.layers]
         try:
             for i, layer in enumerate(self.layers if scratch and training is True else ()):
-                if layer.trainable and all(n.call_kwargs.get("training", True) is True
-                                           for n in nodes if n.layer is layer):
+                fixed = [for_model(layer).fixed_training(n) for n in nodes
+                         if layer_of(n) is layer]
+                if layer.trainable and all(f is None or f is True for f in fixed):
                     object.__setattr__(layer, "moving_mean", scratch[2 * i])
                     object.__setattr__(layer, "moving_variance", scratch[2 * i + 1])
             yield
@@ -292,5 +278,5 @@ def update_moving_statistics(stages, replicas: Sequence[int], recorders, moving_
                                     lambda lists, tag: sum_replicas(stage, lists, tag=tag))
         with tf.device(device(stage, min(mine))), tf.name_scope(f"stage{stage}/bn"):
             for node, stats in zip(calls, combined):
-                layer = node.layer
+                layer = layer_of(node)
                 current[id(layer)] = moving_update(layer, stats, *current[id(layer)])

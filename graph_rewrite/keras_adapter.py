@@ -10,19 +10,23 @@ the rewriter reads of them goes through one adapter per version:
 - a node's layer, the ids of its input and output tensors, its output KerasTensors;
 - the (args, kwargs) to call a node's layer with, given tensors by id, in training or not;
 - a layer's weight regularizers (Keras 2's callable losses), whether it draws random numbers;
-- building an optimizer's variables before the step is traced; the compiled metrics.
+- building an optimizer's variables before the step is traced; the compiled metrics;
+- BatchNormalization: which layers are, the options the combined update cannot reproduce,
+  the channel axes, the batch variance and the moving-average formula of that Keras
+  (`graph_rewrite.batch_statistics` is the one runtime for both).
 
 A tensor is identified by `str(id(keras_tensor))` in both versions (what both Functionals key
 their tensors by). `Keras2` is what the rewriter always did, moved here unchanged.
 
 Keras 3 is supported on a thin path for now (docs/keras3.md): functional (and built Sequential)
-models without BatchNormalization, masks, or losses from activations or weights; `for_model`
+models without masks, or losses from activations or weights; `for_model`
 tells the versions apart, and `unsupported_keras3` names what a Keras 3 model uses that is not
 supported yet.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import sys
 from typing import Dict, List
 
@@ -122,6 +126,64 @@ class Keras2(_Functional):
         if isinstance(optimizer, tf.keras.optimizers.Optimizer):   # LossScaleOptimizerV3 too
             optimizer.build(variables)
 
+    @staticmethod
+    def tf_variable(variable) -> tf.Variable:
+        """The `tf.Variable` holding a model variable's value: tf_keras's are tf.Variables."""
+        return variable
+
+    # BatchNormalization (`graph_rewrite.batch_statistics`)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def _batch_normalization_class():
+        """tf_keras's `BatchNormalizationBase` (SyncBatchNormalization too)."""
+        for cls in tf.keras.layers.BatchNormalization.__mro__:
+            if cls.__name__ == "BatchNormalizationBase":
+                return cls
+        return tf.keras.layers.BatchNormalization
+
+    @staticmethod
+    def is_batch_normalization(layer) -> bool:
+        return isinstance(layer, Keras2._batch_normalization_class())
+
+    @staticmethod
+    def batch_normalization_problem(layer):
+        """Why this BatchNormalization's training state cannot be combined, or None."""
+        if getattr(layer, "renorm", False):
+            return ("batch renormalization (renorm=True) corrects each batch with moving "
+                    "statistics that every micro-batch would update")
+        if getattr(layer, "virtual_batch_size", None) is not None:
+            return ("virtual_batch_size splits the batch inside the layer; a pipeline already "
+                    "normalizes per micro-batch slice: remove virtual_batch_size and choose the "
+                    "plan's slice size instead")
+        if getattr(layer, "adjustment", None) is not None:
+            return "an adjustment function depends on the batch shape"
+        return None
+
+    @staticmethod
+    def normalization_axes(layer, rank: int) -> List[int]:
+        """The channel axes (tf_keras keeps them as a list of non-negative ints once built)."""
+        return list(layer.axis)
+
+    @staticmethod
+    def batch_variance(layer, count: int, m2):
+        """The variance Keras moves towards: the fused kernel (4-D and 5-D inputs on the
+        channel axis) uses the unbiased one, the non-fused path the biased one."""
+        fused = bool(getattr(layer, "fused", False))
+        return m2 / (count - 1 if fused and count > 1 else count)
+
+    @staticmethod
+    def moving_average(layer, before, value):
+        """tf_keras's `_assign_moving_average`: before - (before - value) * (1 - momentum)."""
+        decay = tf.cast(1.0 - layer.momentum, before.dtype)
+        return before - (before - value) * decay
+
+    @staticmethod
+    def fixed_training(node):
+        """The training flag the model's graph fixed at this call (tf_keras keeps it: the
+        Functional passes its own only when the call did not), or None."""
+        return node.call_kwargs.get("training")
+
 
 class Keras3(_Functional):
     """Keras 3 (`import keras`): nodes are `keras.src.ops.node.Node` (`operation`,
@@ -199,6 +261,56 @@ class Keras3(_Functional):
         if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
             optimizer.build(variables)
 
+    @staticmethod
+    def tf_variable(variable) -> tf.Variable:
+        """A `keras.Variable` on the TensorFlow backend wraps a `tf.Variable` (`_value`,
+        `keras.src.backend.tensorflow.core.Variable._initialize`); what takes tf.Variables
+        and assigns them (Horovod's `broadcast_variables`, inside a tf.function) needs that
+        one: a keras.Variable passed to a tf.function arrives as a tensor."""
+        inner = getattr(variable, "_value", None)
+        return inner if isinstance(inner, tf.Variable) else variable
+
+    # BatchNormalization (`keras.src.layers.normalization.batch_normalization`): the same
+    # `moving_mean`/`moving_variance` attributes (tracked by the layer's `_tracker`; the
+    # redirect sets them past it), assigned in `call(training=True)` of a trainable layer.
+
+    @staticmethod
+    def is_batch_normalization(layer) -> bool:
+        keras = sys.modules.get("keras")         # a Keras 3 layer exists: keras is imported
+        return keras is not None and isinstance(layer, keras.layers.BatchNormalization)
+
+    @staticmethod
+    def batch_normalization_problem(layer):
+        if getattr(layer, "renorm", False):
+            return ("batch renormalization (renorm=True) corrects each batch with moving "
+                    "statistics that every micro-batch would update")
+        if getattr(layer, "synchronized", False):
+            return ("synchronized=True computes the statistics across tf.distribute replicas; "
+                    "a pipeline normalizes per micro-batch slice and combines the moving "
+                    "statistics itself: use synchronized=False")
+        return None
+
+    @staticmethod
+    def normalization_axes(layer, rank: int) -> List[int]:
+        """Keras 3 keeps one int axis, possibly negative."""
+        return [layer.axis % rank]
+
+    @staticmethod
+    def batch_variance(layer, count: int, m2):
+        """`ops.moments`: the biased variance, whatever the input's rank."""
+        return m2 / count
+
+    @staticmethod
+    def moving_average(layer, before, value):
+        """`BatchNormalization.call`: moving * momentum + batch * (1 - momentum)."""
+        return before * layer.momentum + value * (1.0 - layer.momentum)
+
+    @staticmethod
+    def fixed_training(node):
+        """None: Keras 3's Functional passes its training flag to every call, overriding the
+        graph's (`functional.operation_fn`), as `call_arguments` does."""
+        return None
+
 
 def for_model(model):
     """The adapter for a model (or a layer, or a node) of either Keras."""
@@ -207,6 +319,11 @@ def for_model(model):
 
 def for_node(node):
     return Keras3 if hasattr(node, "operation") and is_keras3(node) else Keras2
+
+
+def tf_variables(variables) -> list:
+    """`tf_variable` of each variable, of either Keras."""
+    return [for_model(v).tf_variable(v) for v in variables]
 
 
 def layer_of(node):
@@ -220,7 +337,7 @@ def unsupported_keras3(model) -> List[str]:
     problems = []
     for layer in model._flatten_layers(include_self=False):
         kind = type(layer).__name__
-        if hasattr(layer, "moving_mean"):
+        if hasattr(layer, "moving_mean") and not Keras3.is_batch_normalization(layer):
             problems.append(f"layer {layer.name!r} ({kind}): moving statistics")
         if getattr(layer, "supports_masking", False) and kind in ("Embedding", "Masking"):
             problems.append(f"layer {layer.name!r} ({kind}): masks")

@@ -164,6 +164,32 @@ def ghost_batch_loss_and_grads(model, loss, x, y, slice_rows):
     return total, grads
 
 
+def ghost_batch_train_step(model, loss, optimizer, x, y, slice_rows):
+    """One training step of the plain model with per-slice normalization (the pipeline's, see
+    above): the gradients of `ghost_batch_loss_and_grads`, the moving statistics moved once by
+    a training forward of the whole batch (what the plain model's `train_on_batch` moves them
+    by), then the optimizer's update. Returns the loss."""
+    total, grads = ghost_batch_loss_and_grads(model, loss, x, y, slice_rows)
+    model(x, training=True)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return total
+
+
+def residual_bn_shared(seed=0, keras=None):
+    """#30's model: BatchNormalization, a residual (bn's output to `add`, across a cut at 3)
+    and a layer called twice (`shared`: on bn's output in stage 0, on the sum in stage 1 of a
+    cut at 3). Layers: d1, bn, shared, d2, add, out. `keras`: as for mlp_with_skip."""
+    keras = keras or tf.keras
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,), name="x")
+    h1 = keras.layers.BatchNormalization(momentum=0.8, name="bn")(
+        keras.layers.Dense(8, name="d1")(x))
+    shared = keras.layers.Dense(8, activation="tanh", name="shared")
+    h2 = keras.layers.Dense(8, activation="relu", name="d2")(shared(h1))
+    b = shared(keras.layers.Add(name="add")([h1, h2]))
+    return keras.Model(x, keras.layers.Dense(5, name="out")(b), name="residual_bn_shared")
+
+
 class TiedOutput(tf.keras.layers.Layer):
     """Logits from the input embedding's own matrix (weight tying, as in transformer LMs)."""
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from planner.formats.plan import straight_plan
 from tests import models
+from tests.models import assert_ran_as_loops
 
 keras = pytest.importorskip("keras")
 if keras.__version__.startswith(("1.", "2.")):
@@ -273,13 +274,155 @@ def test_backup_and_restore_is_refused_for_keras3_by_name():
                callbacks=[keras.callbacks.BackupAndRestore("unused")])
 
 
-def test_batch_normalization_is_refused_by_name():
-    x = keras.Input((4,))
-    h = keras.layers.BatchNormalization(name="bn")(keras.layers.Dense(4, name="d")(x))
-    model = keras.Model(x, keras.layers.Dense(2, name="out")(h), name="k3_bn")
-    with pytest.raises(ValueError, match=r"Keras 3 model 'k3_bn' .*layer 'bn' "
-                                         r"\(BatchNormalization\): moving statistics"):
-        dapple.PipelinedModel(model, straight_plan([1], 3, 2, 8))
+def residual_bn_shared(seed=0):
+    """tests/models.py's (#30's model: BatchNormalization, a residual across the cut at 3, a
+    layer called in both stages), built with Keras 3."""
+    return models.residual_bn_shared(seed, keras=keras)
+
+
+def conv_bn(seed=0):
+    """Conv2D -> BatchNormalization (axis -1 of a 4-D input) in both branches."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((4, 4, 2), name="x")
+    a = keras.layers.BatchNormalization(name="bn")(keras.layers.Conv2D(3, 3, padding="same",
+                                                                       name="c1")(x))
+    b = keras.layers.BatchNormalization(momentum=0.7, name="bn2")(
+        keras.layers.Conv2D(3, 1, name="c2")(x))
+    h = keras.layers.Flatten(name="flat")(keras.layers.Add(name="add")([a, b]))
+    return keras.Model(x, keras.layers.Dense(5, name="out")(h), name="k3_conv_bn")
+
+
+BN_CASES = [
+    # (builder, cuts, replicas, M, lanes as loops)
+    (residual_bn_shared, [3], [2, 1], 4, False),    # the issue's 2:1 on 3 devices, M = 4
+    (conv_bn, [], [2], 4, True),                    # data parallel, each lane one loop
+]
+
+
+def bn_data(builder, seed):
+    model_input = builder().input.shape[1:]
+    rng = np.random.RandomState(seed)
+    # an offset and a scale, so that mean and variance both move visibly
+    return ((rng.randn(GLOBAL_BATCH, *model_input) * 2.0 + 1.5).astype("float32"),
+            rng.randint(0, 5, size=GLOBAL_BATCH).astype("int32"))
+
+
+def bn_pipelined(case, lr=0.1):
+    builder, cuts, replicas, m, loop = case
+    model = builder()
+    plan = plan_for(model, cuts, replicas, micro_batches=m)
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)
+    pm.compile(optimizer=keras.optimizers.SGD(lr), loss=loss_fn())
+    return model, pm
+
+
+bn_cases = pytest.mark.parametrize("case", BN_CASES, ids=lambda c: c[0].__name__)
+
+
+@bn_cases
+def test_batch_normalization_gradients_equal_plain_keras3_per_slice(case):
+    """Each slice normalizes with its own statistics (as in Keras 2: test_batch_normalization):
+    the reference is a `tf.GradientTape` of the plain Keras 3 model run on the plan's slices
+    (every BatchNormalization of these plans lies in a stage of one slice size)."""
+    from tests.models import ghost_batch_loss_and_grads
+    builder, cuts, replicas, m, _ = case
+    model, pm = bn_pipelined(case)
+    x, y = bn_data(builder, seed=3)
+    got = pm.gradients(x, y)
+    reference = builder()
+    _, want = ghost_batch_loss_and_grads(reference, loss_fn(), x, y,
+                                         GLOBAL_BATCH // (m * replicas[0]))
+    assert len(got) == len(want) == len(model.trainable_variables)
+    for g, w, v in zip(got, want, model.trainable_variables):
+        assert float(np.max(np.abs(np.asarray(w)))) > 0, v.path    # the test can fail
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5,
+                                   err_msg=v.path)
+    _, whole = ghost_batch_loss_and_grads(reference, loss_fn(), x, y, GLOBAL_BATCH)
+    assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(got, whole)) > 1e-4           # slices do differ: not vacuous
+
+
+@bn_cases
+def test_batch_normalization_moving_statistics_equal_plain_keras3_train_on_batch(case):
+    """One update per step from the whole global batch: the moving mean and variance after
+    each of 2 steps equal the plain Keras 3 model's `train_on_batch`. The learning rate is 0:
+    the weights a step trains differ by design (per-slice normalization, above), and so would
+    the next step's batch statistics."""
+    builder, cuts, replicas, m, loop = case
+    model, pm = bn_pipelined(case, lr=0.0)
+    reference = builder()
+    reference.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss_fn(), jit_compile=False)
+    initial = {v.path: v.numpy() for v in builder().non_trainable_variables}
+    for step in range(2):
+        x, y = bn_data(builder, seed=30 + step)
+        pm.train_step(x, y)
+        reference.train_on_batch(x, y)
+        assert_ran_as_loops(pm, loop)
+        got = {v.path: v.numpy() for v in model.non_trainable_variables}
+        want = {v.path: v.numpy() for v in reference.non_trainable_variables}
+        assert sorted(got) == sorted(want) == sorted(initial) and got
+        for path in want:
+            assert np.max(np.abs(want[path] - initial[path])) > 1e-2, f"{path} did not move"
+            np.testing.assert_allclose(got[path], want[path], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{path} after step {step + 1}")
+
+
+@bn_cases
+def test_batch_normalization_weights_after_three_steps_equal_plain_keras3(case):
+    """Weights and moving statistics after 3 steps of SGD with momentum (different data each
+    step) equal plain Keras 3's: its gradients slice by slice, its moving statistics moved by
+    a training forward of the whole batch, its optimizer (`tests.models.
+    ghost_batch_train_step`); the reference of the horovodrun test too."""
+    builder, cuts, replicas, m, _ = case
+    model, pm = bn_pipelined(case)
+    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
+    reference, optimizer = builder(), keras.optimizers.SGD(0.1, momentum=0.9)
+    before = [np.array(w) for w in model.get_weights()]
+    for step in range(3):
+        x, y = bn_data(builder, seed=40 + step)
+        got_loss = pm.train_step(x, y)
+        want_loss = models.ghost_batch_train_step(reference, loss_fn(), optimizer, x, y,
+                                                  GLOBAL_BATCH // (m * replicas[0]))
+        assert abs(float(got_loss) - want_loss) < 1e-5
+    for got, want, start, v in zip(model.get_weights(), reference.get_weights(), before,
+                                   model.weights):
+        if not v.path.endswith(("d1/bias", "c1/bias", "c2/bias")):  # these feed a BN: grad 0
+            assert np.max(np.abs(want - start)) > 1e-3, v.path      # every other weight moved
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=v.path)
+
+
+def test_frozen_batch_normalization_keeps_its_statistics_like_plain_keras3():
+    """A non-trainable BatchNormalization runs in inference mode in Keras 3 (`training and
+    self.trainable`): its moving statistics stay, and gradients equal the plain model's."""
+    case = BN_CASES[0]
+    model, reference = residual_bn_shared(), residual_bn_shared()
+    for m in (model, reference):
+        m.get_layer("bn").trainable = False
+    pm = dapple.PipelinedModel(model, plan_for(model, case[1], case[2], micro_batches=case[3]))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    before = [v.numpy() for v in model.non_trainable_variables]
+    assert len(before) == 4                  # bn's gamma and beta are frozen too
+    x, y = bn_data(residual_bn_shared, seed=5)
+    got = pm.gradients(x, y)
+    with tf.GradientTape() as tape:
+        want_loss = loss_fn()(y, reference(x, training=True))
+    want = tape.gradient(want_loss, reference.trainable_variables)
+    for g, w, v in zip(got, want, model.trainable_variables):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6,
+                                   err_msg=v.path)
+    pm.train_step(x, y)
+    for v, value in zip(model.non_trainable_variables, before):
+        np.testing.assert_array_equal(v.numpy(), value, err_msg=v.path)
+
+
+def test_batch_normalization_options_that_cannot_be_pipelined_are_named():
+    from graph_rewrite.batch_statistics import UnsupportedLayerError
+    for option in (dict(renorm=True), dict(synchronized=True)):
+        x = keras.Input((4,))
+        h = keras.layers.BatchNormalization(name="odd_bn", **option)(x)
+        model = keras.Model(x, keras.layers.Dense(2, name="out")(h), name="k3_odd_bn")
+        with pytest.raises(UnsupportedLayerError, match=f"'odd_bn'.*{list(option)[0]}"):
+            dapple.PipelinedModel(model, straight_plan([1], 2, 2, 8))
 
 
 def test_recomputing_a_keras3_dropout_is_refused_by_name():
@@ -292,11 +435,18 @@ def test_recomputing_a_keras3_dropout_is_refused_by_name():
         dapple.PipelinedModel(model, plan)
 
 
-def test_other_runtimes_are_refused_for_keras3_by_name():
+def test_the_tensorflow_runtime_and_multi_process_fit_are_refused_for_keras3_by_name():
     model = mlp_with_skip()
-    for runtime in ("horovod", "tensorflow"):
-        with pytest.raises(NotImplementedError, match=f"does not support the {runtime} runtime"):
-            dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]), runtime=runtime)
+    with pytest.raises(NotImplementedError, match="does not support the tensorflow runtime"):
+        dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]), runtime="tensorflow")
+    from dapple.callbacks import FitCallbacks
+
+    class TwoProcesses:
+        processes, rank, is_writer = 2, 0, True
+    with pytest.raises(NotImplementedError, match=r"model 'mlp_with_skip' is a Keras 3 model.*"
+                                                  r"does not support fit over several processes"):
+        FitCallbacks(model, TwoProcesses(), [], verbose=0, epochs=1, steps=1,
+                     stateful_metrics=[])
 
 
 def test_relaxed_schedules_and_mixed_precision_are_refused_for_keras3_by_name():

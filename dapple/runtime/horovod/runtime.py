@@ -49,6 +49,7 @@ from dapple.runtime.horovod.transport import (HorovodPipelineStep, init_horovod,
                                              pin_gpu_to_local_rank, rank_device,
                                              shared_stage_groups)
 from dapple.runtime.horovod.watchdog import StepWatchdog
+from graph_rewrite.keras_adapter import tf_variables
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import StepResult
@@ -106,7 +107,7 @@ class HorovodRuntime(Runtime):
         self._placeholder = None
         self._traced = set()
         with self.watchdog.step("broadcasting rank 0's initial weights", first=True):
-            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
         # One shuffle seed for all ranks: every rank must see the same global batches.
         seed = hvd.broadcast(tf.constant(np.random.randint(0, 2**31 - 1), tf.int64), 0,
                              name="dapple.shuffle_seed")
@@ -184,7 +185,8 @@ class HorovodRuntime(Runtime):
             for s, graph in enumerate(self.stages):
                 variables = graph.variables
                 if variables:
-                    hvd.broadcast_variables(variables, root_rank=self.layout.rank(s, 0))
+                    hvd.broadcast_variables(tf_variables(variables),
+                                           root_rank=self.layout.rank(s, 0))
 
     @property
     def processes(self) -> int:
@@ -198,7 +200,7 @@ class HorovodRuntime(Runtime):
 
     def broadcast_model(self, model: tf.keras.Model) -> None:
         with self.watchdog.step("broadcasting rank 0's weights"):
-            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
 
     def save_weights(self, model: tf.keras.Model, path: str) -> None:
         """The plain model's Keras checkpoint, with every stage's variables, written once by
@@ -221,7 +223,7 @@ class HorovodRuntime(Runtime):
         """Rank 0 reads the checkpoint; all ranks then hold its weights."""
         status = model.load_weights(path) if self.rank == 0 else None
         with self.watchdog.step("broadcasting loaded weights"):
-            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
         return status
 
 

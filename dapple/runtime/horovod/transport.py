@@ -56,6 +56,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from graph_rewrite.batch_statistics import UnsupportedLayerError, is_batch_normalization
+from graph_rewrite.keras_adapter import layer_of
 from dapple.runtime.horovod.ranks import RankLayout
 from graph_rewrite.model_graph import variable_holders
 from graph_rewrite.local_transport import Crossing, Tensors, Unit
@@ -403,11 +404,12 @@ def check_shared_across_processes(stages) -> None:
     seen = {}
     for graph in stages:
         for node in graph.nodes:
-            if is_batch_normalization(node.layer):
-                first = seen.setdefault(id(node.layer), graph.index)
+            layer = layer_of(node)
+            if is_batch_normalization(layer):
+                first = seen.setdefault(id(layer), graph.index)
                 if first != graph.index:
                     raise UnsupportedLayerError(
-                        f"layer {node.layer.name!r} (BatchNormalization) is called in stages "
+                        f"layer {layer.name!r} (BatchNormalization) is called in stages "
                         f"{first} and {graph.index}; under horovodrun its moving statistics "
                         f"cannot be updated in order across processes: move the cut so that "
                         f"its calls share a stage, or use separate layers")

@@ -1,0 +1,41 @@
+"""A Keras 3 model under `horovodrun -np 3` (#30): `tests.models.residual_bn_shared` built
+with `import keras` (BatchNormalization, a residual across the cut, a layer called in both
+stages), a 2:1 plan at M=4, each rank starting from other weights. After 3 steps of SGD with
+momentum every weight and moving statistic, gathered on every rank, equals the plain Keras 3
+model's trained right in the rank (`scripts/keras3_rank.py`: its gradients slice by slice,
+since each slice normalizes with its own statistics; its moving statistics moved by the whole
+batch; its own optimizer), within 1e-5; so does the checkpoint rank 0 writes, read by a fresh
+plain Keras 3 model's `load_weights`.
+"""
+import json
+
+import pytest
+
+from hvdrun import horovodrun
+
+keras = pytest.importorskip("keras")
+if keras.__version__.startswith(("1.", "2.")):
+    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
+
+TOLERANCE = 1e-5
+
+
+@pytest.mark.horovod
+def test_keras3_weights_after_three_steps_equal_plain_keras3(tmp_path):
+    checkpoint = str(tmp_path / "k3.weights.h5")
+    result = horovodrun(3, ["keras3_rank.py", "--cuts=3", "--replicas=2,1",
+                            "--micro_batches=4", f"--checkpoint={checkpoint}"], timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    reports = {r: json.loads(text) for r, text in result.results().items()}
+    assert sorted(reports) == [0, 1, 2], result.output[-4000:]
+    assert sorted((rep["stage"], rep["replica"]) for rep in reports.values()) == \
+        [(0, 0), (0, 1), (1, 0)]
+    for rank, rep in reports.items():
+        assert rep["loss_diff"] < TOLERANCE, rep
+        assert sorted(rep["weight_diff"]) == sorted(rep["moved"]), rep
+        assert "bn/moving_mean" in rep["weight_diff"], rep
+        for path, diff in rep["weight_diff"].items():
+            assert diff < TOLERANCE, (rank, path, diff)
+            if path != "d1/bias":              # d1's bias feeds BatchNormalization: gradient 0
+                assert rep["moved"][path] > 1e-3, (rank, path)      # it did train
+        assert rep["checkpoint_diff"] < TOLERANCE, rep
