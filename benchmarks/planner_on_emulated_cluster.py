@@ -28,9 +28,9 @@ root (`dapple emulate`). In one run:
    another data path), so its reference is dapple's own data parallelism on it, M = 1 (one
    replica a host): the data-parallel row itself whenever the planner's best data-parallel
    plan is that one, as it is for this model (its runs are then not repeated). Under this
-   runtime every variable lives on the chief: a unit on host 1 reads working copies of its
-   weights and returns their gradients across the link each step, and host 1's replica gets
-   its rows of the batch from the chief (docs/runtime.md); the cost model has none of these.
+   runtime each stage's weights live on its own devices (docs/runtime.md), so a step moves
+   boundaries and replica gradients as the cost model has them; host 1's replica also gets its
+   rows of the batch from the chief, which the cost model does not have.
 
 Prints predicted and measured side by side, the rankings, and the targets (the rankings match;
 each prediction within 20%).

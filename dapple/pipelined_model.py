@@ -242,7 +242,7 @@ class PipelinedModel:
         def train_fn(x, y, sample_weight):
             result = self._step.run(x, y, sample_weight=sample_weight,
                                     loss_scale=loss_scale(self.optimizer))
-            self.runtime.apply_gradients(self._step, self.optimizer, result.gradients)
+            self.runtime.apply_gradients(self._step, self.optimizer, result)
             self._update_metrics(y, result, sample_weight)
             return result.loss
         return self.runtime.compiled("train step", train_fn)

@@ -41,7 +41,7 @@ weights; losses from activations (`add_loss`) are refused by `dapple.PipelinedMo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 
@@ -75,6 +75,10 @@ class StepResult:
     gradients: List[Optional[tf.Tensor]]          # aligned with model.trainable_variables
     predictions: List[List[tf.Tensor]] = field(default_factory=list)  # per output, row order
     global_batch: int = 0
+    # (stage, replica >= 1) -> the stage's summed gradients on that replica's device, aligned
+    # with the stage's trainable variables: the stages in `PipelineStep.sum_on_every_replica`
+    replica_gradients: Dict[Tuple[int, int], List[Optional[tf.Tensor]]] = field(
+        default_factory=dict)
 
 
 class PipelineStep:
@@ -104,6 +108,9 @@ class PipelineStep:
         self._accumulate = Accumulator()
         self._combine_statistics = bstats.CallCombiner()
         self.transport = transport if transport is not None else LocalTransport(self.replicas)
+        # Stages whose every replica trains its own weights (a runtime's choice), so each needs
+        # the sum on its own device: the replicas exchange gradients, nothing comes back.
+        self.sum_on_every_replica: Set[int] = set()
         with tf.init_scope():
             # Made here, not in the step: a tf.function that creates a variable traces twice.
             self._constants = tf.Variable([1.0, 0.0], trainable=False, name="dapple_one_zero")
@@ -219,7 +226,7 @@ class PipelineStep:
                   for r in range(self.replicas[S - 1]) if (m, r) in state.predictions]
                  for k in range(len(self.output_ids))]
         return StepResult(loss=loss, gradients=gradients, predictions=preds,
-                          global_batch=global_batch)
+                          global_batch=global_batch, replica_gradients=state.replica_reduced)
 
     # ---- actions ----------------------------------------------------------------------------
     def _call_stage(self, state: StepState, unit: Unit, m: int, inputs: Tensors,
@@ -386,8 +393,13 @@ class PipelineStep:
 
     def _allreduce(self, state: StepState, stage: int, replicas: List[int], action) -> None:
         """The stage's accumulated gradients summed over its replicas (`action`: ALLREDUCE)."""
-        state.reduced[stage] = self.transport.sum_replicas(
-            stage, {r: state.accumulated[(stage, r)] for r in replicas}, self.device(stage, 0))
+        accumulated = {r: state.accumulated[(stage, r)] for r in replicas}
+        state.reduced[stage] = self.transport.sum_replicas(stage, accumulated,
+                                                           self.device(stage, 0))
+        if stage in self.sum_on_every_replica:
+            for r in replicas[1:]:
+                state.replica_reduced[(stage, r)] = self.transport.sum_replicas(
+                    stage, accumulated, self.device(stage, r), tag=f"ar{r}")
 
     # ---- BatchNormalization state ------------------------------------------------------------
     def _update_moving_statistics(self, recorders, moving_before) -> None:

@@ -53,6 +53,7 @@ class StepState:
     sent: Dict[Tuple[str, int, int], Dict[int, Tensors]] = field(default_factory=dict)
     accumulated: Dict[Unit, List[Optional[tf.Tensor]]] = field(default_factory=dict)
     reduced: Dict[int, List[Optional[tf.Tensor]]] = field(default_factory=dict)   # by stage
+    replica_reduced: Dict[Unit, List[Optional[tf.Tensor]]] = field(default_factory=dict)
     loss_terms: List[tf.Tensor] = field(default_factory=list)
     predictions: Dict[Tuple[int, int], List[tf.Tensor]] = field(default_factory=dict)
     statistics: Dict[Unit, bstats.StatisticsRecorder] = field(default_factory=dict)

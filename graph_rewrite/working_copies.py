@@ -18,8 +18,9 @@ its calls read the variables where they live, which is slower, never wrong.
 
 A runtime may also keep the stage's weights on one device (`keep_on`): the copies there are
 then the stage's current weights, trained there by the optimizer, and the others are refreshed
-from them; the variables are brought up to date only when asked (`store_home`), and the copies
-there take the variables' values again when those may have changed (`load_home`).
+from them; the variables are brought up to date only when asked (`store_home`). It may train
+other devices' copies in place too (`train_on`: a replica's, given the same updates). Trained
+copies take the variables' values again when those may have changed (`load_trained`).
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ class WorkingCopies:
         self.possible = (bool(self.variables) and not penalized
                          and all(id(v) in self._slots for v in self.variables))
         self._by_device: Dict[str, List[tf.Variable]] = {}
-        self.home: Optional[str] = None       # the device whose copies are trained (`keep_on`)
+        self.home: Optional[str] = None       # whose copies stand for the variables (`keep_on`)
+        self.trained: List[str] = []          # devices whose copies the optimizer updates
 
     def make(self, device: str) -> None:
         """Give `device` copies (eagerly: a `tf.function` that creates variables traces twice),
@@ -77,7 +79,17 @@ class WorkingCopies:
         """Make the copies on `device` the stage's current weights, if it has copies there."""
         if self.on(device):
             self.home = device
+            self.train_on(device)
         return self.home == device
+
+    def train_on(self, device: str) -> None:
+        """The copies on `device` are updated in place (not refreshed)."""
+        if device not in self.trained:
+            self.trained.append(device)
+
+    def leave(self) -> None:
+        """Back to copies refreshed from the variables every step."""
+        self.home, self.trained = None, []
 
     def home_copies(self) -> List[tf.Variable]:
         return self.on(self.home) if self.home else []
@@ -87,17 +99,18 @@ class WorkingCopies:
         variables (in a step: ordered before the calls that read them)."""
         source = self.home_copies() or self.variables
         for device, copies in self._by_device.items():
-            if device == self.home:
+            if device in self.trained:
                 continue
             with tf.device(device), tf.name_scope("working_copies"):
                 for copy, v in zip(copies, source):
                     copy.assign(v.read_value())
 
-    def load_home(self) -> None:
-        """The home's copies := the variables."""
-        with tf.device(self.home or ""), tf.name_scope("working_copies"):
-            for copy, v in zip(self.home_copies(), self.variables):
-                copy.assign(v.read_value())
+    def load_trained(self) -> None:
+        """Every trained copy := its variable."""
+        for device in self.trained:
+            with tf.device(device), tf.name_scope("working_copies"):
+                for copy, v in zip(self.on(device), self.variables):
+                    copy.assign(v.read_value())
 
     def store_home(self) -> None:
         """The variables := the home's copies."""

@@ -46,10 +46,9 @@ class Runtime(abc.ABC):
         """The compiled step function `fn` as it is to be called (`what` names it)."""
 
     @abc.abstractmethod
-    def apply_gradients(self, step: PipelineStep, optimizer,
-                        gradients: List[Optional[tf.Tensor]]) -> None:
-        """Give the step's gradients (aligned with the model's trainable variables) to the
-        optimizer as it would get them for the plain model on one process."""
+    def apply_gradients(self, step: PipelineStep, optimizer, result: StepResult) -> None:
+        """Give the step's gradients (`result.gradients`, aligned with the model's trainable
+        variables) to the optimizer as it would get them for the plain model on one process."""
 
     def prepare_optimizer(self, step: PipelineStep, optimizer) -> None:
         """Create the optimizer's variables before the step is traced: a `tf.function` that
@@ -111,3 +110,10 @@ def unscaled(optimizer, gradients: List[Optional[tf.Tensor]]) -> List[Optional[t
 def apply_present(optimizer, gradients: List[Optional[tf.Tensor]], variables) -> None:
     """One `apply_gradients` of the gradients that are not None, with their variables."""
     optimizer.apply_gradients([(g, v) for g, v in zip(gradients, variables) if g is not None])
+
+
+def global_clipnorm(optimizer) -> Optional[float]:
+    """The optimizer's `global_clipnorm` (the inner optimizer's under mixed precision)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    clip = getattr(inner, "global_clipnorm", None)
+    return float(clip) if clip else None

@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from dapple.checkpoint import save_weights_atomically
 from dapple.eager_build import build_optimizer
-from dapple.runtime.base import Runtime, apply_present, loss_scale, unscaled
+from dapple.runtime.base import Runtime, apply_present, global_clipnorm, loss_scale, unscaled
 from dapple.runtime.horovod.ranks import RankLayout, WorldSizeError
 from dapple.runtime.horovod.transport import (HorovodPipelineStep, init_horovod,
                                              pin_gpu_to_local_rank, rank_device,
@@ -135,8 +135,8 @@ class HorovodRuntime(Runtime):
         return call
 
     # ---- the optimizer sees the whole model's gradient -------------------------------------------
-    def apply_gradients(self, step: HorovodPipelineStep, optimizer, gradients) -> None:
-        gradients = unscaled(optimizer, gradients)
+    def apply_gradients(self, step: HorovodPipelineStep, optimizer, result: StepResult) -> None:
+        gradients = unscaled(optimizer, result.gradients)
         poison = 0.0
         if loss_scale(optimizer) is not None:
             local = tf.constant(0.0)
@@ -149,7 +149,7 @@ class HorovodRuntime(Runtime):
             # LossScaleOptimizer then skips the step and lowers its scale alike.
             poison = tf.where(nonfinite > 0, float("nan"), 0.0)
             gradients = [None if g is None else g + tf.cast(poison, g.dtype) for g in gradients]
-        clip = _global_clipnorm(optimizer)
+        clip = global_clipnorm(optimizer)
         if clip:
             squares = tf.constant(0.0)
             for g, v in zip(gradients, step.model.trainable_variables):
@@ -225,10 +225,3 @@ class HorovodRuntime(Runtime):
         with self.watchdog.step("broadcasting loaded weights"):
             hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
         return status
-
-
-def _global_clipnorm(optimizer) -> Optional[float]:
-    """The optimizer's `global_clipnorm` (the inner optimizer's under mixed precision)."""
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    clip = getattr(inner, "global_clipnorm", None)
-    return float(clip) if clip else None

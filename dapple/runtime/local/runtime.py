@@ -42,8 +42,8 @@ class LocalRuntime(Runtime):
     def compiled(self, what: str, fn):
         return fn
 
-    def apply_gradients(self, step: PipelineStep, optimizer, gradients) -> None:
-        apply_present(optimizer, unscaled(optimizer, gradients),
+    def apply_gradients(self, step: PipelineStep, optimizer, result: StepResult) -> None:
+        apply_present(optimizer, unscaled(optimizer, result.gradients),
                       step.model.trainable_variables)
 
     def predictions(self, step: PipelineStep, result: StepResult) -> List[tf.Tensor]:

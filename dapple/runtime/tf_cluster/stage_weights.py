@@ -6,9 +6,12 @@ them, on the chief, and most units run on other processes. Working copies refres
 variables every step (`graph_rewrite.working_copies`) still move each remote stage's weights
 out and its gradients back, once a step each, on the slowest links. Here the copies on a
 stage's first device (its first replica's) *are* the stage's weights: the optimizer updates
-them there (Keras makes its slots beside the variable they belong to), the stage's other
-replicas refresh from them, and only boundaries and replica gradients cross the network, as
-in the DAPPLE paper's runtime and in our Horovod runtime.
+them there (Keras makes its slots beside the variable they belong to). A replicated stage's
+other replicas train their own copies alike: each gets the sum of the replicas' gradients on
+its own device and the same update (an allreduce by exchange: nothing comes back after the
+update). Only boundaries and replica gradients cross the network, as in the DAPPLE paper's
+runtime and in our Horovod runtime. Under `global_clipnorm` the replicas refresh from the
+first instead (the optimizer would take every replica's gradients for the model's norm).
 
 The model's variables are made current when something reads them (`gather_weights`: `fit`'s
 callbacks, `save_weights`, the user), and the home copies take the model's values again before
@@ -25,16 +28,16 @@ every unit reads the variables on the chief).
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
 from dapple.checkpoint import save_weights_atomically
 from dapple.eager_build import build_optimizer
-from dapple.runtime.base import apply_present, unscaled
+from dapple.runtime.base import global_clipnorm, unscaled
 from dapple.runtime.local.runtime import LocalRuntime
 from graph_rewrite.losses import PipelineLoss
-from graph_rewrite.pipeline import PipelineStep
+from graph_rewrite.pipeline import PipelineStep, StepResult
 from graph_rewrite.working_copies import WorkingCopies
 from planner.formats.plan import Plan
 
@@ -77,18 +80,20 @@ def _shared_ids(step: PipelineStep) -> Set[int]:
 
 
 class StageWeightsRuntime(LocalRuntime):
-    """The local runtime's step on any devices, with each stage's weights on its first device
+    """The local runtime's step on any devices, with each stage's weights on its devices
     (`DAPPLE_TF_WEIGHTS` chooses otherwise)."""
 
     def __init__(self, plan: Plan, devices=None, stages=None):
         super().__init__(plan, devices, stages)
-        self._homes: List[WorkingCopies] = []       # the current step's stages kept at home
+        self._kept: List[WorkingCopies] = []        # the current step's stages with trained copies
         self._home_of: Dict[int, tf.Variable] = {}  # id(model variable) -> its home copy
+        # (stage, replica >= 1) -> the copies that replica trains in place
+        self._replica_weights: Dict[Tuple[int, int], List[tf.Variable]] = {}
         self._load: Optional[Callable] = None
         self._store: Optional[Callable] = None
-        self._ahead = False              # the homes hold training the model has not gathered
-        self._model_may_differ = True    # the model may hold values the homes have not taken
-        self._updating: Set[str] = set()  # the compiled functions that train the homes
+        self._ahead = False              # the copies hold training the model has not gathered
+        self._model_may_differ = True    # the model may hold values the copies have not taken
+        self._updating: Set[str] = set()  # the compiled functions that train the copies
         self._running: Optional[str] = None
 
     # ---- where the weights are ---------------------------------------------------------------
@@ -97,47 +102,54 @@ class StageWeightsRuntime(LocalRuntime):
         mode = weight_mode()
         if mode == "chief":
             return super().make_step(model, plan, loss, micro_batch_loop)
-        self._leave_homes()             # a new step (compile again): keep what was trained
+        self._leave()                   # a new step (compile again): keep what was trained
         step = CopyingStep(model, plan, loss, self.devices, stages=self.stages,
                            micro_batch_loop=micro_batch_loop)
         if mode == "stage":
-            self._keep_homes(step)
+            self._keep(step, replicas_in_place=not global_clipnorm(model.optimizer))
         return step
 
     def make_relaxed_step(self, model, plan, loss, max_batches):
-        self._leave_homes()             # a relaxed run updates the model's variables
+        self._leave()                   # a relaxed run updates the model's variables
         return super().make_relaxed_step(model, plan, loss, max_batches)
 
-    def _keep_homes(self, step: CopyingStep) -> None:
+    def _keep(self, step: CopyingStep, replicas_in_place: bool) -> None:
         shared = _shared_ids(step)
         for s, function in enumerate(step.functions):
             copies = function.copies
-            if any(id(v) in shared for v in copies.variables):
+            if not copies.possible or any(id(v) in shared for v in copies.variables):
                 continue
             if copies.keep_on(step.device(s, 0)):
-                self._homes.append(copies)
                 self._home_of.update({id(v): c for v, c in zip(copies.variables,
                                                                copies.home_copies())})
-        homes = list(self._homes)
+            others = [step.device(s, r) for r in range(1, step.replicas[s])]
+            if replicas_in_place and others and all(copies.on(d) for d in others):
+                for r, device in enumerate(others, 1):
+                    copies.train_on(device)
+                    self._replica_weights[(s, r)] = copies.on(device)
+                step.sum_on_every_replica.add(s)
+            if copies.trained:
+                self._kept.append(copies)
+        kept = list(self._kept)
 
         # tf.functions: one call whatever the number of variables
         @tf.function(autograph=False)
         def load():
-            for copies in homes:
-                copies.load_home()
+            for copies in kept:
+                copies.load_trained()
 
         @tf.function(autograph=False)
         def store():
-            for copies in homes:
+            for copies in kept:
                 copies.store_home()
-        self._load, self._store = (load, store) if homes else (None, None)
+        self._load, self._store = (load, store) if kept else (None, None)
         self._model_may_differ = True
 
-    def _leave_homes(self) -> None:
+    def _leave(self) -> None:
         self.gather_weights()
-        for copies in self._homes:
-            copies.home = None
-        self._homes, self._home_of = [], {}
+        for copies in self._kept:
+            copies.leave()
+        self._kept, self._home_of, self._replica_weights = [], {}, {}
         self._load = self._store = None
 
     def _trained(self, variables) -> List[tf.Variable]:
@@ -160,13 +172,17 @@ class StageWeightsRuntime(LocalRuntime):
         return call
 
     def prepare_optimizer(self, step: PipelineStep, optimizer) -> None:
-        build_optimizer(optimizer, self._trained(step.trained_variables()))
+        replicas = [c for copies in self._replica_weights.values() for c in copies]
+        build_optimizer(optimizer, self._trained(step.trained_variables()) + replicas)
 
-    def apply_gradients(self, step: PipelineStep, optimizer, gradients) -> None:
-        trained = self._trained(step.model.trainable_variables)
-        apply_present(optimizer, unscaled(optimizer, gradients), trained)
-        if self._home_of and self._running is not None:     # traced: record who trains
-            self._updating.add(self._running)
+    def apply_gradients(self, step: PipelineStep, optimizer, result: StepResult) -> None:
+        pairs = list(zip(unscaled(optimizer, result.gradients),
+                         self._trained(step.model.trainable_variables)))
+        for unit, copies in self._replica_weights.items():
+            pairs += zip(unscaled(optimizer, result.replica_gradients[unit]), copies)
+        optimizer.apply_gradients([(g, v) for g, v in pairs if g is not None])
+        if (self._home_of or self._replica_weights) and self._running is not None:
+            self._updating.add(self._running)       # traced now: this function trains copies
 
     def model_may_have_changed(self) -> None:
         self._model_may_differ = True

@@ -155,3 +155,33 @@ def test_a_bad_placement_is_refused(monkeypatch):
     pm = pipelined(model)
     with pytest.raises(ValueError, match="DAPPLE_TF_WEIGHTS='gpu': expected one of stage"):
         pm.compile(optimizer="sgd", loss=models.losses_for(model))
+
+
+def test_replicas_train_their_own_copies_with_the_same_updates():
+    """1:2: stage 1's replicas (devices 1 and 2) each sum both replicas' gradients on their own
+    device and take the same update, with slots of their own; nothing is refreshed."""
+    model, reference = models.mlp_with_skip(seed=3), models.mlp_with_skip(seed=3)
+    pm = pipelined(model, replicas=(1, 2), schedule="gpipe", micro_batches=2)
+    models.assert_trains_like_plain_model(pm, model, reference, models.losses_for(model),
+                                          momentum, BATCH)
+    step = pm.pipeline_step
+    assert step.sum_on_every_replica == {1}
+    copies = step.functions[1].copies
+    third = step.device(1, 1)
+    assert copies.trained == [step.device(1, 0), third]
+    for copy, v in zip(copies.on(third), copies.variables):
+        np.testing.assert_array_equal(copy.numpy(), v.numpy())     # gathered from replica 0
+    index = tf.DeviceSpec.from_string(third).device_index
+    slots = [s for s in pm.optimizer.variables if "/" in s.name
+             and tf.DeviceSpec.from_string(s.device).device_index == index]
+    assert len(slots) == len(copies.variables)
+
+
+def test_under_global_clipnorm_replicas_refresh_from_the_first():
+    model, reference = models.mlp_with_skip(seed=3), models.mlp_with_skip(seed=3)
+    pm = pipelined(model, replicas=(1, 2), schedule="gpipe", micro_batches=2)
+    models.assert_trains_like_plain_model(
+        pm, model, reference, models.losses_for(model),
+        lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=0.05), BATCH)
+    assert pm.pipeline_step.sum_on_every_replica == set()
+    assert pm.pipeline_step.functions[1].copies.trained == [pm.pipeline_step.device(1, 0)]
