@@ -13,6 +13,14 @@ layers while its term stays within T. That is exact for the relaxed problem: mov
 of stage q + 1 into stage q changes term q + 1 by (1 - M) times its work, never up, and
 leaves the later P unchanged; a stage emptied so is dropped, which lowers the later P by its
 overhead.
+
+Where transfers matter (slow links), a second bound keeps them: each boundary, cut after layer
+e, costs at least the cheaper of a transfer inside a host and one between hosts, forward and
+back (one device to one: nothing else decides it), and is a pseudo-stage of its own, its term
+P + M (its forward + backward), adding to the later P. The least P reaching each layer with
+every term so far within T decides it (the terms ahead depend on P only through P + ..., so
+the least P is the best state); it drops the stage count (any number of stages), which the
+first bound keeps. A plan is ruled out at M when either bound is not below T.
 """
 from __future__ import annotations
 
@@ -54,7 +62,48 @@ def straight_may_beat(profile: Profile, topology, global_batch_size: int, M: int
             acc = more
             k += 1
         P += acc * scale + overhead
-    return True
+    return _may_beat_with_transfers(profile, topology, model, work, scale, overhead, M, limit)
+
+
+def _may_beat_with_transfers(profile: Profile, topology, model, work: Sequence[float],
+                             scale: float, overhead: float, M: int, limit: float) -> bool:
+    """The second bound of the module docstring: some cut of the layers (any stage count)
+    whose stage and boundary terms all stay within `limit`."""
+    N, hosts = profile.num_layers, len(topology.devices_per_host)
+    links = []                              # (sender, receiver) host-count vectors
+    if any(d > 1 for d in topology.devices_per_host):
+        one = tuple(int(h == topology.devices_per_host.index(max(topology.devices_per_host)))
+                    for h in range(hosts))
+        links.append((one, one))
+    if hosts > 1:
+        links.append((tuple(int(h == 0) for h in range(hosts)),
+                      tuple(int(h == 1) for h in range(hosts))))
+    if not links:
+        return True
+    boundary = []
+    for e in range(N - 1):
+        x = model.boundary_bytes(e)
+        boundary.append(min(model.transfer_ms(x, a, b) + model.transfer_ms(x, b, a)
+                            for a, b in links))
+    inf = float("inf")
+    least = [inf] * (N + 1)                 # least P with layers 0..i-1 planned
+    least[0] = 0.0
+    for i in range(N):
+        P = least[i]
+        if P == inf:
+            continue
+        acc = 0.0
+        for e in range(i, N):
+            acc += work[e]
+            w = acc * scale + overhead
+            if P + M * w > limit:
+                break                       # longer stages only grow
+            if e == N - 1:
+                return True
+            t = boundary[e]
+            if P + w + M * t <= limit and P + w + t < least[e + 1]:
+                least[e + 1] = P + w + t
+    return False
 
 
 def straight_may_beat_any(profile: Profile, topology, global_batch_size: int,
