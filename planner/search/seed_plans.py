@@ -16,7 +16,7 @@ import numpy as np
 from planner.estimate import cost_model as cm
 from planner.estimate.cost_model import StageModel
 from planner.search.exact_search import Search
-from planner.search.pipedream import pipedream_partition
+from planner.search.pipedream import pipedream_partition, remembering_partitions
 from planner.formats.plan import PlanError
 from planner.formats.profile import Profile
 
@@ -71,11 +71,13 @@ def remembering_shapes():
     """Within it, the seed shapes of a profile on a topology are made once: `plan_dapple` runs
     two or three searches of one profile on one topology, each seeded with them (they depend
     on the profile and the topology only; the same lists, so the same seeds in the same
-    order)."""
+    order); and PipeDream's partition (`pipedream.remembering_partitions`), which a report's
+    PipeDream baseline plans from too."""
     global _remembered
     outer, _remembered = _remembered, {} if _remembered is None else _remembered
     try:
-        yield
+        with remembering_partitions():
+            yield
     finally:
         _remembered = outer
 

@@ -103,3 +103,24 @@ def test_the_seed_shapes_are_made_once_per_plan(monkeypatch):
     monkeypatch.setattr(plan_space, "remembering_shapes", contextlib.nullcontext)
     assert plan_space.plan_dapple(profile, topo, 1024).to_json() == once
     assert len(made) == 3       # the two-stage, the bounded straight, the straight on its own
+
+
+def test_pipedream_partition_made_once_within_remembering_shapes(monkeypatch):
+    """`dapple plan`'s report runs under `remembering_shapes`: its searches and its PipeDream
+    baseline share one PipeDream partition, and the plans are those made afresh."""
+    from planner.search import pipedream, seed_plans
+    from reports.comparison import Alternative, plan_alternative
+    profile = load_profile(os.path.join(PROFILES, "dapple", "xlnet-36-pbs-1.txt"))
+    topo = parse_topology("C")
+    fresh = [plan_space.plan_dapple(profile, topo, 128).to_json(),
+             plan_alternative(Alternative.PIPEDREAM, profile, topo, 128).to_json()]
+    made, original = [], pipedream._pipedream_partition
+
+    def counting(*args):
+        made.append(1)
+        return original(*args)
+    monkeypatch.setattr(pipedream, "_pipedream_partition", counting)
+    with seed_plans.remembering_shapes():
+        again = [plan_space.plan_dapple(profile, topo, 128).to_json(),
+                 plan_alternative(Alternative.PIPEDREAM, profile, topo, 128).to_json()]
+    assert again == fresh and len(made) == 1
