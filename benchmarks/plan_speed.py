@@ -36,6 +36,7 @@ from planner.estimate.pipeline_costs import PipelineCosts  # noqa: E402
 from planner.search.exact_search import SearchStats  # noqa: E402
 from planner.search.plan_space import plan_dapple  # noqa: E402
 from planner.formats.profile_readers import load_profile  # noqa: E402
+from planner.schedules import actions, by_name  # noqa: E402
 from planner.schedules.by_name import build_schedule  # noqa: E402
 from planner.search.schedule_choice import choose_schedule  # noqa: E402
 from planner.estimate.simulator import simulate  # noqa: E402
@@ -59,9 +60,18 @@ def best_of(repeat, run):
     return best
 
 
+def forget_schedules():
+    """Empty the process's schedule caches (built schedules by parameters, and through them
+    their lowerings, which are remembered by the schedule's identity; interned actions), so a
+    repeat is timed as the first plan of a process is."""
+    by_name._built.cache_clear()
+    actions.shared_action.cache_clear()
+
+
 def in_process(profile, topology, gbs):
-    """(search seconds, choice seconds, plan, CPU seconds of both) of one cell; caches cleared
-    by fresh objects."""
+    """(search seconds, choice seconds, plan, CPU seconds of both) of one cell, as the first
+    plan of a process (`forget_schedules`; the search's caches are its own objects')."""
+    forget_schedules()
     cpu, t = time.process_time(), time.perf_counter()
     plan = plan_dapple(profile, topology, gbs)
     t1 = time.perf_counter()

@@ -141,7 +141,10 @@ def main(argv) -> None:
             _evaluate(profile, topo)
         else:
             from planner.search.plan_space import remembering_searches
-            with remembering_searches():    # the report plans the straight pipeline twice
+            from planner.search.seed_plans import remembering_shapes
+            # the report plans the straight pipeline twice, and seeds every search it runs
+            # with the same shapes
+            with remembering_searches(), remembering_shapes():
                 _plan(profile, topo)
     except (PlanError, ProfileError, TopologyError, ScheduleError, ValueError) as e:
         _fail(str(e))

@@ -12,17 +12,28 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
+
+from planner.estimate import cost_model as cm
 from planner.estimate.cost_model import StageModel
 from planner.formats.plan import Plan, PlanError, Stage
 from planner.formats.profile import Profile
 from planner.schedules.interleaved import INTERLEAVED
 
 
-def balanced_cuts(chunk_ms, num_layers: int, num_chunks: int) -> List[Tuple[int, int]]:
-    """[first, last] of each chunk minimising the largest `chunk_ms(chunk, first, last)`."""
+def balanced_cuts(chunk_ms, num_layers: int, num_chunks: int,
+                  chunk_table=None) -> List[Tuple[int, int]]:
+    """[first, last] of each chunk minimising the largest `chunk_ms(chunk, first, last)`.
+
+    `chunk_table(chunk)`, if given, is every `chunk_ms(chunk, first, last)` at once, an N x N
+    array indexed [first, last] (used where last >= first): the same program over numpy rows,
+    the same cuts (`min` of each row at its first occurrence, as the loop's strict `<` keeps
+    the first least value; the maximum of two floats is the same float either way)."""
     if num_layers < num_chunks:
         raise PlanError(f"{num_chunks} chunks need at least {num_chunks} layers; the model has "
                         f"{num_layers}")
+    if chunk_table is not None:
+        return _balanced_cuts_numpy(chunk_table, num_layers, num_chunks)
     N, C = num_layers, num_chunks
     # best[c][i]: the least possible slowest chunk when chunks c.. cover layers i..N-1.
     best = [[math.inf] * (N + 1) for _ in range(C + 1)]
@@ -38,6 +49,34 @@ def balanced_cuts(chunk_ms, num_layers: int, num_chunks: int) -> List[Tuple[int,
     for c in range(C):
         out.append((i, cut[c][i]))
         i = cut[c][i] + 1
+    return out
+
+
+def _balanced_cuts_numpy(chunk_table, N: int, C: int) -> List[Tuple[int, int]]:
+    """`balanced_cuts`' program, each chunk's rows at once."""
+    later = np.full(N + 1, math.inf)            # best[c + 1][.]
+    later[N] = 0.0
+    cuts = []
+    below = np.tril(np.ones((N, N), dtype=bool), -1)     # last < first
+    for c in range(C - 1, -1, -1):
+        lo, hi = c, N - (C - c)                 # first in lo..hi, last in first..N-(C-c-1)-1
+        values = np.maximum(chunk_table(c), later[None, 1:])
+        values[below] = math.inf
+        values[:, N - (C - c - 1):] = math.inf
+        e = np.argmin(values, axis=1)
+        least = values[np.arange(N), e]
+        best = np.full(N + 1, math.inf)
+        cut = np.full(N + 1, -1)
+        rows = np.arange(lo, hi + 1)
+        found = rows[least[rows] < math.inf]
+        best[found], cut[found] = least[found], e[found]
+        later = best
+        cuts.append(cut)
+    cuts.reverse()
+    out, i = [], 0
+    for c in range(C):
+        out.append((i, int(cuts[c][i])))
+        i = int(cuts[c][i]) + 1
     return out
 
 
@@ -58,8 +97,23 @@ def interleave_plan(plan: Plan, profile: Profile, topology, virtual_stages: int)
         replicas = groups[c % S].replicas
         return model.forward_ms(first, last, replicas) + model.backward_ms(first, last, replicas)
 
+    tables = {}
+
+    def chunk_table(c: int) -> np.ndarray:
+        """chunk_ms(c, first, last) for every [first, last]: `StageModel.forward_ms` and
+        `backward_ms`, the same operations on the profile's prefix sums, elementwise."""
+        replicas = groups[c % S].replicas
+        if replicas not in tables:
+            F, B = (np.array([0.0] + [f(0, k) for k in range(profile.num_layers)])
+                    for f in (profile.forward_ms, profile.backward_ms))
+            scale = model.time_scale(replicas)
+            tables[replicas] = \
+                ((F[None, 1:] - F[:-1, None]) * scale + cm.TASK_OVERHEAD_MS) + \
+                ((B[None, 1:] - B[:-1, None]) * scale + cm.TASK_OVERHEAD_MS)
+        return tables[replicas]
+
     try:
-        cuts = balanced_cuts(chunk_ms, profile.num_layers, S * v)
+        cuts = balanced_cuts(chunk_ms, profile.num_layers, S * v, chunk_table)
     except PlanError as e:
         raise PlanError(f"interleaving {S} device group(s) with virtual_stages = {v}: {e}") \
             from None

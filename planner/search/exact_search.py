@@ -139,6 +139,7 @@ class Search:
         self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
         self.stage_cache: Dict[tuple, cm.StageCost] = {}    # (first, last, counts, previous)
         self.placement_cache: Dict[tuple, List[tuple]] = {}  # `_placements` by its arguments
+        self.stages_after_cache: Dict[tuple, List[tuple]] = {}   # `_stages_after` likewise
         if self._remaining_bound(0, self.G) >= self.best_value:
             self.stats.pruned += 1
             return
@@ -252,7 +253,21 @@ class Search:
         """A node's new stages up to symmetry, in the order the search tries them: (replicas,
         host counts, devices used after it, (forward, backward) transfer from the previous
         stage); only the last stage (all free devices) when `must_finish`. They depend on
-        these arguments only, which many paths share."""
+        these arguments only, which many paths share; all but the transfer do not depend on
+        `j` (`_stages_after`), which the nodes of a two-stage search all differ in."""
+        if j == 0:
+            return [(m, counts, new_used, None)
+                    for m, counts, new_used in self._stages_after(used, prev, must_finish)]
+        return [(m, counts, new_used, self._transfer(j - 1, prev, counts))
+                for m, counts, new_used in self._stages_after(used, prev, must_finish)]
+
+    def _stages_after(self, used: tuple, prev: tuple, must_finish: bool) -> List[tuple]:
+        """`_placements` without the transfers: (replicas, host counts, devices used after
+        it), remembered by these arguments (for this M)."""
+        key = (used, prev, must_finish)
+        out = self.stages_after_cache.get(key)
+        if out is not None:
+            return out
         free = self.G - sum(used)
         out, seen = [], set()
         for m in self._sizes(free, self.model.micro_batch):
@@ -266,8 +281,8 @@ class Search:
                 if sym in seen:
                     continue
                 seen.add(sym)
-                transfer = self._transfer(j - 1, prev, counts) if j > 0 else None
-                out.append((m, counts, tuple(map(operator.add, used, counts)), transfer))
+                out.append((m, counts, tuple(map(operator.add, used, counts))))
+        self.stages_after_cache[key] = out
         return out
 
     def _dfs(self, j: int, used: tuple, prev: tuple, summary, path) -> None:

@@ -19,8 +19,9 @@ minimizes DAPPLE's latency estimate, so the comparison is about partitioning and
 """
 from __future__ import annotations
 
+import contextlib
 from itertools import accumulate
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -142,12 +143,36 @@ def _pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int
     return best(len(levels) - 1, 0, N - 1, levels[-1][0])
 
 
+# Inside `remembering_partitions`: the partitions made so far, by profile (identity and content
+# hash; held) and topology.
+_remembered: Optional[Dict[tuple, Tuple[Profile, List[Tuple[int, int, int]]]]] = None
+
+
+@contextlib.contextmanager
+def remembering_partitions():
+    """Within it, PipeDream's partition of a profile on a topology is made once: a report
+    seeds two or three searches with it and plans PipeDream's baseline from it (it depends on
+    the profile and the topology only)."""
+    global _remembered
+    outer, _remembered = _remembered, {} if _remembered is None else _remembered
+    try:
+        yield
+    finally:
+        _remembered = outer
+
+
 def pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int]]:
     """[(first, last, replicas)] of PipeDream's plan (stages on consecutive devices)."""
     if len(set(topology.devices_per_host)) != 1:
         raise PlanError("the PipeDream baseline needs hosts of equal size (its topology is a "
                         "hierarchy of equal components)")
-    return _pipedream_partition(profile, topology)
+    if _remembered is None:
+        return _pipedream_partition(profile, topology)
+    key = (id(profile), profile.content_hash, topology)
+    hit = _remembered.get(key)
+    if hit is None or hit[0] is not profile:
+        hit = _remembered[key] = (profile, _pipedream_partition(profile, topology))
+    return list(hit[1])
 
 
 def plan_pipedream(profile: Profile, topology, global_batch_size: int,

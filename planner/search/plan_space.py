@@ -28,7 +28,8 @@ from planner.search.plan_finishing import (NoPlanFits, check_global_batch, finis
 from planner.search.placement import POLICIES, assign_devices
 from planner.formats.plan import Plan, PlanError, Stage
 from planner.formats.profile import Profile
-from planner.search.seed_plans import seed_search
+from planner.search.seed_plans import remembering_shapes, seed_search
+from planner.search.straight_bound import straight_may_beat_any
 
 PLAN_SPACES = ("paper", "full")
 DEFAULT_PLAN_SPACE = "paper"
@@ -147,8 +148,10 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     in proportion); `stats.complete` says whether the whole space was covered and
     `stats.plan_space` which space the plan came from. Raises NoPlanFits with the least memory
     that would fit when nothing does. In the paper space the straight pipeline is searched
-    last, below the latency of the plans found before (`_search`'s `below`): the same plan,
-    other statistics; `bound_straight=False` searches it on its own, as before.
+    last, below the latency of the plans found before (`_search`'s `below`), and not at all
+    when a lower bound of every straight plan's latency is not below it
+    (`straight_bound.straight_may_beat`): the same plan, other statistics;
+    `bound_straight=False` searches it on its own, as before.
     """
     check_global_batch(global_batch_size)
     if plan_space not in PLAN_SPACES:
@@ -173,18 +176,25 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
         stats.complete = stats.complete and own.complete
         return found
 
-    searches = []
-    if plan_space == "paper":
-        searches.append(search(stage_sizes, 2))          # data parallelism, two stages
-        if topo.num_devices <= profile.num_layers and (stage_sizes is None or 1 in stage_sizes):
-            # the straight pipeline, if it beats them (`min` below keeps the first of equals)
-            below = min((s.best_value for s in searches), default=math.inf) \
-                if bound_straight else math.inf
-            searches.append(search([1], None, below))
-    stats.plan_space = plan_space
-    if not any(s.best is not None for s in searches):
-        stats.plan_space = "full"
-        searches.append(search(stage_sizes, None))
+    with remembering_shapes():      # the searches below seed with the same shapes
+        searches = []
+        if plan_space == "paper":
+            searches.append(search(stage_sizes, 2))          # data parallelism, two stages
+            if topo.num_devices <= profile.num_layers and \
+                    (stage_sizes is None or 1 in stage_sizes):
+                # the straight pipeline, if it beats them (`min` below keeps the first of
+                # equals)
+                below = min((s.best_value for s in searches), default=math.inf) \
+                    if bound_straight else math.inf
+                # not searched when no straight plan can be below it (`straight_bound`): the
+                # search would find none, so the plan is the same
+                if below == math.inf or straight_may_beat_any(
+                        profile, topo, global_batch_size, ms, below):
+                    searches.append(search([1], None, below))
+        stats.plan_space = plan_space
+        if not any(s.best is not None for s in searches):
+            stats.plan_space = "full"
+            searches.append(search(stage_sizes, None))
     found = [s for s in searches if s.best is not None]
     if not found:
         need = minimum_memory_bytes(profile, topo, global_batch_size)

@@ -8,14 +8,15 @@ enumerates them in HPGO's `compute_bipartition`), whose best is often the optimu
 it (VGG-19's 15:1, AmoebaNet's 11:5)."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+import contextlib
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from planner.estimate import cost_model as cm
 from planner.estimate.cost_model import StageModel
 from planner.search.exact_search import Search
-from planner.search.pipedream import pipedream_partition
+from planner.search.pipedream import pipedream_partition, remembering_partitions
 from planner.formats.plan import PlanError
 from planner.formats.profile import Profile
 
@@ -60,19 +61,47 @@ def balanced_cuts(profile: Profile, stages: int) -> List[Tuple[int, int]]:
     return best
 
 
+# Inside `remembering_shapes`: `_shapes`' uniform pipelines and PipeDream partition, by profile
+# (identity and content hash; held) and topology.
+_remembered: Optional[Dict[tuple, Tuple[Profile, List[Shape]]]] = None
+
+
+@contextlib.contextmanager
+def remembering_shapes():
+    """Within it, the seed shapes of a profile on a topology are made once: `plan_dapple` runs
+    two or three searches of one profile on one topology, each seeded with them (they depend
+    on the profile and the topology only; the same lists, so the same seeds in the same
+    order); and PipeDream's partition (`pipedream.remembering_partitions`), which a report's
+    PipeDream baseline plans from too."""
+    global _remembered
+    outer, _remembered = _remembered, {} if _remembered is None else _remembered
+    try:
+        with remembering_partitions():
+            yield
+    finally:
+        _remembered = outer
+
+
 def _shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
             ) -> Tuple[List[Shape], List[int]]:
     """(the uniform pipelines and PipeDream's partition, the first stage's replica counts r
     of the two-stage shapes r : G - r)."""
     G, N = topology.num_devices, profile.num_layers
-    shapes = []
-    for r in range(1, G + 1):
-        if G % r == 0 and G // r <= N:
-            shapes.append([(a, b, r) for a, b in balanced_cuts(profile, G // r)])
-    try:
-        shapes.append(pipedream_partition(profile, topology))
-    except PlanError:
-        pass
+    key = (id(profile), profile.content_hash, topology)
+    hit = None if _remembered is None else _remembered.get(key)
+    if hit is not None and hit[0] is profile:
+        shapes = hit[1]
+    else:
+        shapes = []
+        for r in range(1, G + 1):
+            if G % r == 0 and G // r <= N:
+                shapes.append([(a, b, r) for a, b in balanced_cuts(profile, G // r)])
+        try:
+            shapes.append(pipedream_partition(profile, topology))
+        except PlanError:
+            pass
+        if _remembered is not None:
+            _remembered[key] = (profile, shapes)
     pairs = [r for r in range(1, G)
              if stage_sizes is None or (r in stage_sizes and G - r in stage_sizes)]
     return shapes, pairs

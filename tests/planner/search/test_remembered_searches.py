@@ -2,6 +2,7 @@
 not run again, and what the planner returns is what it returns outside it (searching afresh).
 The text report plans with the straight search on its own (`bound_straight=False`), which its
 "best straight" alternative reuses; a bounded straight search reuses it too."""
+import contextlib
 import os
 
 from planner.search import plan_space
@@ -81,3 +82,45 @@ def test_other_arguments_search_again(monkeypatch):
     fresh = [plan_space.plan_dapple(profile, parse_topology(t), g)
              for t, g in (("B", 64), ("C", 64), ("B", 128))]
     assert [p.to_json() for p in (a, b, c)] == [p.to_json() for p in fresh]
+
+
+def test_the_seed_shapes_are_made_once_per_plan(monkeypatch):
+    """`plan_dapple` seeds its two or three searches with shapes made once
+    (`seed_plans.remembering_shapes`), and returns what it returns when each search makes
+    them (outside the context, the former path)."""
+    from planner.search import seed_plans
+    profile = load_profile(os.path.join(PROFILES, "dapple", "gnmt-16-pbs-64.txt"))
+    topo = parse_topology("C")
+    made, original = [], seed_plans.pipedream_partition
+
+    def counting(*args):
+        made.append(1)
+        return original(*args)
+    monkeypatch.setattr(seed_plans, "pipedream_partition", counting)
+    once = plan_space.plan_dapple(profile, topo, 1024).to_json()
+    assert len(made) == 1
+    made.clear()
+    monkeypatch.setattr(plan_space, "remembering_shapes", contextlib.nullcontext)
+    assert plan_space.plan_dapple(profile, topo, 1024).to_json() == once
+    assert len(made) == 3       # the two-stage, the bounded straight, the straight on its own
+
+
+def test_pipedream_partition_made_once_within_remembering_shapes(monkeypatch):
+    """`dapple plan`'s report runs under `remembering_shapes`: its searches and its PipeDream
+    baseline share one PipeDream partition, and the plans are those made afresh."""
+    from planner.search import pipedream, seed_plans
+    from reports.comparison import Alternative, plan_alternative
+    profile = load_profile(os.path.join(PROFILES, "dapple", "xlnet-36-pbs-1.txt"))
+    topo = parse_topology("C")
+    fresh = [plan_space.plan_dapple(profile, topo, 128).to_json(),
+             plan_alternative(Alternative.PIPEDREAM, profile, topo, 128).to_json()]
+    made, original = [], pipedream._pipedream_partition
+
+    def counting(*args):
+        made.append(1)
+        return original(*args)
+    monkeypatch.setattr(pipedream, "_pipedream_partition", counting)
+    with seed_plans.remembering_shapes():
+        again = [plan_space.plan_dapple(profile, topo, 128).to_json(),
+                 plan_alternative(Alternative.PIPEDREAM, profile, topo, 128).to_json()]
+    assert again == fresh and len(made) == 1

@@ -2,7 +2,9 @@
 taking the fastest schedule that fits, explicit schedules that do not fit refused clearly."""
 import itertools
 import json
+import random
 
+import numpy as np
 import pytest
 
 from planner.estimate import cost_model as cm
@@ -36,6 +38,27 @@ def test_balanced_cuts_equal_the_best_of_every_cut(N, C):
     best = min(max(chunk_ms(c, a, b - 1) for c, (a, b) in enumerate(zip((0,) + ends, ends + (N,))))
                for ends in itertools.combinations(range(1, N), C - 1))
     assert max(chunk_ms(c, a, b) for c, (a, b) in enumerate(cuts)) == best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_balanced_cuts_over_tables_equal_the_loop(seed):
+    """The numpy program (`chunk_table`) gives the loop's cuts, ties included (small integer
+    times tie often; the first least cut is kept by both)."""
+    rng = random.Random(seed)
+    N = rng.randrange(1, 14)
+    C = rng.randrange(1, N + 1)
+    S = rng.randrange(1, C + 1)
+    ints = rng.random() < 0.5
+    times = [[float(rng.randrange(1, 4)) if ints else rng.uniform(0.1, 5) for _ in range(N)]
+             for _ in range(S)]
+
+    def chunk_ms(c, first, last):
+        return sum(times[c % S][first:last + 1]) + 0.5
+
+    def chunk_table(c):
+        return np.array([[chunk_ms(c, i, e) if e >= i else -1.0 for e in range(N)]
+                         for i in range(N)])
+    assert balanced_cuts(chunk_ms, N, C, chunk_table) == balanced_cuts(chunk_ms, N, C)
 
 
 def test_too_few_layers_for_the_chunks_is_a_clear_error():

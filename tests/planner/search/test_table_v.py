@@ -63,3 +63,19 @@ def test_matched_table_v_shapes_stay_matched_in_the_full_plan_space():
             ("bert-48-pbs-2.txt", "B"), ("bert-48-pbs-2.txt", "C"),
             ("bert-48-pbs-2.txt", "A"), ("xlnet-36-pbs-1.txt", "A"),
             ("amoeba-36-pbs-1.txt", "A")} <= matched
+
+
+@pytest.mark.parametrize("f, gbs, cfg, shape", CELLS)
+def test_interleaved_chunks_by_table_equal_the_loop(f, gbs, cfg, shape, monkeypatch):
+    """`chunking.interleave_plan` cuts each cell's plan (v = 2, 3) over numpy tables as the
+    loop over `chunk_ms` does."""
+    from planner.search import chunking
+    profile, topo, plan = planned(f, gbs, cfg)
+    for v in (2, 3):
+        if plan.num_stages * v > profile.num_layers:
+            continue
+        by_table = chunking.interleave_plan(plan, profile, topo, v).to_json()
+        loop = chunking.balanced_cuts
+        with monkeypatch.context() as m:
+            m.setattr(chunking, "balanced_cuts", lambda ms, n, c, table=None: loop(ms, n, c))
+            assert chunking.interleave_plan(plan, profile, topo, v).to_json() == by_table
