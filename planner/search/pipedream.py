@@ -19,9 +19,8 @@ minimizes DAPPLE's latency estimate, so the comparison is about partitioning and
 """
 from __future__ import annotations
 
-import contextlib
 from itertools import accumulate
-from typing import Dict, List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from planner.estimate import cost_model as cm
 from planner.formats.plan import Plan, PlanError, Stage
 from planner.formats.profile import Profile
 from planner.search.plan_finishing import finish_plan, micro_batch_choices
+from planner.search.scoped_memo import ScopedMemo
 
 
 def _levels(topology) -> List[Tuple[int, float]]:
@@ -143,22 +143,14 @@ def _pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int
     return best(len(levels) - 1, 0, N - 1, levels[-1][0])
 
 
-# Inside `remembering_partitions`: the partitions made so far, by profile (identity and content
-# hash; held) and topology.
-_remembered: Optional[Dict[tuple, Tuple[Profile, List[Tuple[int, int, int]]]]] = None
+_partitions = ScopedMemo()      # by profile and topology, inside `remembering_partitions`
 
 
-@contextlib.contextmanager
 def remembering_partitions():
     """Within it, PipeDream's partition of a profile on a topology is made once: a report
     seeds two or three searches with it and plans PipeDream's baseline from it (it depends on
     the profile and the topology only)."""
-    global _remembered
-    outer, _remembered = _remembered, {} if _remembered is None else _remembered
-    try:
-        yield
-    finally:
-        _remembered = outer
+    return _partitions.scope()
 
 
 def pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int]]:
@@ -166,13 +158,11 @@ def pipedream_partition(profile: Profile, topology) -> List[Tuple[int, int, int]
     if len(set(topology.devices_per_host)) != 1:
         raise PlanError("the PipeDream baseline needs hosts of equal size (its topology is a "
                         "hierarchy of equal components)")
-    if _remembered is None:
-        return _pipedream_partition(profile, topology)
-    key = (id(profile), profile.content_hash, topology)
-    hit = _remembered.get(key)
-    if hit is None or hit[0] is not profile:
-        hit = _remembered[key] = (profile, _pipedream_partition(profile, topology))
-    return list(hit[1])
+    partition = _partitions.get(profile, (topology,))
+    if partition is None:
+        partition = _pipedream_partition(profile, topology)
+        _partitions.put(profile, (topology,), partition)
+    return list(partition)
 
 
 def plan_pipedream(profile: Profile, topology, global_batch_size: int,

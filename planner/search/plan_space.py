@@ -17,9 +17,8 @@ Two plan spaces (`plan_space`), both searched exactly (`planner.search.exact_sea
 """
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from planner.estimate import cost_model as cm
 from planner.search.exact_search import Search, SearchStats
@@ -28,6 +27,7 @@ from planner.search.plan_finishing import (NoPlanFits, check_global_batch, finis
 from planner.search.placement import POLICIES, assign_devices
 from planner.formats.plan import Plan, PlanError, Stage
 from planner.formats.profile import Profile
+from planner.search.scoped_memo import ScopedMemo
 from planner.search.seed_plans import remembering_shapes, seed_search
 from planner.search.straight_bound import straight_may_beat_any
 
@@ -39,23 +39,15 @@ DEFAULT_PLAN_SPACE = "paper"
 # candidate costs O(hosts), so beyond BUDGET_HOSTS hosts the budget shrinks in proportion.
 DEFAULT_MAX_CANDIDATES = 15000
 BUDGET_HOSTS = 16
-# Inside `remembering_searches`: the searches run so far, by everything they depend on.
-_remembered: Optional[Dict[tuple, Tuple[Profile, SearchStats, "Found"]]] = None
+_searches = ScopedMemo()        # by everything a search depends on, inside `remembering_searches`
 
 
-@contextlib.contextmanager
 def remembering_searches():
     """Within it, a search run again with the same arguments is not run again: a report plans
     the straight pipeline twice (the paper space's own search, then the "best straight"
     alternative: the same search, the same result). The search is deterministic in its
-    arguments; the profile is compared by identity (held, so its id is not reused) and content
-    hash, so use it where neither the profile nor the cost model changes (one command)."""
-    global _remembered
-    outer, _remembered = _remembered, {} if _remembered is None else _remembered
-    try:
-        yield
-    finally:
-        _remembered = outer
+    arguments, so use it where neither the profile nor the cost model changes (one command)."""
+    return _searches.scope()
 
 
 class Found(NamedTuple):
@@ -81,14 +73,14 @@ def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
     path to the first plan below `below` it would value, so that plan is reached within the
     budget. Within `remembering_searches`, the search without `below`, if run before (the
     report's "best straight" alternative), is the answer."""
-    key = (id(profile), profile.content_hash, topo, gbs, tuple(policies),
-           None if sizes is None else tuple(sizes), max_stages, even_slices, budget, tuple(ms),
-           below)
-    hit = None if _remembered is None else _remembered.get(key)
-    if hit is None and below < math.inf and _remembered is not None:
-        hit = _remembered.get(key[:-1] + (math.inf,))   # the search without it, if run
-    if hit is not None and hit[0] is profile:
-        return hit[1], hit[2]
+    key = (topo, gbs, tuple(policies), None if sizes is None else tuple(sizes), max_stages,
+           even_slices, budget, tuple(ms), below)
+    unbounded = key[:-1] + (math.inf,)
+    hit = _searches.get(profile, key)
+    if hit is None and below < math.inf:
+        hit = _searches.get(profile, unbounded)   # the search without it, if run
+    if hit is not None:
+        return hit
     own = SearchStats()     # each search has its own candidate budget
     found = Search(profile, topo, gbs, policies, sizes, own, even_slices=even_slices,
                    max_stages=max_stages, max_candidates=budget)
@@ -107,12 +99,10 @@ def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
         own.complete = alone.complete
     else:
         result = Found(found.best, found.best_value)
-    hit = (profile, own, result)
-    if _remembered is not None:
-        _remembered[key] = hit
-        if not bounded:     # it was the search without `below`
-            _remembered[key[:-1] + (math.inf,)] = hit
-    return hit[1], hit[2]
+    _searches.put(profile, key, (own, result))
+    if not bounded:     # it was the search without `below`
+        _searches.put(profile, unbounded, (own, result))
+    return own, result
 
 
 def _order_micro_batches(profile: Profile, topology, gbs: int) -> List[int]:

@@ -9,7 +9,7 @@ it (VGG-19's 15:1, AmoebaNet's 11:5)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from planner.search.exact_search import Search
 from planner.search.pipedream import pipedream_partition, remembering_partitions
 from planner.formats.plan import PlanError
 from planner.formats.profile import Profile
+from planner.search.scoped_memo import ScopedMemo
 
 Shape = List[Tuple[int, int, int]]          # [(first layer, last layer, replicas)]
 
@@ -61,9 +62,7 @@ def balanced_cuts(profile: Profile, stages: int) -> List[Tuple[int, int]]:
     return best
 
 
-# Inside `remembering_shapes`: `_shapes`' uniform pipelines and PipeDream partition, by profile
-# (identity and content hash; held) and topology.
-_remembered: Optional[Dict[tuple, Tuple[Profile, List[Shape]]]] = None
+_shapes_made = ScopedMemo()     # by profile and topology, inside `remembering_shapes`
 
 
 @contextlib.contextmanager
@@ -73,13 +72,8 @@ def remembering_shapes():
     on the profile and the topology only; the same lists, so the same seeds in the same
     order); and PipeDream's partition (`pipedream.remembering_partitions`), which a report's
     PipeDream baseline plans from too."""
-    global _remembered
-    outer, _remembered = _remembered, {} if _remembered is None else _remembered
-    try:
-        with remembering_partitions():
-            yield
-    finally:
-        _remembered = outer
+    with _shapes_made.scope(), remembering_partitions():
+        yield
 
 
 def _shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
@@ -87,11 +81,8 @@ def _shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
     """(the uniform pipelines and PipeDream's partition, the first stage's replica counts r
     of the two-stage shapes r : G - r)."""
     G, N = topology.num_devices, profile.num_layers
-    key = (id(profile), profile.content_hash, topology)
-    hit = None if _remembered is None else _remembered.get(key)
-    if hit is not None and hit[0] is profile:
-        shapes = hit[1]
-    else:
+    shapes = _shapes_made.get(profile, (topology,))
+    if shapes is None:
         shapes = []
         for r in range(1, G + 1):
             if G % r == 0 and G // r <= N:
@@ -100,8 +91,7 @@ def _shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
             shapes.append(pipedream_partition(profile, topology))
         except PlanError:
             pass
-        if _remembered is not None:
-            _remembered[key] = (profile, shapes)
+        _shapes_made.put(profile, (topology,), shapes)
     pairs = [r for r in range(1, G)
              if stage_sizes is None or (r in stage_sizes and G - r in stage_sizes)]
     return shapes, pairs
