@@ -47,7 +47,7 @@ from dapple.keras2 import require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime.base import Runtime, loss_scale
 from dapple.runtime.choice import chosen, make_runtime
-from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3
+from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3, keras_module_of
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.formats.plan import Plan
@@ -323,7 +323,7 @@ class PipelinedModel:
         hooks = FitCallbacks(self.model, self.runtime, list(callbacks or []),
                              1 if verbose == "auto" else verbose, epochs, steps,
                              ["loss"] + [m.name for m in self._metrics()])
-        loss_mean = tf.keras.metrics.Mean()
+        loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
         initial_epoch = hooks.train_begin(initial_epoch, steps)
         logs = {}
         for epoch in range(initial_epoch, epochs):
@@ -403,7 +403,7 @@ class PipelinedModel:
                 return result.loss
             self._eval_fn = self.runtime.compiled("evaluate step", eval_fn)
         eval_fn = self._eval_fn
-        loss_mean = tf.keras.metrics.Mean()
+        loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
         for m in self._metrics():
             m.reset_state()
         ds = self._dataset(x, y, batch_size, False, "evaluate", sample_weight)
