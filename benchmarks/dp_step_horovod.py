@@ -23,6 +23,7 @@ dapple and horovod runs of the first round (HOROVOD_TIMELINE), one file per kind
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
@@ -95,7 +96,9 @@ def plain_step(model, x, y, M: int, reduce):
 def worker() -> None:
     import numpy as np
     kind, M = FLAGS.worker, FLAGS.worker_m
-    import dapple  # before TensorFlow, for every kind: it selects Keras 2
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
+    import dapple  # before TensorFlow, for every kind
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
     rng = np.random.RandomState(0)

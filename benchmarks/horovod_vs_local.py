@@ -20,6 +20,7 @@ inside one process.
 """
 from __future__ import annotations
 
+import importlib.util
 import argparse
 import json
 import os
@@ -46,6 +47,8 @@ def build_model():
 
 def worker(micro_batches: int, steps: int) -> None:
     """Time train_step in this process (under horovodrun when launched by it)."""
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple
     import numpy as np
     import tensorflow as tf

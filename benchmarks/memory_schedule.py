@@ -20,6 +20,7 @@ gradients) for up to s + 1 micro-batches on stage s. Prints the table and ratios
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -85,6 +86,8 @@ def step_peak_bytes(schedule: str, M: int) -> float:
 
 def main(argv):
     del argv
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple  # noqa: F401  (logical devices before TensorFlow initializes)
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")     # one new model per row: retracing is expected

@@ -16,6 +16,7 @@ Timings are wall-clock on a shared machine: read the ratios, not the absolute nu
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 import time
@@ -75,6 +76,8 @@ def alternate(fits: dict) -> dict:
 
 def main(argv):
     del argv
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple  # noqa: F401  (logical devices before TensorFlow initializes)
     import tensorflow as tf
 

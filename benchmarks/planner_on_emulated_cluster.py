@@ -51,6 +51,7 @@ does not.
 """
 from __future__ import annotations
 
+import importlib.util
 import dataclasses
 import os
 import re
@@ -100,7 +101,9 @@ def build(convs: int = 3, filters: int = 64, dense: int = 512, classes: int = 10
 
 # ---- one rank of one measurement ---------------------------------------------------------------
 def worker() -> None:
-    import dapple  # before TensorFlow: it selects Keras 2
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
+    import dapple  # before TensorFlow
     import numpy as np
     import tensorflow as tf
     from planner.formats.plan import Plan

@@ -28,6 +28,7 @@ training-loss curves of the first seed against global batches consumed as a PNG.
 """
 from __future__ import annotations
 
+import importlib.util
 import argparse
 import dataclasses
 import os
@@ -41,6 +42,8 @@ for key, value in (("TF_CPP_MIN_LOG_LEVEL", "2"), ("TF_NUM_INTRAOP_THREADS", "1"
                    ("CUDA_VISIBLE_DEVICES", "")):
     os.environ.setdefault(key, value)
 
+if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
 import dapple  # noqa: E402  (configures logical devices before TensorFlow initializes)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

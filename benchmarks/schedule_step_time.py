@@ -27,6 +27,7 @@ shared: read the load average printed with them.
 """
 from __future__ import annotations
 
+import importlib.util
 import dataclasses
 import json
 import os
@@ -73,7 +74,9 @@ def plans(num_layers: int) -> dict:
 
 # ---- one rank of one measurement ---------------------------------------------------------------
 def worker() -> None:
-    import dapple  # before TensorFlow: it selects Keras 2
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
+    import dapple  # before TensorFlow
     import numpy as np
     import tensorflow as tf
     from benchmarks.predicted_vs_measured import build

@@ -24,6 +24,7 @@ current / baseline <= 1.05 per config. Wall-clock timings on a shared machine: r
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -72,6 +73,8 @@ def measure(root: str, M: int, unrolled: bool) -> dict:
     # the editable install, so it goes first, and we check where dapple came from.
     sys.path.insert(0, root)
     os.environ["DAPPLE_NUM_CPU_DEVICES"] = str(FLAGS.replicas)   # before TF initializes
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple
     dapple_file = os.path.realpath(dapple.__file__)
     if not dapple_file.startswith(os.path.realpath(root) + os.sep):

@@ -29,6 +29,7 @@ model (`transfers: "tensorflow"`; the model profiled at the micro-batch size, `-
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 import sys
@@ -68,7 +69,9 @@ def plain_worker() -> None:
     import json
     import time
 
-    import dapple  # noqa: F401  (Keras 2 first)
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
+    import dapple  # noqa: F401  (before TensorFlow)
     import numpy as np
     import tensorflow as tf
     from benchmarks.predicted_vs_measured import build

@@ -21,6 +21,7 @@ The rank program is this script with `--rank_worker`; rank 0 prints a `TRANSFER_
 """
 from __future__ import annotations
 
+import importlib.util
 import importlib
 import json
 import os
@@ -80,6 +81,8 @@ def raw_chain(width: int, hops: int):
 
 def dapple_step(width: int, micro_batches: int):
     """`train_step` of a 2-stage plan whose one boundary tensor is 1 row x `width` floats."""
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple
     import numpy as np
     import tensorflow as tf

@@ -20,25 +20,29 @@ Here, whatever the runtime:
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
 from dapple.checkpoint import save_model_atomically, save_weights_atomically
-from graph_rewrite.keras_adapter import is_keras3
+from graph_rewrite.keras_adapter import is_keras3, keras2_module_of
 
-Callback = tf.keras.callbacks.Callback
+# The Keras 2 callbacks are those of the model's own Keras 2 module (`tf_keras`, or TensorFlow
+# 2.15's `keras`), whatever `tf.keras` is: `api` below is that module.
 
-# Keras callbacks that write files of their own: one process runs them.
-WRITER_ONLY = (tf.keras.callbacks.TensorBoard, tf.keras.callbacks.CSVLogger,
-               tf.keras.callbacks.ProgbarLogger)
-# Keras callbacks whose batch hooks never stop training.
-NEVER_STOP_MID_EPOCH = (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.BackupAndRestore,
-                        tf.keras.callbacks.TensorBoard, tf.keras.callbacks.CSVLogger,
-                        tf.keras.callbacks.ProgbarLogger, tf.keras.callbacks.History,
-                        tf.keras.callbacks.EarlyStopping, tf.keras.callbacks.ReduceLROnPlateau,
-                        tf.keras.callbacks.LearningRateScheduler)
+
+def writer_only(api) -> tuple:
+    """Keras callbacks that write files of their own: one process runs them."""
+    return (api.callbacks.TensorBoard, api.callbacks.CSVLogger, api.callbacks.ProgbarLogger)
+
+
+def never_stop_mid_epoch(api) -> tuple:
+    """Keras callbacks whose batch hooks never stop training."""
+    c = api.callbacks
+    return (c.ModelCheckpoint, c.BackupAndRestore, c.TensorBoard, c.CSVLogger, c.ProgbarLogger,
+            c.History, c.EarlyStopping, c.ReduceLROnPlateau, c.LearningRateScheduler)
 
 
 class _Link:
@@ -47,30 +51,35 @@ class _Link:
         self.model, self.runtime = model, runtime
 
 
-class CallbackModel(tf.keras.Model):
-    """The plain model's layers as callbacks' `self.model`; writes go through dapple."""
+@functools.lru_cache(maxsize=None)
+def callback_model_class(api):
+    """`CallbackModel` of a Keras 2 module: a subclass of its `Model`."""
 
-    def __init__(self, model: tf.keras.Model, runtime):
-        super().__init__(model.input, model.output, name=model.name)
-        self._dapple = _Link(model, runtime)
-        self.optimizer = model.optimizer        # LearningRateScheduler, BackupAndRestore
+    class CallbackModel(api.Model):
+        """The plain model's layers as callbacks' `self.model`; writes go through dapple."""
 
-    def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
-        if self._dapple.runtime.is_writer:
-            save_weights_atomically(self._dapple.model, filepath)
+        def __init__(self, model, runtime):
+            super().__init__(model.input, model.output, name=model.name)
+            self._dapple = _Link(model, runtime)
+            self.optimizer = model.optimizer        # LearningRateScheduler, BackupAndRestore
 
-    def save(self, filepath, overwrite=True, save_format=None, **kwargs):
-        if self._dapple.runtime.is_writer:
-            save_model_atomically(self._dapple.model, filepath, save_format=save_format)
+        def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
+            if self._dapple.runtime.is_writer:
+                save_weights_atomically(self._dapple.model, filepath)
+
+        def save(self, filepath, overwrite=True, save_format=None, **kwargs):
+            if self._dapple.runtime.is_writer:
+                save_model_atomically(self._dapple.model, filepath, save_format=save_format)
+
+    return CallbackModel
 
 
-def _overrides(callback: Callback, hook: str) -> bool:
-    return getattr(type(callback), hook) is not getattr(Callback, hook)
+def _overrides(api, callback, hook: str) -> bool:
+    return getattr(type(callback), hook) is not getattr(api.callbacks.Callback, hook)
 
 
-def _saves_by_batch(callback: Callback) -> bool:
-    return (isinstance(callback, (tf.keras.callbacks.ModelCheckpoint,
-                                  tf.keras.callbacks.BackupAndRestore))
+def _saves_by_batch(api, callback) -> bool:
+    return (isinstance(callback, (api.callbacks.ModelCheckpoint, api.callbacks.BackupAndRestore))
             and isinstance(callback.save_freq, int))
 
 
@@ -87,30 +96,32 @@ def _fingerprint(model: tf.keras.Model) -> List[float]:
 class FitCallbacks:
     """`fit`'s callback hooks with the gathering and agreeing above around them."""
 
-    def __init__(self, model: tf.keras.Model, runtime, callbacks: Sequence[Callback],
+    def __init__(self, model: tf.keras.Model, runtime, callbacks: Sequence,
                  verbose: int, epochs: int, steps: Optional[int],
                  stateful_metrics: Sequence[str]):
         self.runtime = runtime
         if is_keras3(model):
             self._keras3(model, callbacks, verbose, epochs, steps)
             return
-        self.view = CallbackModel(model, runtime)
-        mine = [c for c in callbacks if runtime.is_writer or not isinstance(c, WRITER_ONLY)]
+        api = keras2_module_of(model)
+        callbacks_api = api.callbacks
+        self.view = callback_model_class(api)(model, runtime)
+        mine = [c for c in callbacks if runtime.is_writer or not isinstance(c, writer_only(api))]
         for c in mine:
-            if isinstance(c, tf.keras.callbacks.BackupAndRestore) and runtime.processes > 1:
+            if isinstance(c, callbacks_api.BackupAndRestore) and runtime.processes > 1:
                 c.backup_dir = os.path.join(c.backup_dir, f"rank{runtime.rank}")
         verbose = verbose if runtime.is_writer else 0
-        if verbose and not any(isinstance(c, tf.keras.callbacks.ProgbarLogger) for c in mine):
+        if verbose and not any(isinstance(c, callbacks_api.ProgbarLogger) for c in mine):
             # Our "loss" and metrics are running means already: the bar must not average them.
-            mine.insert(0, tf.keras.callbacks.ProgbarLogger(
+            mine.insert(0, callbacks_api.ProgbarLogger(
                 count_mode="steps", stateful_metrics=list(stateful_metrics)))
-        self.list = tf.keras.callbacks.CallbackList(mine, add_history=True, add_progbar=False,
-                                                    model=self.view, verbose=verbose,
-                                                    epochs=epochs, steps=steps)
+        self.list = callbacks_api.CallbackList(mine, add_history=True, add_progbar=False,
+                                               model=self.view, verbose=verbose,
+                                               epochs=epochs, steps=steps)
         self.view.stop_training = False
-        self.gather_by_batch = any(_saves_by_batch(c) for c in mine)
-        self.agree_by_batch = any(_overrides(c, "on_train_batch_end")
-                                  and not isinstance(c, NEVER_STOP_MID_EPOCH) for c in mine)
+        self.gather_by_batch = any(_saves_by_batch(api, c) for c in mine)
+        self.agree_by_batch = any(_overrides(api, c, "on_train_batch_end")
+                                  and not isinstance(c, never_stop_mid_epoch(api)) for c in mine)
 
     def _keras3(self, model, callbacks, verbose: int, epochs: int, steps: Optional[int]):
         """A Keras 3 model (the local runtime only: one process, the writer): its callbacks see

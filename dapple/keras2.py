@@ -1,77 +1,31 @@
-"""dapple runs Keras 2 models: `tf.keras` is made the Keras 2 API; Keras 3 models are refused
-except by the entry points with a Keras 3 path (`PipelinedModel`: functional models, see
-docs/keras3.md).
+"""Which Keras a model is, whatever `tf.keras` is; one error for what dapple cannot take.
 
 From TensorFlow 2.16 on, `tf.keras` is Keras 3 unless the environment variable
 `TF_USE_LEGACY_KERAS=1` is set before TensorFlow is imported and the `tf_keras` package (Keras 2,
-same minor version as TensorFlow) is installed; `import keras` is Keras 3 either way. dapple's
-rewriter cuts Keras 2's layer graph, so:
+same minor version as TensorFlow) is installed; `import keras` is Keras 3 either way, and
+`import tf_keras` is Keras 2 either way. dapple takes models of both (Keras 3 through
+`graph_rewrite.keras_adapter.Keras3`: docs/keras3.md) and `import dapple` sets nothing: it may
+come before or after `import tensorflow`, and `tf.keras` is what TensorFlow makes it (only the
+`dapple` command's demo, verify and profile opt into tf_keras for their own process,
+`dapple/__init__.py`). dapple's Keras 2
+code names the model's own Keras (`keras_adapter.keras2_module_of`, `keras2_api`), never
+`tf.keras`. So:
 
-- `select_before_tensorflow()`, called by `import dapple` before anything of TensorFlow loads,
-  sets `TF_USE_LEGACY_KERAS=1` when `tf_keras` is installed (child processes, such as
-  horovodrun's ranks, inherit it);
-- `check_tf_keras()`, called once TensorFlow is loaded, fails with what to do when `tf.keras`
-  is Keras 3 all the same: TensorFlow imported first without that variable, or no `tf_keras`;
-- `require_keras2_model(model, where)` refuses a Keras 3 model with its Keras version and the
-  one-line change (`keras3_functional=`: those Keras 3 models it accepts).
-
-TensorFlow 2.15 has Keras 2 built in (`tf.keras` is `keras` 2.15), but reads the variable too:
-set without `tf_keras` installed, its `tf.keras` fails to load. Hence "when `tf_keras` is
-installed".
+- `require_keras2_model(model, where)` refuses what is not a Keras model, and a Keras 3 model
+  without a layer graph, with its Keras version and the one-line change (`keras3_functional=`:
+  those Keras 3 models an entry point accepts);
+- `refuse_mixed_keras(model, where, role, objects)` refuses an optimizer, loss, metric or
+  callback of the other Keras than the model's, naming both (a mixed setup: a tf_keras model
+  with `keras.optimizers.SGD`, say);
+- a Keras 3 layer called inside a Keras 2 model is refused by name (`_refuse_other_keras_inside`).
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 
 ENV = "TF_USE_LEGACY_KERAS"
 
-ONE_LINE_FIX = ("replace `import keras` with `import tf_keras as keras` (or use `tf.keras` "
-                "after `import dapple`)")
-
-
-class Keras2Error(ImportError):
-    """TensorFlow's `tf.keras` is not Keras 2 and dapple cannot make it so."""
-
-
-def _has_tf_keras() -> bool:
-    return importlib.util.find_spec("tf_keras") is not None
-
-
-def select_before_tensorflow() -> None:
-    """Point `tf.keras` at tf_keras (Keras 2) if it is installed and TensorFlow not loaded yet."""
-    if "tensorflow" not in sys.modules and _has_tf_keras():
-        os.environ[ENV] = "1"
-
-
-def _tf_keras_major(tf) -> int:
-    """2 for Keras 2 behind `tf.keras` (tf_keras, or TF 2.15's keras); 3 for Keras 3."""
-    root = tf.keras.Model.__module__.split(".")[0]
-    return int(getattr(sys.modules[root], "__version__", "2").split(".")[0])
-
-
-def check_tf_keras() -> None:
-    """Raise Keras2Error unless `tf.keras` is Keras 2 (TensorFlow must be importable)."""
-    import tensorflow as tf
-
-    major_minor = ".".join(tf.__version__.split(".")[:2])
-    try:
-        major = _tf_keras_major(tf)
-    except ImportError as e:   # TF_USE_LEGACY_KERAS=1 without tf_keras installed
-        raise Keras2Error(
-            f"dapple needs Keras 2 with TensorFlow {tf.__version__}: pip install "
-            f"'tf_keras=={major_minor}.*' ({e})") from None
-    if major >= 3 and not _has_tf_keras():
-        raise Keras2Error(
-            f"tf.keras is Keras 3 here, and dapple needs Keras 2: with TensorFlow "
-            f"{tf.__version__} that is the tf_keras package, not installed. pip install "
-            f"'tf_keras=={major_minor}.*'")
-    if major >= 3:
-        raise Keras2Error(
-            f"tf.keras is Keras 3 here: TensorFlow {tf.__version__} was imported before dapple "
-            f"without {ENV}=1, and dapple needs Keras 2. Put `import dapple` before "
-            f"`import tensorflow`, or set {ENV}=1 in the environment")
+ONE_LINE_FIX = "replace `import keras` with `import tf_keras as keras`"
 
 
 def keras_of(obj):
@@ -85,14 +39,16 @@ def keras_of(obj):
 
 
 def require_keras2_model(model, where: str, keras3_functional=None) -> None:
-    """Refuse, with one clear message, a model that is not a `tf.keras` (Keras 2) model.
+    """Refuse, with one clear message, a model that is not a Keras 2 model (tf_keras, or
+    TensorFlow 2.15's keras) nor a Keras 3 model `keras3_functional` accepts.
 
     `where` names the entry point (`PipelinedModel`, `dapple.profile`, `--model=m:build`);
     `keras3_functional(model)`, when given, accepts the Keras 3 models it is true for (the
     entry points that have a Keras 3 path: docs/keras3.md)."""
-    import tensorflow as tf
+    from graph_rewrite.keras_adapter import keras2_module_of
 
-    if isinstance(model, tf.keras.Model):
+    api = keras2_module_of(model)
+    if api is not None and isinstance(model, api.Model):
         _refuse_other_keras_inside(model, where)
         return
     found = keras_of(model)
@@ -109,8 +65,8 @@ def require_keras2_model(model, where: str, keras3_functional=None) -> None:
             f"{type(model).__name__}, and dapple pipelines Keras 2 models and, so far, Keras 3 "
             f"functional models (keras.Model(inputs, outputs)) and built Sequential ones; "
             f"docs/keras3.md. One-line fix: {ONE_LINE_FIX}")
-    raise TypeError(f"{where}: dapple needs a tf.keras.Model (Keras 2), got "
-                    f"{type(model).__module__}.{type(model).__name__}")
+    raise TypeError(f"{where}: dapple needs a Keras model (keras.Model, or tf_keras.Model for "
+                    f"Keras 2), got {type(model).__module__}.{type(model).__name__}")
 
 
 def _refuse_other_keras_inside(model, where: str) -> None:
@@ -133,7 +89,46 @@ def _refuse_other_keras_inside(model, where: str) -> None:
                         f"variable {owner!r} (in its layer {layer.name!r}): a {found[0]} layer "
                         f"({owner.split('/')[0]!r}) was called inside this {own[0]} model, and "
                         f"its weights would never train. Build every layer with one Keras "
-                        f"({own[0]}: `tf.keras.layers` after `import dapple`)")
+                        f"({own[0]}.layers)")
+
+
+def _family(found) -> str:
+    """'Keras 3' or 'Keras 2' for keras_of's (package, version)."""
+    return "Keras 2" if found[1].startswith(("1.", "2.")) else "Keras 3"
+
+
+def _describe(obj, found) -> str:
+    return f"{found[0]} {found[1]}'s {type(obj).__name__} ({_family(found)})"
+
+
+def refuse_mixed_keras(model, where: str, role: str, objects) -> None:
+    """Raise TypeError when any of `objects` (an optimizer, a loss, metrics, callbacks: nested
+    lists and dicts; names and plain functions pass) is of the other Keras than `model`, with
+    both named: "the model 'm' is tf_keras 2.18.0's Functional (Keras 2), the optimizer is
+    keras 3.15.1's SGD (Keras 3)". Such a mix fails deep inside Keras, or silently trains
+    nothing (each Keras tracks only its own variables)."""
+    import tensorflow as tf
+
+    own = keras_of(model)
+    if own is None:
+        return
+    try:
+        items = tf.nest.flatten(objects)
+    except (TypeError, ValueError):
+        items = [objects]
+    for obj in items:
+        found = keras_of(obj)
+        if found is None or (found[0], _family(found)) == (own[0], _family(own)):
+            continue
+        raise TypeError(
+            f"{where}: the model {getattr(model, 'name', '')!r} is {_describe(model, own)}, "
+            f"the {role} is {_describe(obj, found)}: a mixed setup. Give it the model's Keras "
+            f"(`{own[0]}.{_ROLE_MODULE.get(role, role)}`), or build the model with "
+            f"{found[0]}")
+
+
+_ROLE_MODULE = {"optimizer": "optimizers", "loss": "losses", "metric": "metrics",
+                "weighted metric": "metrics", "callback": "callbacks"}
 
 
 def _flat_arguments(node) -> list:

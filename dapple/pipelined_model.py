@@ -43,11 +43,11 @@ from dapple.checks import check_plan_matches_model, check_recompute, check_suppo
 from dapple.data import (check_whole_batches, dataset_batch_rows, elements, global_batches,
                          padded_batches, rows, unpack_validation_data)
 from dapple.eager_build import build_metrics
-from dapple.keras2 import require_keras2_model
+from dapple.keras2 import refuse_mixed_keras, require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime.base import Runtime, loss_scale
 from dapple.runtime.choice import chosen, make_runtime
-from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3
+from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3, keras_module_of
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.formats.plan import Plan
@@ -91,6 +91,9 @@ class PipelinedModel:
                              f"2bw, avgpipe); schedule {self.plan.schedule.name!r} runs one batch")
         if kwargs:
             raise TypeError(f"PipelinedModel.compile does not support {sorted(kwargs)}")
+        for role, given in (("optimizer", optimizer), ("loss", loss), ("metric", metrics),
+                            ("weighted metric", weighted_metrics)):
+            refuse_mixed_keras(self.model, "PipelinedModel.compile", role, given)
         # The plain model's compile gives us Keras's optimizer (a LossScaleOptimizer under a
         # mixed-precision policy) and metric conventions.
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
@@ -113,8 +116,7 @@ class PipelinedModel:
                 f"does not support {what} yet: it covers compile, fit, train_step, gradients, "
                 f"evaluate, predict and .weights.h5 checkpoints on synchronous plans, "
                 f"locally (and train_step, gradients and checkpoints under horovodrun) "
-                f"(docs/keras3.md); use tf.keras (Keras 2) after "
-                f"`import dapple` for the rest")
+                f"(docs/keras3.md); use a tf_keras (Keras 2) model for the rest")
 
     # ---- where this process runs (the runtime's) ------------------------------------------------
     @property
@@ -320,10 +322,11 @@ class PipelinedModel:
         if steps is None:
             card = int(ds.cardinality())
             steps = card if card >= 0 else None
+        refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
         hooks = FitCallbacks(self.model, self.runtime, list(callbacks or []),
                              1 if verbose == "auto" else verbose, epochs, steps,
                              ["loss"] + [m.name for m in self._metrics()])
-        loss_mean = tf.keras.metrics.Mean()
+        loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
         initial_epoch = hooks.train_begin(initial_epoch, steps)
         logs = {}
         for epoch in range(initial_epoch, epochs):
@@ -403,7 +406,7 @@ class PipelinedModel:
                 return result.loss
             self._eval_fn = self.runtime.compiled("evaluate step", eval_fn)
         eval_fn = self._eval_fn
-        loss_mean = tf.keras.metrics.Mean()
+        loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
         for m in self._metrics():
             m.reset_state()
         ds = self._dataset(x, y, batch_size, False, "evaluate", sample_weight)

@@ -45,7 +45,7 @@ import tensorflow as tf
 
 from dapple.keras2 import require_keras2_model
 from dapple.measure import MIN_BACKWARD_MS, median_ms
-from graph_rewrite.keras_adapter import Keras3
+from graph_rewrite.keras_adapter import Keras3, keras_module_of
 from graph_rewrite.model_graph import (call_positions, layer_order, model_input_ids,
                                        model_signature, node_call_arguments, node_input_ids,
                                        node_layer, node_output_ids)
@@ -145,15 +145,17 @@ def measure_profile(model: tf.keras.Model, x, name: Optional[str] = None, warmup
                    device=f"{device[0].name} ({threads or 'default'} intra-op threads)",
                    shared_parameters=tuple(SharedParameters(float(b), tuple(g))
                                            for g, b in shared),
-                   compute_dtype=_compute_dtype(order), source=f"dapple.profile({model.name})")
+                   compute_dtype=_compute_dtype(model, order), source=f"dapple.profile({model.name})")
 
 
-def _compute_dtype(order) -> str:
-    """The compute dtype most of the layers run in (their mixed-precision policy)."""
+def _compute_dtype(model, order) -> str:
+    """The compute dtype most of the layers run in (their mixed-precision policy), else the
+    global policy's of the model's Keras."""
     dtypes = collections.Counter(l.compute_dtype for l in order
                                  if getattr(l, "compute_dtype", None))
     if not dtypes:
-        return tf.keras.mixed_precision.global_policy().compute_dtype or "float32"
+        api = keras_module_of(model) or tf.keras
+        return api.mixed_precision.global_policy().compute_dtype or "float32"
     return dtypes.most_common(1)[0][0]
 
 

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from dapple.data import elements
 from dapple.eager_build import build_metrics, build_optimizer
+from graph_rewrite import keras_adapter
 from graph_rewrite.batch_statistics import is_batch_normalization
 from planner.schedules.relaxed_lists import DEFAULT_BATCHES
 from planner.formats.plan import Plan
@@ -56,7 +57,7 @@ def check_relaxed(model: tf.keras.Model, plan: Plan, optimizer, stages) -> None:
             raise ValueError(f"schedule {name!r} does not train BatchNormalization yet (layer "
                              f"{layer.name!r}): its moving statistics have no update rule per "
                              f"weight update; use a synchronous schedule (1f1b)")
-    if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+    if keras_adapter.Keras2.is_loss_scale_optimizer(optimizer):
         raise ValueError(f"schedule {name!r} does not run mixed precision yet (the loss scale "
                          f"would change between a run's updates); use a float32 policy")
     if getattr(optimizer, "global_clipnorm", None):

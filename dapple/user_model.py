@@ -53,7 +53,7 @@ def build_model(spec: str, model_args: Optional[str] = None) -> tf.keras.Model:
 def _int_high(model: tf.keras.Model, keras_input) -> int:
     highs = []
     for layer in model.layers:
-        if isinstance(layer, tf.keras.layers.Embedding):
+        if type(layer).__name__ == "Embedding" and hasattr(layer, "input_dim"):   # either Keras
             for node in layer.inbound_nodes:
                 if any(t is keras_input for t in tf.nest.flatten(node.keras_inputs)):
                     highs.append(layer.input_dim)

@@ -17,6 +17,7 @@ system working end to end, not speed (they share the machine's cores).
 """
 from __future__ import annotations
 
+import importlib.util
 import importlib
 import json
 import os
@@ -73,6 +74,8 @@ def run(name: str, size: str = "tiny", devices: int = 2, batch_size: Optional[in
     """Profile, plan and train one example; returns what happened (for tests and scripts)."""
     if os.environ.get("DAPPLE_NUM_CPU_DEVICES") is None:
         os.environ["DAPPLE_NUM_CPU_DEVICES"] = str(max(devices, 8))
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple  # noqa: F401  (devices before TensorFlow initializes)
     import numpy as np
     import tensorflow as tf

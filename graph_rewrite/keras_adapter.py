@@ -1,7 +1,7 @@
 """What cutting and calling a model needs from Keras, once per Keras version.
 
 dapple's rewriter re-executes a functional model's own layer calls stage by stage
-(`graph_rewrite.model_graph`). Keras 2 (tf_keras: `tf.keras` after `import dapple`) and Keras 3
+(`graph_rewrite.model_graph`). Keras 2 (tf_keras, or TensorFlow 2.15's keras) and Keras 3
 (`import keras`, the Keras that TensorFlow ships) record those calls differently; everything
 the rewriter reads of them goes through one adapter per version:
 
@@ -48,6 +48,40 @@ def is_keras3(obj) -> bool:
         return False
     version = str(getattr(sys.modules.get("keras"), "__version__", "2"))
     return not version.startswith(("1.", "2."))
+
+
+def keras2_module_of(obj):
+    """The Keras 2 API module that defines obj's class (`tf_keras`, or TensorFlow 2.15's
+    `keras`), None when obj is not a Keras 2 object. dapple's Keras 2 code names this module,
+    never `tf.keras` (which is Keras 3 on TensorFlow 2.16+ unless TF_USE_LEGACY_KERAS=1)."""
+    root = _keras_root(obj)
+    if not root or is_keras3(obj):
+        return None
+    return sys.modules.get(root)
+
+
+def keras_module_of(obj):
+    """The Keras API module that defines obj's class, of either Keras (`keras` 3, `tf_keras`,
+    TensorFlow 2.15's `keras`), None for what no Keras defines."""
+    root = _keras_root(obj)
+    return sys.modules.get(root) if root else None
+
+
+def keras2_api():
+    """The Keras 2 API module whatever `tf.keras` is: tf_keras when installed (it imports
+    alone), else `tf.keras` when that is Keras 2 (TensorFlow 2.15), else None."""
+    try:
+        import tf_keras
+        return tf_keras
+    except ImportError:
+        pass
+    try:
+        api = tf.keras
+        root = api.Model.__module__.split(".")[0]
+    except (AttributeError, ImportError):
+        return None
+    version = str(getattr(sys.modules.get(root), "__version__", "2"))
+    return api if version.startswith(("1.", "2.")) else None
 
 
 class _Functional:
@@ -123,8 +157,16 @@ class Keras2(_Functional):
 
     @staticmethod
     def build_optimizer(optimizer, variables) -> None:
-        if isinstance(optimizer, tf.keras.optimizers.Optimizer):   # LossScaleOptimizerV3 too
-            optimizer.build(variables)
+        api = keras2_module_of(optimizer)
+        if api is not None and isinstance(optimizer, api.optimizers.Optimizer):
+            optimizer.build(variables)                              # LossScaleOptimizerV3 too
+
+    @staticmethod
+    def is_loss_scale_optimizer(optimizer) -> bool:
+        """A Keras 2 `mixed_precision.LossScaleOptimizer` (`loss_scale`,
+        `get_unscaled_gradients`)."""
+        api = keras2_module_of(optimizer)
+        return api is not None and isinstance(optimizer, api.mixed_precision.LossScaleOptimizer)
 
     @staticmethod
     def tf_variable(variable) -> tf.Variable:
@@ -135,16 +177,17 @@ class Keras2(_Functional):
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
-    def _batch_normalization_class():
+    def _batch_normalization_class(api):
         """tf_keras's `BatchNormalizationBase` (SyncBatchNormalization too)."""
-        for cls in tf.keras.layers.BatchNormalization.__mro__:
+        for cls in api.layers.BatchNormalization.__mro__:
             if cls.__name__ == "BatchNormalizationBase":
                 return cls
-        return tf.keras.layers.BatchNormalization
+        return api.layers.BatchNormalization
 
     @staticmethod
     def is_batch_normalization(layer) -> bool:
-        return isinstance(layer, Keras2._batch_normalization_class())
+        api = keras2_module_of(layer)
+        return api is not None and isinstance(layer, Keras2._batch_normalization_class(api))
 
     @staticmethod
     def batch_normalization_problem(layer):

@@ -19,8 +19,6 @@ import tensorflow as tf
 
 from graph_rewrite import keras_adapter
 
-Reduction = tf.keras.losses.Reduction
-
 
 def _per_element_fn(loss) -> Tuple[Any, str]:
     if keras_adapter.is_keras3(loss):           # a Keras 3 `keras.losses.Loss`
@@ -29,10 +27,14 @@ def _per_element_fn(loss) -> Tuple[Any, str]:
             raise ValueError(f"cannot use {loss!r} (reduction {reduction!r}) as a loss yet: "
                              f"Keras 3 losses with sum_over_batch_size or sum reduction")
         return loss.call, "sum" if reduction == "sum" else "mean"
-    obj = tf.keras.losses.get(loss)
-    if isinstance(obj, tf.keras.losses.Loss):
+    # A Keras 2 loss object by its own Keras; a name or a function by Keras 2's `losses.get`
+    # (the same per-element losses as Keras 3's), else by `tf.keras`'s.
+    api = (keras_adapter.keras2_module_of(loss) or keras_adapter.keras2_api()
+           or tf.keras)
+    obj = api.losses.get(loss)
+    if isinstance(obj, api.losses.Loss):
         reduction = obj.reduction
-        mode = "sum" if reduction == Reduction.SUM else "mean"
+        mode = "sum" if reduction == "sum" else "mean"     # Keras 2's Reduction.SUM is "sum"
         return obj.call, mode
     if callable(obj):
         return obj, "mean"

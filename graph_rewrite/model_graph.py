@@ -49,15 +49,16 @@ def _check_graph_model(model: tf.keras.Model) -> None:
                            f"models (keras.Model(inputs, outputs)) and built Sequential ones "
                            f"so far")
         return
-    if not isinstance(model, tf.keras.Model):
-        raise CutError(f"dapple needs a tf.keras.Model, got {type(model).__name__}")
+    api = keras_adapter.keras2_module_of(model)
+    if api is None or not isinstance(model, api.Model):
+        raise CutError(f"dapple needs a Keras model, got {type(model).__name__}")
     if not keras_adapter.Keras2.is_graph_model(model):
-        if isinstance(model, tf.keras.Sequential):
+        if isinstance(model, api.Sequential):
             raise CutError(f"Sequential model {model.name!r} has no layer graph yet: give its "
                            f"first layer an input_shape (or call model.build) before pipelining")
         raise CutError(f"model {model.name!r} is a subclassed Keras model ({type(model).__name__}): "
                        f"it has no layer graph to cut. Build it with the functional API or "
-                       f"tf.keras.Sequential")
+                       f"Sequential")
 
 
 def nodes_in_execution_order(model: tf.keras.Model):

@@ -2,9 +2,9 @@
 
 Threads are limited so multi-device tests behave on a 2-core machine, and 8 logical CPU devices
 are configured by `import dapple` for the multi-device tests. `TF_USE_LEGACY_KERAS=1` where
-tf_keras is installed is what `import dapple` sets (tf.keras is Keras 2 on TensorFlow 2.16+),
-set here too because some test modules import TensorFlow before dapple;
-tests/dapple/test_keras2.py checks dapple's own setting in fresh processes.
+tf_keras is installed is the Keras 2 suite's opt-in (its models say `tf.keras`; Keras 3 tests
+say `import keras`): `import dapple` sets no variable (#30), and tests/dapple/test_keras2.py
+checks that, and TensorFlow imported first, in fresh processes without it.
 """
 import importlib.util
 import os

@@ -69,6 +69,7 @@ def main(argv):
     from dapple.pipelined_model import PipelinedModel
     from dapple.user_model import build_model, random_inputs, random_targets
     from planner.formats.plan import Plan, PlanError
+    from graph_rewrite.keras_adapter import keras_module_of
 
     def fail(message):
         print(f"dapple verify: {message}", file=sys.stderr)
@@ -95,8 +96,9 @@ def main(argv):
     except (OSError, ValueError, PlanError) as e:
         return fail(str(e))
 
-    loss = tf.keras.losses.MeanSquaredError()
-    pm.compile(tf.keras.optimizers.SGD(0.0), loss=loss)
+    api = keras_module_of(model)               # the model's own Keras, whatever tf.keras is
+    loss = api.losses.MeanSquaredError()
+    pm.compile(api.optimizers.SGD(0.0), loss=loss)
     x = random_inputs(model, batch, seed=FLAGS.seed)
     y = random_targets(model, batch, seed=FLAGS.seed + 1)
     try:

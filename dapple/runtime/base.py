@@ -15,6 +15,7 @@ from typing import Callable, List, Optional
 import tensorflow as tf
 
 from dapple.eager_build import build_optimizer
+from graph_rewrite import keras_adapter
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import PipelineStep, StepResult
@@ -95,7 +96,7 @@ class Runtime(abc.ABC):
 
 def loss_scale(optimizer) -> Optional[tf.Tensor]:
     """The optimizer's current loss scale under mixed precision, else None."""
-    if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+    if keras_adapter.Keras2.is_loss_scale_optimizer(optimizer):
         return optimizer.loss_scale
     return None
 

@@ -8,7 +8,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-REPORT = ("import os, tensorflow as tf, dapple.seed_workaround as sw\n"
+# The seed workaround is installed once tf_keras is imported (here after dapple), and `import
+# dapple` sets no TF_USE_LEGACY_KERAS (#30: no import-order rule, tf.keras left as it is).
+REPORT = ("import os, tensorflow as tf, tf_keras, dapple.seed_workaround as sw\n"
           "print(len(tf.config.list_logical_devices('CPU')), os.environ.get('TF_USE_LEGACY_KERAS'),"
           " sw.installed() or not sw.needed())\n")
 
@@ -23,8 +25,8 @@ def _run(code, **env):
     return result.stdout.split()
 
 
-def test_import_sets_up_keras2_devices_and_the_seed_workaround():
-    assert _run("import dapple\n" + REPORT) == ["3", "1", "True"]
+def test_import_sets_up_devices_and_the_seed_workaround():
+    assert _run("import dapple\n" + REPORT) == ["3", "None", "True"]
 
 
 def test_the_opt_out_leaves_the_process_alone():
@@ -34,4 +36,4 @@ def test_the_opt_out_leaves_the_process_alone():
 
 def test_configure_does_what_the_import_skipped():
     assert _run("import dapple\ndapple.configure()\n" + REPORT,
-                DAPPLE_CONFIGURE_ON_IMPORT="0") == ["3", "1", "True"]
+                DAPPLE_CONFIGURE_ON_IMPORT="0") == ["3", "None", "True"]

@@ -16,6 +16,7 @@ The same case as benchmarks/startup.py (ResNet50 32x32x3, 10 classes, 2 rows per
 """
 from __future__ import annotations
 
+import importlib.util
 import argparse
 import json
 import os
@@ -154,6 +155,8 @@ def dapple_step(model, M, R, rows):
 def measure(impl, M, R, rows, steps):
     impl, _, variant = impl.partition(":")
     os.environ["DAPPLE_NUM_CPU_DEVICES"] = str(R)
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple  # noqa: F401
     import numpy as np
     import tensorflow as tf
@@ -195,6 +198,8 @@ def check(R=2, M=3, rows=2):
     """Loop gradients against the plain model's tape, slice by slice (ghost batches: each
     slice normalizes with its own statistics, as in dapple)."""
     os.environ["DAPPLE_NUM_CPU_DEVICES"] = str(R)
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple  # noqa: F401
     import numpy as np
     import tensorflow as tf

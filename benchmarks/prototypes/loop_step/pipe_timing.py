@@ -11,6 +11,7 @@ middle of Keras's layer order; --model=mlp: 8 x Dense(1024) on 256 features, cut
 """
 from __future__ import annotations
 
+import importlib.util
 import argparse
 import json
 import os
@@ -75,6 +76,8 @@ def build_pipe(model_name, impl, variant, M, rows):
 
 def measure(model_name, impl, M, rows, steps):
     os.environ["DAPPLE_NUM_CPU_DEVICES"] = "2"
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple  # noqa: F401
     import numpy as np
     import tensorflow as tf

@@ -2,9 +2,12 @@
 
     PYTHONPATH=. nice -n 19 .venv/bin/python benchmarks/prototypes/loop_step/pipeline_check.py
 """
+import importlib.util
 import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("DAPPLE_NUM_CPU_DEVICES", "2")
+if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
 import dapple  # noqa: F401
 import numpy as np
 import tensorflow as tf

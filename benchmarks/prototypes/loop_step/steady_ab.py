@@ -11,6 +11,7 @@ the model --pipe_model (resnet or mlp). Each implementation gets its own identic
 model; prints per implementation the median and fastest step (ms) and the median over rounds
 of the ratio to the first implementation, with the load average.
 """
+import importlib.util
 import argparse
 import os
 import statistics
@@ -33,6 +34,8 @@ def main():
     args = p.parse_args()
     devices = args.replicas if args.case == "dp" else 2
     os.environ["DAPPLE_NUM_CPU_DEVICES"] = str(devices)
+    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple  # noqa: F401
     import numpy as np
     import tensorflow as tf

@@ -52,18 +52,22 @@ class RunResult:
         return found
 
 
-def light_rank_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def light_rank_env(env: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
     """This process's environment with LIGHT_RANK_ENV, the repository on PYTHONPATH, and `env`
-    on top."""
+    on top (a None value removes that variable)."""
     run_env = dict(os.environ)
     run_env.update(LIGHT_RANK_ENV)
     run_env["PYTHONPATH"] = REPO + os.pathsep + run_env.get("PYTHONPATH", "")
-    run_env.update(env or {})
+    for key, value in (env or {}).items():
+        if value is None:
+            run_env.pop(key, None)
+        else:
+            run_env[key] = value
     return run_env
 
 
 def horovodrun(np: int, argv: Sequence[str], timeout: float = 180,
-               env: Optional[Dict[str, str]] = None) -> RunResult:
+               env: Optional[Dict[str, Optional[str]]] = None) -> RunResult:
     """`horovodrun -np np -H localhost:np --gloo <python> <argv...>`; argv[0] may be a script
     name in tests/dapple/runtime/horovod/scripts."""
     argv = list(argv)

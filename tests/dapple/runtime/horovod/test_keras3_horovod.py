@@ -5,7 +5,8 @@ momentum every weight and moving statistic, gathered on every rank, equals the p
 model's trained right in the rank (`scripts/keras3_rank.py`: its gradients slice by slice,
 since each slice normalizes with its own statistics; its moving statistics moved by the whole
 batch; its own optimizer), within 1e-5; so does the checkpoint rank 0 writes, read by a fresh
-plain Keras 3 model's `load_weights`.
+plain Keras 3 model's `load_weights`. The ranks import TensorFlow before dapple, without
+TF_USE_LEGACY_KERAS (#30's check: no import-order rule, no variable).
 """
 import json
 
@@ -24,7 +25,8 @@ TOLERANCE = 1e-5
 def test_keras3_weights_after_three_steps_equal_plain_keras3(tmp_path):
     checkpoint = str(tmp_path / "k3.weights.h5")
     result = horovodrun(3, ["keras3_rank.py", "--cuts=3", "--replicas=2,1",
-                            "--micro_batches=4", f"--checkpoint={checkpoint}"], timeout=300)
+                            "--micro_batches=4", f"--checkpoint={checkpoint}"], timeout=300,
+                        env={"TF_USE_LEGACY_KERAS": None})   # #30: no variable, TF first
     assert result.returncode == 0, result.output[-4000:]
     reports = {r: json.loads(text) for r, text in result.results().items()}
     assert sorted(reports) == [0, 1, 2], result.output[-4000:]

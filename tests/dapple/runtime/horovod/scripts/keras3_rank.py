@@ -1,7 +1,7 @@
 """One rank of a pipelined Keras 3 job (#30): `tests.models.residual_bn_shared` built with
 `import keras` (BatchNormalization, a residual across the cut, a layer called in both stages).
-dapple is imported first: TensorFlow imported before it is still refused (the import-order rule,
-#30 item 2, docs/keras3.md). Each rank trains it 3 steps (SGD with momentum, a new global
+TensorFlow is imported before dapple, and the test runs the ranks without TF_USE_LEGACY_KERAS
+(#30 item 2: no import-order rule, no variable). Each rank trains it 3 steps (SGD with momentum, a new global
 batch each step) through `dapple.PipelinedModel`, which detects horovodrun, and the plain Keras
 3 model right here: its gradients slice by slice (each slice normalizes with its own statistics,
 as the pipeline's do), its moving statistics moved by a training forward of the whole batch,
@@ -12,6 +12,8 @@ asserts.
 import argparse
 import json
 import os
+
+import tensorflow as tf   # before dapple, on purpose (#30)
 
 import dapple
 import keras
@@ -31,6 +33,7 @@ parser.add_argument("--checkpoint", default="")
 args = parser.parse_args()
 
 assert not keras.__version__.startswith(("1.", "2.")), keras.__version__
+assert "TF_USE_LEGACY_KERAS" not in os.environ and tf.keras.Model is keras.Model
 # Each rank's model starts from other weights: the runtime's broadcast makes them rank 0's.
 model = models.residual_bn_shared(seed=3 + int(os.environ.get("HOROVOD_RANK", "0")),
                                   keras=keras)
