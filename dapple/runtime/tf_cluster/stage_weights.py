@@ -27,6 +27,7 @@ every unit reads the variables on the chief).
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
@@ -67,6 +68,78 @@ class CopyingStep(PipelineStep):
         for function in self.functions:
             function.copies.refresh()
         return super().run(*args, **kwargs)
+
+
+def apply_beside_weights(optimizer, pairs, devices: List[str]) -> None:
+    """One `apply_gradients` of the (gradient, variable) pairs whose gradient is not None, each
+    update computed on its variable's device (of `devices`)."""
+    with tf.compat.v1.device(beside_inputs(devices)):
+        optimizer.apply_gradients([(g, v) for g, v in pairs if g is not None],
+                                  **_already_summed(optimizer))
+
+
+def beside_inputs(devices: List[str]) -> Callable:
+    """A device function (`tf.compat.v1.device`, in a tf.function): an op given no device runs on
+    the device of its first input that lives on one of `devices`.
+
+    Keras's optimizer, under the default distribution strategy, places the math of an update
+    wherever the step runs (the chief), not beside the variable: a remote stage's gradients,
+    slots and new values would each cross the network every step. Placed beside its inputs,
+    the update of a stage's weights runs on the stage's device. A variable and its reads have
+    no device of their own inside the function: the capture's outer tensor says where it lives.
+    """
+    wanted = [tf.DeviceSpec.from_string(d) for d in devices]
+    graph = tf.compat.v1.get_default_graph()
+    captured: Dict[str, str] = {}
+
+    def device_of(tensor) -> str:
+        if tensor.device:
+            return _canonical(tensor.device)
+        if tensor.dtype == tf.resource:         # a captured variable's handle
+            if tensor.name not in captured:     # by name: wrappers are made afresh
+                captured.update({inner.name: _canonical(outer.device)
+                                 for outer, inner in getattr(graph, "captures", ())
+                                 if getattr(outer, "device", "")})
+            return captured.get(tensor.name, "")
+        # a variable's read, which TensorFlow places with the variable when it runs
+        handles = [t for t in tensor.op.inputs if t.dtype == tf.resource]
+        return device_of(handles[0]) if handles else ""
+
+    def place(op) -> str:
+        if op.device:
+            return op.device
+        for tensor in op.inputs:
+            device = device_of(tensor)
+            for w in wanted if device else ():
+                if _same_device(w, device):
+                    return w.make_merged_spec(tf.DeviceSpec.from_string(device)).to_string()
+        return ""
+    return place
+
+
+def _already_summed(optimizer) -> dict:
+    """`apply_gradients`' argument that skips Keras's aggregation of the gradients over a
+    strategy's replicas: under the default strategy it adds nothing but one IdentityN of every
+    gradient, one op on one device, which would carry every other device's gradients there and
+    back."""
+    parameters = inspect.signature(optimizer.apply_gradients).parameters
+    if "skip_gradients_aggregation" in parameters:
+        return {"skip_gradients_aggregation": True}
+    if "experimental_aggregate_gradients" in parameters:     # legacy optimizers
+        return {"experimental_aggregate_gradients": False}
+    return {}
+
+
+def _canonical(device: str) -> str:
+    return tf.DeviceSpec.from_string(device).to_string()
+
+
+def _same_device(spec: tf.DeviceSpec, device: str) -> bool:
+    """Whether `device` (fully or partly named, as `/device:CPU:1`) can name `spec`'s device."""
+    other = tf.DeviceSpec.from_string(device)
+    return all(a is None or b is None or a == b for a, b in (
+        (spec.job, other.job), (spec.replica, other.replica), (spec.task, other.task),
+        (spec.device_type, other.device_type), (spec.device_index, other.device_index)))
 
 
 def _shared_ids(step: PipelineStep) -> Set[int]:
@@ -180,7 +253,7 @@ class StageWeightsRuntime(LocalRuntime):
                          self._trained(step.model.trainable_variables)))
         for unit, copies in self._replica_weights.items():
             pairs += zip(unscaled(optimizer, result.replica_gradients[unit]), copies)
-        optimizer.apply_gradients([(g, v) for g, v in pairs if g is not None])
+        apply_beside_weights(optimizer, pairs, self.devices)
         if (self._home_of or self._replica_weights) and self._running is not None:
             self._updating.add(self._running)       # traced now: this function trains copies
 

@@ -185,3 +185,48 @@ def test_under_global_clipnorm_replicas_refresh_from_the_first():
         lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=0.05), BATCH)
     assert pm.pipeline_step.sum_on_every_replica == set()
     assert pm.pipeline_step.functions[1].copies.trained == [pm.pipeline_step.device(1, 0)]
+
+
+def _update_math_off_its_device(placed: bool):
+    """The ops of one momentum update of weights on devices 0 and 1 (each one's gradient made
+    on its device) that read something on device 1 but are not placed there."""
+    from dapple.runtime.tf_cluster.stage_weights import apply_beside_weights
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    weights = []
+    for device in devices:
+        with tf.device(device):
+            weights += [tf.Variable(tf.ones([4, 3])), tf.Variable(tf.zeros([3]))]
+    optimizer = momentum()
+    optimizer.build(weights)
+
+    def update():
+        grads = []
+        for w in weights:
+            with tf.device(w.device):
+                grads.append(tf.ones_like(w) * 0.5)
+        if placed:
+            apply_beside_weights(optimizer, zip(grads, weights), devices)
+        else:
+            optimizer.apply_gradients(zip(grads, weights))
+
+    graph = tf.function(update).get_concrete_function().graph
+    on_1 = {inner.name for outer, inner in graph.captures
+            if getattr(outer, "device", "").endswith("CPU:1")}
+
+    def on_device_1(t):      # placed there, a handle of a variable there, or a read of one
+        return (t.device.endswith("CPU:1") or t.name in on_1
+                or any(h.name in on_1 for h in t.op.inputs if h.dtype == tf.resource))
+    ops = [op for op in graph.get_operations()
+           if op.type not in ("ReadVariableOp", "Placeholder") and op.inputs
+           and any(on_device_1(t) for t in op.inputs)]
+    assert len(ops) >= 3 * len(weights) // 2, [op.type for op in graph.get_operations()]
+    return [f"{op.name} ({op.type})" for op in ops if not op.device.endswith("CPU:1")]
+
+
+def test_the_optimizer_updates_a_stage_beside_its_weights():
+    """Keras's optimizer leaves its update math unplaced (on a cluster: the chief's device, so a
+    remote stage's gradients, slots and new values would cross the network every step) and
+    passes every gradient through one op; `apply_beside_weights` runs every op that reads
+    something on a stage's device there."""
+    assert _update_math_off_its_device(placed=False) != []     # what it is for
+    assert _update_math_off_its_device(placed=True) == []
