@@ -37,8 +37,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks.step_timing import (median_step_ms, read_step_ms, report,  # noqa: E402
-                                    run_checked, venv_bin)
+from benchmarks.step_timing import (median_step_ms, one_thread_env, read_step_ms,  # noqa: E402
+                                    report, run_checked, venv_bin)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("width", 1024, "units of every Dense layer")
@@ -130,9 +130,7 @@ def worker() -> None:
 
 # ---- the parent ----------------------------------------------------------------------------------
 def env(**extra) -> dict:
-    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
-                OMP_NUM_THREADS="1", DAPPLE_NUM_CPU_DEVICES="1", HOROVOD_CYCLE_TIME="0.1",
-                PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **extra)
+    return one_thread_env(REPO, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **extra)
 
 
 def measure(kind: str, M: int, timeline: str = "") -> float:

@@ -42,8 +42,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks.step_timing import (median_step_ms, read_step_ms, report,  # noqa: E402
-                                    run_checked, venv_bin)
+from benchmarks.step_timing import (median_step_ms, one_thread_env, read_step_ms,  # noqa: E402
+                                    report, run_checked, venv_bin)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("width", 1024, "units of every Dense layer")
@@ -94,9 +94,7 @@ def worker() -> None:
 
 # ---- the parent --------------------------------------------------------------------------------
 def env() -> dict:
-    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
-                DAPPLE_NUM_CPU_DEVICES="1", HOROVOD_CYCLE_TIME="0.1", PYTHONPATH=REPO,
-                TF_CPP_MIN_LOG_LEVEL="2")
+    return one_thread_env(REPO)
 
 
 def run(cmd, timeout=1800) -> str:

@@ -37,6 +37,14 @@ def read_step_ms(output: str) -> float:
     raise RuntimeError(f"no step time in the job's output:\n{output[-3000:]}")
 
 
+def one_thread_env(repo: str, **extra) -> dict:
+    """The environment of a timed rank: one intra-op thread (two processes share the 2 cores),
+    one device a process, Horovod polling every 0.1 ms, the repository importable."""
+    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
+                DAPPLE_NUM_CPU_DEVICES="1", HOROVOD_CYCLE_TIME="0.1", PYTHONPATH=repo,
+                TF_CPP_MIN_LOG_LEVEL="2", **extra)
+
+
 def run_checked(cmd, env: dict, cwd: str, timeout: float = 1800) -> str:
     """`cmd`'s standard output; its failure raises with the end of what it printed."""
     out = subprocess.run(cmd, env=env, cwd=cwd, text=True, capture_output=True, timeout=timeout)
