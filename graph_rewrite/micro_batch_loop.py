@@ -85,7 +85,7 @@ def run_lane(step, state: StepState, unit: Unit) -> None:
     if loss is not None:
         state.loss_terms.append(loss)
     variables = step.stages[stage].trainable_variables if state.backward else []
-    penalty = _weight_penalty(step, state, unit, variables)
+    penalty = weight_penalty(step, state, unit, variables)
     if penalty is not None:
         term, grads = penalty
         state.loss_terms.append(term)
@@ -192,7 +192,7 @@ class LaneLoop:
         return sums, None if term is None else loss, [p.stack() for p in predictions], combined
 
 
-def _weight_penalty(step, state: StepState, unit: Unit, variables: List[tf.Variable]):
+def weight_penalty(step, state: StepState, unit: Unit, variables: List[tf.Variable]):
     """(penalty term, its gradients) for the unit that counts the stage's weight penalties
     (replica 0), or None."""
     stage, _ = unit
