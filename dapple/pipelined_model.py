@@ -27,8 +27,9 @@ Horovod rank under horovodrun (`dapple.runtime.horovod.runtime`), or every unit 
 a TensorFlow cluster's tasks (`dapple.runtime.tf_cluster`). This class runs the same actions on all.
 
 A data-parallel plan's lanes run as loops over their micro-batches
-(`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M;
-`micro_batch_loop=False` unrolls them as every other plan's (docs/runtime.md, "Start-up").
+(`graph_rewrite.micro_batch_loop`), and so do a local pipeline's steady 1F1B or GPipe periods
+(`graph_rewrite.schedule_loop`), so the first call hardly grows with M; `micro_batch_loop=False`
+unrolls them as every other plan's (docs/runtime.md, "Start-up").
 """
 from __future__ import annotations
 

@@ -23,8 +23,10 @@ actions would have left them. Micro-batch j + 1 starts after j's backward (its s
 the sums), as the list says: a lane holds one micro-batch's activations. The weight penalties,
 added to the first unit's term when unrolled, are differentiated once after replica 0's loop.
 
-Lists a loop cannot express (GPipe's forwards before backwards, split backwards, several stages,
-updates in the list) run unrolled; so does M = 1.
+Lists this loop cannot express (GPipe's forwards before backwards, split backwards, updates in
+the list) run unrolled; so does M = 1. Plans with several stages loop their steady periods
+instead (`schedule_loop.py`: stages split into forward and backward, since there a backward
+runs iterations after its forward).
 
 `PipelinedModel` loops by default (`micro_batch_loop=False` unrolls; `PipelineStep` itself
 unrolls unless told). Each lane's function is optimized per device, and the lowered loop is

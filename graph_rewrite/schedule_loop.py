@@ -1,39 +1,42 @@
-"""A pipeline's schedule as warm-up, one loop over the devices' steady periods, and cool-down.
+"""A pipeline's schedule as loops over the devices' steady periods, between unrolled parts.
 
 Unrolled, a step holds a call of a stage's forward and one of its backward per micro-batch, and
 TensorFlow's graph passes process every call site again: the first call grows with M
-(docs/runtime.md, "Start-up"). In 1F1B each device's list settles into a period of one forward
-and one backward whose micro-batches advance by one per period (stage 0 of two: F(t+1) B(t);
-stage 1: F(t) B(t)). So the step runs, for every unit (stage, replica) of this process:
+(docs/runtime.md, "Start-up"). But every device's list settles into periods whose micro-batches
+advance by one per period, so the step runs, for every unit (stage, replica) of this process:
 
-* warm-up: the actions before the steady periods, unrolled;
-* one `tf.while_loop` whose iteration t runs period t of every unit;
-* cool-down: what is left, unrolled.
+* 1F1B: warm-up (unrolled), one `tf.while_loop` whose iteration t runs period t of every unit
+  (one forward and one backward: on stage 0 of two F(t+1) B(t), on stage 1 F(t) B(t)), then
+  cool-down (unrolled). Warm-up and cool-down depend on the stage count, not on M.
+* GPipe: a loop of forwards (iteration t: F(t) of every unit), then a loop of backwards.
 
-Warm-up and cool-down depend on the stage count, not on M. Forwards and backwards are the
-stage's split functions (`graph_rewrite.stage_split`), so a forward's residuals, like the
-boundary tensors and the gradients going back, are plain tensors the loop carries. What is
-live between actions is keyed (what, stage, replica, micro-batch): a forward's outputs awaiting
-the next stage, its residuals awaiting its backward, a backward's input gradients awaiting the
-previous stage. Inside the loop a key's micro-batch is relative to t; the body must leave the
-keys it found, one micro-batch on (`plan_loop` checks this on the keys alone, before any op is
-built; a list it cannot fit runs unrolled).
+Forwards and backwards are the stage's split functions (`graph_rewrite.stage_split`), so a
+forward's residuals, like the boundary tensors and the gradients going back, are plain tensors
+a loop can carry. What is live between actions is keyed (what, stage, replica, micro-batch): a
+forward's outputs awaiting the next stage, its residuals awaiting its backward, a backward's
+input gradients awaiting the previous stage. Inside a loop a key's micro-batch is relative to
+t; the body must leave the keys it found, one micro-batch on (carried), except residuals it
+never reads, which it collects into stacked arrays for a later loop or unrolled part (GPipe's
+forwards, whose backwards all come after them). `plan_loop` checks all this on the keys alone,
+before any op is built; lists it cannot fit run unrolled.
 
-The loop also carries each unit's gradient sums, the loss, one order token per unit (every
+A loop also carries each unit's gradient sums, the loss, one order token per unit (every
 action of a unit waits for its previous one, across iterations too) and arrays of the last
 stage's predictions and of every forward's BatchNormalization statistics, which the step reads
-afterwards as the unrolled actions would have left them.
+afterwards as the unrolled actions would have left them: the moving statistics are then updated
+once per step, from all of them (`batch_statistics`).
 
 Rows: micro-batch m of every unit is a slice of rows m * n + [lo, hi) (n = global batch / M),
 so a unit's inputs are taken as [M, rows, ...] and indexed by m, a tensor in the loop.
 Only this process's units on local devices (`LocalTransport`), without working copies, in
-training, with a full backward per micro-batch and no recomputation, are looped.
+training, with a full backward per micro-batch and no recomputation, are looped; interleaved
+and zb-h1 lists, relaxed schedules and Horovod ranks run unrolled.
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -45,7 +48,6 @@ from graph_rewrite.stage_split import StageSplit, split_stage
 from graph_rewrite.step_state import StepState
 from planner.schedules.actions import BACKWARD, FORWARD
 
-PERIOD = 2          # a steady 1F1B period: one forward, one backward
 OUTPUTS, RESIDUALS, GRADIENTS = "outputs", "residuals", "gradients"
 Key = Tuple[str, int, int, int]      # (what, stage, replica, micro-batch)
 
@@ -60,11 +62,22 @@ class Task:
 
 
 @dataclass
-class LoopPlan:
-    warm_up: List[Task]
-    body: List[Task]           # iteration t = 0's tasks, in an order that respects the data
+class Loop:
+    """One `tf.while_loop`: iteration t runs `body` with every micro-batch + t."""
+    body: List[Task]           # iteration 0's tasks, in an order that respects the data
     iterations: int
-    cool_down: List[Task]
+    carried: List[Key]         # live when the loop starts, left again one micro-batch on
+    collected: List[Key]       # residuals the body leaves for after the loop: stacked
+
+
+@dataclass
+class LoopPlan:
+    """Unrolled tasks and loops, alternating: warm-up, loop, ..., loop, cool-down."""
+    segments: List[Union[List[Task], Loop]]
+
+    @property
+    def loops(self) -> List[Loop]:
+        return [part for part in self.segments if isinstance(part, Loop)]
 
 
 def periodic(actions: Sequence[Tuple[str, int]], period: int) -> Tuple[int, int]:
@@ -81,6 +94,19 @@ def periodic(actions: Sequence[Tuple[str, int]], period: int) -> Tuple[int, int]
         if n > best[1]:
             best = (start, n)
     return best
+
+
+def periodic_runs(actions: Sequence[Tuple[str, int]], period: int) -> List[Tuple[int, int]]:
+    """(start, n) of each run of two or more periods, in list order: the longest first, then
+    the longest after it, and so on."""
+    runs, offset = [], 0
+    while offset < len(actions):
+        start, n = periodic(actions[offset:], period)
+        if n < 2:               # one period is no loop (and any actions look periodic once)
+            break
+        runs.append((offset + start, n))
+        offset += start + n * period
+    return runs
 
 
 class KeyBook:
@@ -134,33 +160,95 @@ class KeyBook:
         return done
 
 
+def _shifted(keys: Dict[Key, int], by: int) -> Dict[Key, int]:
+    return {(w, s, r, m + by): n for (w, s, r, m), n in keys.items()}
+
+
+def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: int,
+                   live: Dict[Key, int], stacks: Dict[tuple, Tuple[int, int]]
+                   ) -> Optional[Loop]:
+    """The loop of `queues` (iteration 0's tasks) over `iterations`, from `live` (absolute
+    keys; updated to what is live after it), or None if one loop cannot run them. What the
+    body leaves of a kind it also reads is carried; residuals it leaves and never reads are
+    collected (`stacks`: kind -> (first micro-batch, count)); what it reads and never leaves
+    comes from an earlier loop's stack."""
+    tasks = [t for q in queues.values() for t in q]
+    produced = {k[:3] for t in tasks for k in book.leaves(t)}
+    trial = dict(live)
+    body = book.order(queues, trial)
+    if body is None:
+        return None
+    for kind in {k[:3] for t in body for k in book.needs(t)} - produced:
+        reads = [k[3] for t in body for k in book.needs(t) if k[:3] == kind]
+        first, count = stacks.get(kind, (0, 0))
+        if kind not in stacks or min(reads) < first or max(reads) + iterations > first + count:
+            return None         # read but never made in the body, and not in a stack
+        for m in reads:         # every iteration reads its own
+            for t in range(iterations):
+                live[kind + (m + t,)] -= 1
+                if not live[kind + (m + t,)]:
+                    del live[kind + (m + t,)]
+    entry = {k: n for k, n in live.items() if k[:3] in produced}
+    after = {k: n for k, n in trial.items() if k[:3] in produced}
+    carried_kinds = {k[:3] for k in entry}
+    collected = {k: n for k, n in after.items() if k[:3] not in carried_kinds}
+    if any(k[0] != RESIDUALS for k in collected) or any(
+            k[:3] in {c[:3] for c in collected} for t in body for k in book.needs(t)):
+        return None
+    if _shifted({k: n for k, n in after.items() if k not in collected}, -1) != entry:
+        return None             # the body does not leave what it found, one micro-batch on
+    for k in entry:
+        del live[k]
+    live.update(_shifted({k: n for k, n in after.items() if k not in collected}, iterations - 1))
+    for (w, s, r, m), n in collected.items():
+        stacks[(w, s, r)] = (m, iterations)
+        live.update({(w, s, r, m + t): n for t in range(iterations)})
+    return Loop(body, iterations, sorted(entry), sorted(collected))
+
+
 def plan_loop(lists: Sequence[Sequence[Tuple[str, int]]], replicas: Sequence[int]
               ) -> Optional[LoopPlan]:
-    """Warm-up, loop body and cool-down of every unit for per-stage lists of (kind, m), or None
-    when they have fewer than two common periods or do not fit one loop."""
-    cuts = [periodic(lst, PERIOD) for lst in lists]
-    iterations = min(n for _, n in cuts)
-    if iterations < 2:          # one period is no loop (and any two actions look periodic once)
+    """Unrolled segments and loops for every unit, from per-stage lists of (kind, m), or None
+    when the lists have no common periodic runs one loop each can run. Periods of a forward
+    and a backward (1F1B: one loop) are tried first, then of one action (GPipe: a loop of
+    forwards, then one of backwards)."""
+    for period in (2, 1):
+        plan = _plan_with_period(lists, replicas, period)
+        if plan is not None:
+            return plan
+    return None
+
+
+def _plan_with_period(lists, replicas, period: int) -> Optional[LoopPlan]:
+    runs = [periodic_runs(lst, period) for lst in lists]
+    if not runs[0] or any(len(r) != len(runs[0]) for r in runs):
         return None
     book = KeyBook(replicas)
+    live: Dict[Key, int] = {}
+    stacks: Dict[tuple, Tuple[int, int]] = {}
+    segments: List[Union[List[Task], Loop]] = []
+    done = [0] * len(lists)     # per stage, how much of its list is placed
 
-    def tasks(part):            # per unit, the tasks of each stage's slice of its list
-        return {(s, r): [Task(kind, s, r, m) for kind, m in part(s, lst)]
+    def queues(cut):            # per unit, the tasks of each stage's slice of its list
+        return {(s, r): [Task(kind, s, r, m) for kind, m in lst[done[s]:cut(s)]]
                 for s, lst in enumerate(lists) for r in range(replicas[s])}
 
-    live: Dict[Key, int] = {}
-    warm_up = book.order(tasks(lambda s, lst: lst[:cuts[s][0]]), live)
-    entry = dict(live)
-    body = book.order(tasks(lambda s, lst: lst[cuts[s][0]:cuts[s][0] + PERIOD]), live)
-    if warm_up is None or body is None:
+    for j in range(len(runs[0])):
+        iterations = min(r[j][1] for r in runs)
+        unrolled = book.order(queues(lambda s: runs[s][j][0]), live)
+        for s in range(len(lists)):
+            done[s] = runs[s][j][0]
+        loop = _plan_one_loop(book, queues(lambda s: done[s] + period), iterations, live,
+                              stacks) if unrolled is not None else None
+        if loop is None:
+            return None
+        segments += [unrolled, loop]
+        for s in range(len(lists)):
+            done[s] += iterations * period
+    last = book.order(queues(lambda s: len(lists[s])), live)
+    if last is None or live:
         return None
-    if {(w, s, r, m - 1): n for (w, s, r, m), n in live.items()} != entry:
-        return None             # the body does not leave what it found, one micro-batch on
-    live = {(w, s, r, m + iterations - 1): n for (w, s, r, m), n in live.items()}
-    cool_down = book.order(tasks(lambda s, lst: lst[cuts[s][0] + iterations * PERIOD:]), live)
-    if cool_down is None or live:
-        return None
-    return LoopPlan(warm_up, body, iterations, cool_down)
+    return LoopPlan(segments + [last])
 
 
 def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
@@ -173,8 +261,12 @@ def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
         return None
     if any(a.kind not in (FORWARD, BACKWARD) for lst in schedule.lists for a in lst):
         return None             # updates in the list (relaxed schedules)
-    if any(step.functions[s].copies.on(step.device(s, r)) for s, r in step.transport.local_units()):
+    units = step.transport.local_units()
+    if any(step.functions[s].copies.on(step.device(s, r)) for s, r in units):
         return None             # working copies: the unrolled actions read them
+    here = {d.name for d in tf.config.list_logical_devices()}
+    if any(step.device(s, r) not in here for s, r in units):
+        return None             # a cluster's tasks: not tried yet
     n = state.global_batch // M
     for s, R in enumerate(step.replicas):
         for r in range(R):
@@ -266,9 +358,7 @@ class ScheduleLoop:
         s, r = unit
         split = self.splits[unit]
         inputs_of, labels_of, weights_of = self.by_micro_batch[unit]
-        read = {k: values[k] for k in self.book.needs(task)}
-        for k in self.book.needs(task):
-            self._reader_done(values, k)
+        read = {k: self._take(values, k, m) for k in self.book.needs(task)}
         with tf.device(self.step.device(*unit)), \
                 tf.name_scope(f"stage{s}/replica{r}/{task.kind}"), \
                 tf.control_dependencies([carry["token"][unit]]):
@@ -313,31 +403,38 @@ class ScheduleLoop:
             values[k] = v
             values.setdefault("readers", {})[k] = self.book.leaves(task)[k]
 
-    @staticmethod
-    def _reader_done(values: dict, key: Key) -> None:
+    def _take(self, values: dict, key: Key, m):
+        """The value of `key` for micro-batch index `m`: a live one (dropped after its last
+        reader), or its element of an earlier loop's stack."""
+        if key not in values:
+            first, stacked = self.stacks[key[:3]]
+            return [t[m - first] for t in stacked]
+        value = values[key]
         readers = values["readers"]
         readers[key] -= 1
         if not readers[key]:
             del readers[key], values[key]
+        return value
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self) -> None:
         state, step = self.state, self.step
         values: dict = {"readers": {}}
+        self.stacks: Dict[tuple, Tuple[int, List[tf.Tensor]]] = {}
         carry = {"token": {u: tf.zeros([]) for u in self.units},
                  "sums": {u: None for u in self.units}, "loss": [], "predictions": {},
                  "statistics": {}}
-        for task in self.plan.warm_up:
-            self._run(task, task.micro_batch, values, carry)
-        self._record(carry)
-        for unit in self.units:     # a unit with no backward before the loop starts from zero
-            if carry["sums"][unit] is None:
-                carry["sums"][unit] = [tf.zeros(v.shape, v.dtype)
-                                       for v in step.stages[unit[0]].trainable_variables]
-        values = self._loop(values, carry)
-        for task in self.plan.cool_down:
-            self._run(task, task.micro_batch, values, carry)
-        self._record(carry)
+        for part in self.plan.segments:
+            if isinstance(part, Loop):
+                for unit in self.units:     # a unit with no backward yet starts from zero
+                    if carry["sums"][unit] is None:
+                        carry["sums"][unit] = [tf.zeros(v.shape, v.dtype)
+                                               for v in step.stages[unit[0]].trainable_variables]
+                self._loop(part, values, carry)
+                continue
+            for task in part:
+                self._run(task, task.micro_batch, values, carry)
+            self._record(carry)
         for unit in self.units:
             sums = carry["sums"][unit]
             penalty = weight_penalty(step, state, unit, step.stages[unit[0]].trainable_variables)
@@ -361,52 +458,59 @@ class ScheduleLoop:
                     state.statistics[unit].by_node.setdefault(node_id, []).append(stats)
         carry["loss"], carry["predictions"], carry["statistics"] = [], {}, {}
 
-    def _loop(self, values: dict, carry: dict) -> dict:
-        """The loop over the steady periods; returns the live values after it, keyed by
-        absolute micro-batch."""
-        plan, step = self.plan, self.step
-        live = sorted(k for k in values if k != "readers")
-        readers = dict(values["readers"])
+    def _loop(self, loop: Loop, values: dict, carry: dict) -> None:
+        """Build `loop`; `values` (absolute keys) then holds what is live after it, and
+        `self.stacks` what it collected."""
+        step, iterations = self.step, loop.iterations
+        readers = {k: values["readers"].pop(k) for k in loop.carried}
         forwards = {}                       # unit -> its forwards per period, in body order
-        for task in plan.body:
+        for task in loop.body:
             if task.kind == FORWARD:
                 forwards.setdefault((task.stage, task.replica), []).append(task.micro_batch)
-        n_stats = {u: len(self.splits[u].statistics_keys) for u in forwards}
         last = [u for u in forwards if u[0] == self.S - 1]
+
+        def arrays(unit, specs, size):
+            with tf.device(step.device(*unit)):
+                return [tf.TensorArray(spec.dtype, size=size, element_shape=spec.shape)
+                        for spec in specs]
 
         start = {
             "t": tf.constant(0), "loss": tf.zeros([]), "token": dict(carry["token"]),
             "sums": dict(carry["sums"]),
-            "values": {k: values[k] for k in live},
-            "predictions": {u: [tf.TensorArray(self._prediction_dtype(u, k),
-                                               size=plan.iterations * len(forwards[u]),
-                                               element_shape=self._prediction_shape(u, k))
-                                for k in range(len(step.output_ids))] for u in last},
-            "statistics": {u: [tf.TensorArray(tf.float32, size=plan.iterations * len(forwards[u]),
-                                              element_shape=[self._statistics_width(u)])
-                               for _ in range(2)] for u in forwards if n_stats[u]},
+            "values": {k: values.pop(k) for k in loop.carried},
+            "collected": {k: arrays(k[1:3], self.splits[k[1:3]].residual_specs, iterations)
+                          for k in loop.collected},
+            "predictions": {u: arrays(u, [self._prediction_spec(u, k)
+                                          for k in range(len(step.output_ids))],
+                                      iterations * len(forwards[u])) for u in last},
+            "statistics": {u: arrays(u, [tf.TensorSpec([self._statistics_width(u)])] * 2,
+                                     iterations * len(forwards[u]))
+                           for u in forwards if self.splits[u].statistics_keys},
         }
 
-        def body(loop):
-            t = loop["t"]
-            values = dict(loop["values"])
+        def body(now):
+            t = now["t"]
+            values = dict(now["values"])
             values["readers"] = dict(readers)
-            inner = {"token": dict(loop["token"]), "sums": dict(loop["sums"]), "loss": [],
+            inner = {"token": dict(now["token"]), "sums": dict(now["sums"]), "loss": [],
                      "predictions": {}, "statistics": {}}
-            for task in plan.body:
+            for task in loop.body:
                 self._run(task, t + task.micro_batch, values, inner)
+            collected = {}
+            for k, written in now["collected"].items():
+                with tf.device(step.device(*k[1:3])):
+                    collected[k] = [a.write(t, v) for a, v in zip(written, values.pop(k))]
             shifted = {(k[0], k[1], k[2], k[3] - 1): v for k, v in values.items()
                        if k != "readers"}
-            loss = loop["loss"] + tf.add_n(inner["loss"]) if inner["loss"] else loop["loss"]
+            loss = now["loss"] + tf.add_n(inner["loss"]) if inner["loss"] else now["loss"]
             predictions = {}
-            for u, written in loop["predictions"].items():
-                r = u[1]
-                for i, (_, outs) in enumerate(inner["predictions"][r]):
+            for u, written in now["predictions"].items():
+                for i, (_, outs) in enumerate(inner["predictions"][u[1]]):
                     index = t * len(forwards[u]) + i
                     written = [a.write(index, o) for a, o in zip(written, outs)]
                 predictions[u] = written
             statistics = {}
-            for u, (means, m2s) in loop["statistics"].items():
+            for u, (means, m2s) in now["statistics"].items():
                 keys = self.splits[u].statistics_keys
                 for i, calls in enumerate(inner["statistics"][u]):
                     index = t * len(forwards[u]) + i
@@ -414,36 +518,33 @@ class ScheduleLoop:
                     m2s = m2s.write(index, _joined([calls[k][1] for k in keys]))
                 statistics[u] = [means, m2s]
             return [{"t": t + 1, "loss": loss, "token": inner["token"], "sums": inner["sums"],
-                     "values": {k: shifted[k] for k in live}, "predictions": predictions,
-                     "statistics": statistics}]
+                     "values": {k: shifted[k] for k in loop.carried}, "collected": collected,
+                     "predictions": predictions, "statistics": statistics}]
 
-        (end,) = tf.while_loop(lambda loop: loop["t"] < plan.iterations, body, [start],
-                               maximum_iterations=plan.iterations)
+        (end,) = tf.while_loop(lambda now: now["t"] < iterations, body, [start],
+                               maximum_iterations=iterations)
         carry["token"], carry["sums"] = end["token"], end["sums"]
-        self.state.loss_terms.append(end["loss"])
-        shift = plan.iterations
+        if last:
+            self.state.loss_terms.append(end["loss"])
         for u, written in end["predictions"].items():
             stacked = [a.stack() for a in written]
-            for t in range(plan.iterations):
+            for t in range(iterations):
                 for i, c in enumerate(forwards[u]):
                     self.state.predictions[(t + c, u[1])] = [
                         p[t * len(forwards[u]) + i] for p in stacked]
         for u, (means, m2s) in end["statistics"].items():
             self._record_loop_statistics(u, means.stack(), m2s.stack())
-        out = {(w, s, r, m + shift): v for (w, s, r, m), v in end["values"].items()}
-        out["readers"] = {(w, s, r, m + shift): n for (w, s, r, m), n in readers.items()}
-        return out
+        for k, written in end["collected"].items():
+            with tf.device(step.device(*k[1:3])):
+                self.stacks[k[:3]] = (k[3], [a.stack() for a in written])
+        values.update({(w, s, r, m + iterations): v for (w, s, r, m), v in end["values"].items()})
+        values["readers"].update({(w, s, r, m + iterations): n
+                                  for (w, s, r, m), n in readers.items()})
 
     # ---- shapes of what the loop collects -----------------------------------------------------
     def _prediction_spec(self, unit: Unit, k: int):
         specs = self.splits[unit].forward_function.structured_outputs[0]
         return specs[self.splits[unit].output_ids.index(self.step.output_ids[k])]
-
-    def _prediction_dtype(self, unit: Unit, k: int):
-        return self._prediction_spec(unit, k).dtype
-
-    def _prediction_shape(self, unit: Unit, k: int):
-        return self._prediction_spec(unit, k).shape
 
     def _statistics_width(self, unit: Unit) -> int:
         split = self.splits[unit]

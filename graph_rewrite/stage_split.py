@@ -53,7 +53,7 @@ class StageSplit:
     differentiated_outputs: List[str]   # float outputs whose gradients backward takes
     has_term: bool
     statistics_keys: List[str]          # BatchNormalization calls, as `StageFunction` keys
-    residual_count: int
+    residual_specs: List[tf.TensorSpec]
     gradient_shapes: List[tf.TensorShape]   # of the differentiated inputs, then of the weights
 
     def forward(self, inputs: Tensors, labels=None, weights=None):
@@ -141,7 +141,8 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
         first.inputs[len(every_output):len(every_output) + ny])
     backward = first.prune(keep, first.outputs)
     return StageSplit(forward, backward, input_ids, list(graph.output_ids), found["float_in"],
-                      dy_ids, found["term"], found["keys"], len(residuals),
+                      dy_ids, found["term"], found["keys"],
+                      [tf.TensorSpec(t.shape, t.dtype) for t in residuals],
                       [g.shape for g in gradients])
 
 

@@ -33,7 +33,8 @@ class Runtime(abc.ABC):
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
                   micro_batch_loop: bool = False) -> PipelineStep:
         """The pipelined step of the units this process runs (`loss=None`: forward only);
-        `micro_batch_loop`: a data-parallel plan's lanes as loops."""
+        `micro_batch_loop`: a data-parallel plan's lanes, a local pipeline's steady periods,
+        as loops."""
 
     @abc.abstractmethod
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,

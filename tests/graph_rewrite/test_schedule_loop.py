@@ -37,16 +37,30 @@ def lists_of(cuts, m, schedule, replicas):
 @pytest.mark.parametrize("schedule", ["A", "B"])
 def test_warm_up_and_cool_down_do_not_grow_with_the_micro_batches(schedule):
     plans = [plan_loop(lists_of([1, 3], m, schedule, [1, 1, 1]), [1, 1, 1]) for m in (8, 32)]
-    assert all(plans)
-    assert len(plans[0].warm_up) == len(plans[1].warm_up)
-    assert len(plans[0].cool_down) == len(plans[1].cool_down)
-    assert len(plans[0].body) == len(plans[1].body) == 2 * 3     # a forward and a backward
-    assert plans[1].iterations - plans[0].iterations == 24
+    assert all(plans) and [len(p.segments) for p in plans] == [3, 3]     # one loop
+    warm_up, loop, cool_down = zip(*[p.segments for p in plans])
+    assert len(warm_up[0]) == len(warm_up[1]) and len(cool_down[0]) == len(cool_down[1])
+    assert len(loop[0].body) == len(loop[1].body) == 2 * 3       # a forward and a backward
+    assert loop[1].iterations - loop[0].iterations == 24
 
 
-def test_lists_one_loop_cannot_express_are_left_unrolled():
+def test_gpipe_runs_a_loop_of_forwards_then_one_of_backwards():
+    plan = plan_loop(lists_of([1, 3], 8, "gpipe", [2, 1, 2]), [2, 1, 2])
+    forwards, backwards = plan.loops
+    assert [p for p in plan.segments if not isinstance(p, type(forwards))] == [[], [], []]
+    assert {t.kind for t in forwards.body} == {"F"} and {t.kind for t in backwards.body} == {"B"}
+    assert forwards.iterations == backwards.iterations == 8
+    # the forwards' residuals wait, stacked, for the backwards; nothing else crosses
+    assert forwards.collected == [("residuals", s, r, 0) for s, r in
+                                  [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]]
+    assert forwards.carried == backwards.carried == backwards.collected == []
+
+
+def test_lists_no_loop_can_express_are_left_unrolled():
     assert plan_loop(lists_of([2], 2, "A", [1, 1]), [1, 1]) is None      # one period
-    assert plan_loop(lists_of([2], 8, "gpipe", [1, 1]), [1, 1]) is None  # forwards first
+    assert plan_loop([[("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)],
+                      [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]],
+                     [1, 1]) is None        # stages without common periods
 
 
 CASES = [
@@ -58,6 +72,9 @@ CASES = [
     (mlp_with_skip, [2], [2, 3], 8, "A"),              # 2:3 (split and concat)
     (two_in_two_out, [1, 4], [1, 2, 1], 8, "B"),       # input b enters late, two outputs
     (small_conv, [2], [1, 1], 6, "A"),
+    (mlp_with_skip, [1, 3], [1, 1, 1], 4, "gpipe"),
+    (mlp_with_skip, [2], [2, 3], 8, "gpipe"),
+    (two_in_two_out, [1, 4], [1, 2, 1], 4, "gpipe"),
 ]
 
 
@@ -79,9 +96,10 @@ def test_looped_gradients_equal_the_plain_model(case):
     assert_looped(pm)
 
 
-def test_looped_training_gives_the_plain_model_weights():
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_looped_training_gives_the_plain_model_weights(schedule):
     model, reference = mlp_with_skip(), mlp_with_skip()
-    plan = straight_plan([2], 5, 4, GLOBAL_BATCH, replicas=[2, 1])
+    plan = straight_plan([2], 5, 4, GLOBAL_BATCH, replicas=[2, 1], schedule=schedule)
     pm = dapple.PipelinedModel(model, plan)
     assert_trains_like_plain_model(pm, model, reference, losses_for(model),
                                    lambda: tf.keras.optimizers.Adam(0.01), GLOBAL_BATCH)
@@ -101,12 +119,16 @@ def test_looped_fit_evaluate_with_sample_weights_two_outputs_equal_plain_keras()
     assert_looped(pm)
 
 
-@pytest.mark.parametrize("builder,cuts,replicas,m", [(dense_batchnorm, [2], [2, 1], 4),
-                                                     (conv_batchnorm, [3], [1, 2], 8)],
-                         ids=["dense-2:1-M4", "conv-1:2-M8"])
-def test_looped_moving_statistics_after_three_steps_equal_plain_keras(builder, cuts, replicas, m):
+@pytest.mark.parametrize("builder,cuts,replicas,m,schedule",
+                         [(dense_batchnorm, [2], [2, 1], 4, "1f1b"),
+                          (conv_batchnorm, [3], [1, 2], 8, "1f1b"),
+                          (conv_batchnorm, [3], [2, 1], 4, "gpipe")],
+                         ids=["dense-2:1-M4-1f1b", "conv-1:2-M8-1f1b", "conv-2:1-M4-gpipe"])
+def test_looped_moving_statistics_after_three_steps_equal_plain_keras(builder, cuts, replicas, m,
+                                                                      schedule):
     model, reference = builder(), builder()
-    plan = straight_plan(cuts, len(layer_order(model)), m, 16, replicas=replicas)
+    plan = straight_plan(cuts, len(layer_order(model)), m, 16, replicas=replicas,
+                         schedule=schedule)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     pm = dapple.PipelinedModel(model, plan)
     # No weight update: plain Keras normalizes the whole batch, the pipeline each slice, so
@@ -142,11 +164,14 @@ def step_calls(m, loop=True, schedule="A"):
     return sum(ops[c] for c in CALLS), ops["While"]
 
 
-def test_the_steps_calls_do_not_grow_with_the_micro_batches():
-    (calls4, loops4), (calls16, loops16) = step_calls(4), step_calls(16)
-    assert loops4 == loops16 == 1
-    assert calls4 == calls16 > 0
+@pytest.mark.parametrize("schedule,loops", [("1f1b", 1), ("gpipe", 2)])
+def test_the_steps_calls_do_not_grow_with_the_micro_batches(schedule, loops):
+    (calls4, loops4), (calls16, loops16) = step_calls(4, True, schedule), step_calls(16, True,
+                                                                                      schedule)
+    assert loops4 == loops16 == loops
+    assert calls4 == calls16        # warm-up and cool-down (GPipe's loops leave none)
     # Unrolled, the same count grows with M: the test would see a step that does not loop.
-    (unrolled4, none4), (unrolled16, none16) = step_calls(4, loop=False), step_calls(16, loop=False)
+    (unrolled4, none4), (unrolled16, none16) = (step_calls(4, False, schedule),
+                                                step_calls(16, False, schedule))
     assert none4 == none16 == 0
     assert unrolled16 > unrolled4
