@@ -407,8 +407,8 @@ class ScheduleLoop:
         """The value of `key` for micro-batch index `m`: a live one (dropped after its last
         reader), or its element of an earlier loop's stack."""
         if key not in values:
-            first, stacked = self.stacks[key[:3]]
-            return [t[m - first] for t in stacked]
+            first, arrays = self.stacks[key[:3]]
+            return [a.read(m - first) for a in arrays]
         value = values[key]
         readers = values["readers"]
         readers[key] -= 1
@@ -420,7 +420,7 @@ class ScheduleLoop:
     def run(self) -> None:
         state, step = self.state, self.step
         values: dict = {"readers": {}}
-        self.stacks: Dict[tuple, Tuple[int, List[tf.Tensor]]] = {}
+        self.stacks: Dict[tuple, Tuple[int, List[tf.TensorArray]]] = {}
         carry = {"token": {u: tf.zeros([]) for u in self.units},
                  "sums": {u: None for u in self.units}, "loss": [], "predictions": {},
                  "statistics": {}}
@@ -534,9 +534,8 @@ class ScheduleLoop:
                         p[t * len(forwards[u]) + i] for p in stacked]
         for u, (means, m2s) in end["statistics"].items():
             self._record_loop_statistics(u, means.stack(), m2s.stack())
-        for k, written in end["collected"].items():
-            with tf.device(step.device(*k[1:3])):
-                self.stacks[k[:3]] = (k[3], [a.stack() for a in written])
+        for k, written in end["collected"].items():    # read in place, element by element
+            self.stacks[k[:3]] = (k[3], written)
         values.update({(w, s, r, m + iterations): v for (w, s, r, m), v in end["values"].items()})
         values["readers"].update({(w, s, r, m + iterations): n
                                   for (w, s, r, m), n in readers.items()})
