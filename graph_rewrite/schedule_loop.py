@@ -16,9 +16,10 @@ a loop can carry. What is live between actions is keyed (what, stage, replica, m
 forward's outputs awaiting the next stage, its residuals awaiting its backward, a backward's
 input gradients awaiting the previous stage. Inside a loop a key's micro-batch is relative to
 t; the body must leave the keys it found, one micro-batch on (carried), except residuals it
-never reads, which it collects into stacked arrays for a later loop or unrolled part (GPipe's
-forwards, whose backwards all come after them). `plan_loop` checks all this on the keys alone,
-before any op is built; lists it cannot fit run unrolled.
+never reads, which it collects into arrays (an element per micro-batch, read in place) for a
+later loop or unrolled part (GPipe's forwards, whose backwards all come after them).
+`plan_loop` checks all this on the keys alone, before any op is built; lists it cannot fit run
+unrolled.
 
 A loop also carries each unit's gradient sums, the loss, one order token per unit (every
 action of a unit waits for its previous one, across iterations too) and arrays of the last
@@ -67,7 +68,7 @@ class Loop:
     body: List[Task]           # iteration 0's tasks, in an order that respects the data
     iterations: int
     carried: List[Key]         # live when the loop starts, left again one micro-batch on
-    collected: List[Key]       # residuals the body leaves for after the loop: stacked
+    collected: List[Key]       # residuals the body leaves for after the loop
 
 
 @dataclass
@@ -165,13 +166,13 @@ def _shifted(keys: Dict[Key, int], by: int) -> Dict[Key, int]:
 
 
 def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: int,
-                   live: Dict[Key, int], stacks: Dict[tuple, Tuple[int, int]]
+                   live: Dict[Key, int], collections: Dict[tuple, Tuple[int, int]]
                    ) -> Optional[Loop]:
     """The loop of `queues` (iteration 0's tasks) over `iterations`, from `live` (absolute
     keys; updated to what is live after it), or None if one loop cannot run them. What the
     body leaves of a kind it also reads is carried; residuals it leaves and never reads are
-    collected (`stacks`: kind -> (first micro-batch, count)); what it reads and never leaves
-    comes from an earlier loop's stack."""
+    collected (`collections`: kind -> (first micro-batch, count)); what it reads and never leaves
+    comes from an earlier loop's collection."""
     tasks = [t for q in queues.values() for t in q]
     produced = {k[:3] for t in tasks for k in book.leaves(t)}
     trial = dict(live)
@@ -180,9 +181,9 @@ def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: in
         return None
     for kind in {k[:3] for t in body for k in book.needs(t)} - produced:
         reads = [k[3] for t in body for k in book.needs(t) if k[:3] == kind]
-        first, count = stacks.get(kind, (0, 0))
-        if kind not in stacks or min(reads) < first or max(reads) + iterations > first + count:
-            return None         # read but never made in the body, and not in a stack
+        first, count = collections.get(kind, (0, 0))
+        if kind not in collections or min(reads) < first or max(reads) + iterations > first + count:
+            return None         # read but never made in the body, nor collected
         for m in reads:         # every iteration reads its own
             for t in range(iterations):
                 live[kind + (m + t,)] -= 1
@@ -201,7 +202,7 @@ def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: in
         del live[k]
     live.update(_shifted({k: n for k, n in after.items() if k not in collected}, iterations - 1))
     for (w, s, r, m), n in collected.items():
-        stacks[(w, s, r)] = (m, iterations)
+        collections[(w, s, r)] = (m, iterations)
         live.update({(w, s, r, m + t): n for t in range(iterations)})
     return Loop(body, iterations, sorted(entry), sorted(collected))
 
@@ -225,7 +226,7 @@ def _plan_with_period(lists, replicas, period: int) -> Optional[LoopPlan]:
         return None
     book = KeyBook(replicas)
     live: Dict[Key, int] = {}
-    stacks: Dict[tuple, Tuple[int, int]] = {}
+    collections: Dict[tuple, Tuple[int, int]] = {}
     segments: List[Union[List[Task], Loop]] = []
     done = [0] * len(lists)     # per stage, how much of its list is placed
 
@@ -239,7 +240,7 @@ def _plan_with_period(lists, replicas, period: int) -> Optional[LoopPlan]:
         for s in range(len(lists)):
             done[s] = runs[s][j][0]
         loop = _plan_one_loop(book, queues(lambda s: done[s] + period), iterations, live,
-                              stacks) if unrolled is not None else None
+                              collections) if unrolled is not None else None
         if loop is None:
             return None
         segments += [unrolled, loop]
@@ -405,9 +406,9 @@ class ScheduleLoop:
 
     def _take(self, values: dict, key: Key, m):
         """The value of `key` for micro-batch index `m`: a live one (dropped after its last
-        reader), or its element of an earlier loop's stack."""
+        reader), or its element of an earlier loop's collection."""
         if key not in values:
-            first, arrays = self.stacks[key[:3]]
+            first, arrays = self.collections[key[:3]]
             return [a.read(m - first) for a in arrays]
         value = values[key]
         readers = values["readers"]
@@ -420,7 +421,7 @@ class ScheduleLoop:
     def run(self) -> None:
         state, step = self.state, self.step
         values: dict = {"readers": {}}
-        self.stacks: Dict[tuple, Tuple[int, List[tf.TensorArray]]] = {}
+        self.collections: Dict[tuple, Tuple[int, List[tf.TensorArray]]] = {}
         carry = {"token": {u: tf.zeros([]) for u in self.units},
                  "sums": {u: None for u in self.units}, "loss": [], "predictions": {},
                  "statistics": {}}
@@ -460,7 +461,7 @@ class ScheduleLoop:
 
     def _loop(self, loop: Loop, values: dict, carry: dict) -> None:
         """Build `loop`; `values` (absolute keys) then holds what is live after it, and
-        `self.stacks` what it collected."""
+        `self.collections` what it collected."""
         step, iterations = self.step, loop.iterations
         readers = {k: values["readers"].pop(k) for k in loop.carried}
         forwards = {}                       # unit -> its forwards per period, in body order
@@ -535,7 +536,7 @@ class ScheduleLoop:
         for u, (means, m2s) in end["statistics"].items():
             self._record_loop_statistics(u, means.stack(), m2s.stack())
         for k, written in end["collected"].items():    # read in place, element by element
-            self.stacks[k[:3]] = (k[3], written)
+            self.collections[k[:3]] = (k[3], written)
         values.update({(w, s, r, m + iterations): v for (w, s, r, m), v in end["values"].items()})
         values["readers"].update({(w, s, r, m + iterations): n
                                   for (w, s, r, m), n in readers.items()})
