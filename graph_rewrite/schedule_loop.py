@@ -182,10 +182,13 @@ def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: in
     for kind in {k[:3] for t in body for k in book.needs(t)} - produced:
         reads = [k[3] for t in body for k in book.needs(t) if k[:3] == kind]
         first, count = collections.get(kind, (0, 0))
-        if kind not in collections or min(reads) < first or max(reads) + iterations > first + count:
+        if kind not in collections or min(reads) < first or (
+                max(reads) + iterations > first + count):
             return None         # read but never made in the body, nor collected
         for m in reads:         # every iteration reads its own
             for t in range(iterations):
+                if kind + (m + t,) not in live:
+                    return None             # read up already
                 live[kind + (m + t,)] -= 1
                 if not live[kind + (m + t,)]:
                     del live[kind + (m + t,)]
