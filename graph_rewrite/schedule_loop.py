@@ -268,8 +268,8 @@ def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
     units = step.transport.local_units()
     if any(step.functions[s].copies.on(step.device(s, r)) for s, r in units):
         return None             # working copies: the unrolled actions read them
-    here = {d.name for d in tf.config.list_logical_devices()}
-    if any(step.device(s, r) not in here for s, r in units):
+    if any("/job:" in step.device(s, r) and "/job:localhost" not in step.device(s, r)
+           for s, r in units):
         return None             # a cluster's tasks: not tried yet
     n = state.global_batch // M
     for s, R in enumerate(step.replicas):
