@@ -3,6 +3,8 @@
     python benchmarks/startup.py [--baseline_rev=ae11530] [--replicas=4]
         [--micro_batches=1,2,4,8] [--rows_per_unit=2] [--steps=5] [--repeats=1] [--threads=0]
         [--current_unrolled]
+    python benchmarks/startup.py --pipeline [--schedules=1f1b] [--model=mobilenetv2]
+        [--micro_batches=2,16] [--rows_per_unit=2] [--steps=5] [--ab_steps=10] [--repeats=1]
 
 The case of issue #12: Keras ResNet50 (weights=None, 32x32x3 inputs, 10 classes) under a
 data-parallel plan (1 stage, R replicas on R logical CPU devices), M micro-batches, global batch
@@ -21,6 +23,16 @@ implementations alternate config by config so machine noise hits both alike, `--
 (median kept). Prints the command, a table (a failed worker prints its error in its row), and
 the issue's targets: first-call(R x max M) / first-call(R x 1) <= 1.5 for current, steady
 current / baseline <= 1.05 per config. Wall-clock timings on a shared machine: read the ratios.
+
+`--pipeline`, the case of issue #28: `--model` (Keras MobileNetV2 or ResNet50, weights=None,
+32x32x3, 10 classes) cut in two at the layer nearest the middle where one tensor crosses, one
+stage per logical CPU device, for each of `--schedules`; global batch rows_per_unit x M. Each
+(schedule, M) is measured in fresh processes, the tree's default (loops where the schedule
+allows them) and unrolled (`micro_batch_loop=False`) alternating, first call in wall and CPU
+seconds (the process's; on a shared machine the steadier of the two); then one process per
+schedule and build order builds both at the largest M and times their steps alternately
+(`--ab_steps` each, median). Targets: looped first call at max M / min M <= 1.5; steady
+loop / unrolled <= 1.05.
 """
 from __future__ import annotations
 
@@ -49,6 +61,11 @@ flags.DEFINE_integer("threads", 0, "TF_NUM_INTRAOP_THREADS for the workers (0: T
 flags.DEFINE_integer("timeout", 1800, "seconds a worker may take")
 flags.DEFINE_bool("current_unrolled", False,
                   "build current's lanes unrolled (micro_batch_loop=False)")
+flags.DEFINE_bool("pipeline", False, "measure a 2-stage pipeline, looped vs unrolled")
+flags.DEFINE_list("schedules", ["1f1b"], "--pipeline: the plans' schedules")
+flags.DEFINE_enum("model", "mobilenetv2", ["mobilenetv2", "resnet50"], "--pipeline: the model")
+flags.DEFINE_integer("ab_steps", 10, "--pipeline: steps of each in the in-process A/B")
+flags.DEFINE_bool("ab", False, "internal: the worker runs the in-process A/B")
 # Worker mode (internal): one measurement against the implementation in --impl_root.
 flags.DEFINE_bool("worker", False, "internal: measure one config and print a RESULT line")
 flags.DEFINE_string("impl_root", "", "internal: repository root whose dapple the worker uses")
@@ -109,9 +126,82 @@ def measure(root: str, M: int, unrolled: bool) -> dict:
                 graph_nodes=graph_nodes(pm.train_function, x, y, None), dapple_file=dapple_file)
 
 
+def pipeline_model(schedule: str, M: int, unrolled: bool):
+    """(PipelinedModel, x, y): `--model` cut in two, `schedule`, M micro-batches."""
+    os.environ["DAPPLE_NUM_CPU_DEVICES"] = "2"     # before TF initializes
+    sys.path.insert(0, CURRENT_ROOT)
+    import dapple  # noqa: F401
+    import numpy as np
+    import tensorflow as tf
+    from dapple.pipelined_model import PipelinedModel
+    from graph_rewrite.model_graph import cut_model, layer_order
+    from planner.formats.plan import straight_plan
+    tf.get_logger().setLevel("ERROR")
+    tf.keras.utils.set_random_seed(0)
+    build = dict(mobilenetv2=tf.keras.applications.MobileNetV2,
+                 resnet50=tf.keras.applications.ResNet50)[FLAGS.model]
+    model = build(weights=None, input_shape=(32, 32, 3), classes=10)
+    n = len(layer_order(model))
+    cut = next(c for d in range(n) for c in (n // 2 - d, n // 2 + d) if 0 < c < n and len(
+        cut_model(model, [(0, c - 1), (c, n - 1)])[1].input_ids) == 1)
+    batch = FLAGS.rows_per_unit * M
+    plan = straight_plan([cut], n, M, batch, schedule=schedule)
+    pm = PipelinedModel(model, plan, micro_batch_loop=not unrolled, pipeline_loop=not unrolled)
+    pm.compile(tf.keras.optimizers.SGD(0.01), tf.keras.losses.SparseCategoricalCrossentropy())
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.rand(batch, 32, 32, 3).astype("float32"))
+    y = tf.constant(rng.randint(0, 10, size=batch).astype("int32"))
+    return pm, x, y
+
+
+def measure_pipeline(schedule: str, M: int, unrolled: bool) -> dict:
+    pm, x, y = pipeline_model(schedule, M, unrolled)
+    start, cpu = time.perf_counter(), time.process_time()
+    pm.train_step(x, y).numpy()
+    first_call_s = time.perf_counter() - start
+    first_call_cpu_s = time.process_time() - cpu
+    times = []
+    for _ in range(FLAGS.steps):
+        start = time.perf_counter()
+        pm.train_step(x, y).numpy()
+        times.append(time.perf_counter() - start)
+    return dict(first_call_s=first_call_s, first_call_cpu_s=first_call_cpu_s,
+                steady_ms=1e3 * statistics.median(times),
+                looped=bool(pm.pipeline_step.stage_splits),
+                graph_nodes=graph_nodes(pm.train_function, x, y, None))
+
+
+def pipeline_ab(schedule: str, M: int, unrolled_first: bool) -> dict:
+    """Looped and unrolled steps of one process, alternating: medians and their ratio. The
+    order they are built in is an argument: which is built first has moved the ratio by a
+    third here."""
+    by_kind = {}
+    for unrolled in ((True, False) if unrolled_first else (False, True)):   # built and traced
+        pm, x, y = by_kind[unrolled] = pipeline_model(schedule, M, unrolled)
+        pm.train_step(x, y).numpy()
+        pm.train_step(x, y).numpy()
+    built = [by_kind[False], by_kind[True]]
+    times = [[], []]
+    for _ in range(FLAGS.ab_steps):
+        for i, (pm, x, y) in enumerate(built):
+            start = time.perf_counter()
+            pm.train_step(x, y).numpy()
+            times[i].append(time.perf_counter() - start)
+    loop_ms, unrolled_ms = (1e3 * statistics.median(t) for t in times)
+    return dict(loop_ms=loop_ms, unrolled_ms=unrolled_ms, ratio=loop_ms / unrolled_ms)
+
+
 def worker_main() -> None:
     try:
-        result = measure(FLAGS.impl_root, int(FLAGS.micro_batches[0]), FLAGS.current_unrolled)
+        if FLAGS.pipeline and FLAGS.ab:
+            result = pipeline_ab(FLAGS.schedules[0], int(FLAGS.micro_batches[0]),
+                                 FLAGS.current_unrolled)
+        elif FLAGS.pipeline:
+            result = measure_pipeline(FLAGS.schedules[0], int(FLAGS.micro_batches[0]),
+                                      FLAGS.current_unrolled)
+        else:
+            result = measure(FLAGS.impl_root, int(FLAGS.micro_batches[0]),
+                             FLAGS.current_unrolled)
     except Exception as e:  # the parent prints it in the table row
         result = dict(error=f"{type(e).__name__}: {e}".splitlines()[0][:200])
     print(RESULT + json.dumps(result), flush=True)
@@ -123,14 +213,14 @@ def git(*args: str) -> str:
                           capture_output=True).stdout.strip()
 
 
-def run_worker(root: str, M: int, unrolled: bool = False) -> dict:
+def run_worker(root: str, M: int, unrolled: bool = False, extra=()) -> dict:
     env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
     if FLAGS.threads > 0:
         env["TF_NUM_INTRAOP_THREADS"] = str(FLAGS.threads)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--impl_root={root}",
            f"--micro_batches={M}", f"--replicas={FLAGS.replicas}",
            f"--rows_per_unit={FLAGS.rows_per_unit}", f"--steps={FLAGS.steps}"] + \
-        (["--current_unrolled"] if unrolled else [])
+        (["--current_unrolled"] if unrolled else []) + list(extra)
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, text=True, capture_output=True,
                               timeout=FLAGS.timeout)
@@ -204,11 +294,73 @@ def print_table(impls: list, Ms: list, results: dict) -> None:
                   f"{'met' if worst <= 1.05 else 'NOT met'})")
 
 
+def pipeline_main() -> None:
+    """The `--pipeline` case: per schedule, first calls per M (fresh processes) and the A/B."""
+    Ms = [int(m) for m in FLAGS.micro_batches]
+    impls = ("loop", "unrolled")
+    print(f"{FLAGS.model} 32x32x3 cut in two, 1 device per stage, global batch "
+          f"{FLAGS.rows_per_unit} x M, {FLAGS.steps} steady steps, {FLAGS.repeats} repeat(s), "
+          f"A/B {FLAGS.ab_steps} steps each, intra-op threads: {FLAGS.threads or 'TF default'}")
+    for schedule in FLAGS.schedules:
+        common = ["--pipeline", f"--schedules={schedule}", f"--model={FLAGS.model}"]
+        runs = {i: {M: [] for M in Ms} for i in impls}
+        for _ in range(FLAGS.repeats):
+            for M in Ms:
+                for impl in impls:
+                    runs[impl][M].append(run_worker(CURRENT_ROOT, M, impl == "unrolled", common))
+        results = {i: {M: combine_pipeline(runs[i][M]) for M in Ms} for i in impls}
+        print(f"\nschedule {schedule}")
+        columns = (("first call s", "first_call_s", ".2f"),
+                   ("first call cpu s", "first_call_cpu_s", ".2f"),
+                   ("steady ms", "steady_ms", ".1f"), ("graph nodes", "graph_nodes", "d"))
+        print(f"{'M':>4}" + "".join(f"{t + ' ' + i:>26}" for t, _, _ in columns for i in impls)
+              + f"{'looped':>8}")
+        for M in Ms:
+            row = f"{M:>4}"
+            for _, key, fmt in columns:
+                row += "".join(f"{cell(results[i][M], key, fmt):>26}" for i in impls)
+            looped = results["loop"][M].get("looped")
+            print(row + f"{'?' if looped is None else 'yes' if looped else 'no':>8}")
+        for i in impls:
+            for M in Ms:
+                if "error" in results[i][M]:
+                    print(f"{i} M={M}: {results[i][M]['error']}")
+        lo, hi = results["loop"][min(Ms)], results["loop"][max(Ms)]
+        if "error" not in lo and "error" not in hi:
+            for what, key in (("wall", "first_call_s"), ("CPU", "first_call_cpu_s")):
+                ratio = hi[key] / lo[key]
+                print(f"{schedule}: first call ({what}) M={max(Ms)} / M={min(Ms)} = {ratio:.2f} "
+                      f"(target <= 1.5: {'met' if ratio <= 1.5 else 'NOT met'})")
+        for unrolled_first in (False, True):
+            ab = run_worker(CURRENT_ROOT, max(Ms), unrolled_first,
+                            common + ["--ab", f"--ab_steps={FLAGS.ab_steps}"])
+            built = "unrolled" if unrolled_first else "loop"
+            if "error" in ab:
+                print(f"{schedule}: A/B at M={max(Ms)}: {ab['error']}")
+                continue
+            print(f"{schedule}: steady step at M={max(Ms)}, one process, alternating, {built} "
+                  f"built first: loop {ab['loop_ms']:.1f} ms / unrolled {ab['unrolled_ms']:.1f} "
+                  f"ms = {ab['ratio']:.3f} (target <= 1.05: "
+                  f"{'met' if ab['ratio'] <= 1.05 else 'NOT met'})", flush=True)
+
+
+def combine_pipeline(runs: list) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    return dict(ok[0], **{k: statistics.median(r[k] for r in ok)
+                          for k in ("first_call_s", "first_call_cpu_s", "steady_ms")})
+
+
 def main(argv):
     del argv
     if FLAGS.worker:
         return worker_main()
     print("command: " + shlex.join(["python"] + sys.argv))
+    if FLAGS.pipeline:
+        print(f"tree: {CURRENT_ROOT} at {git('rev-parse', '--short', 'HEAD')}"
+              + (" + working-tree changes" if git("status", "--porcelain") else ""))
+        return pipeline_main()
     Ms = [int(m) for m in FLAGS.micro_batches]
     dirty = " + working-tree changes" if git("status", "--porcelain") else ""
     print(f"current: {CURRENT_ROOT} at {git('rev-parse', '--short', 'HEAD')}{dirty}")

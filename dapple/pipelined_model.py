@@ -27,8 +27,10 @@ Horovod rank under horovodrun (`dapple.runtime.horovod.runtime`), or every unit 
 a TensorFlow cluster's tasks (`dapple.runtime.tf_cluster`). This class runs the same actions on all.
 
 A data-parallel plan's lanes run as loops over their micro-batches
-(`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M;
-`micro_batch_loop=False` unrolls them as every other plan's (docs/runtime.md, "Start-up").
+(`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M; `micro_batch_loop=False`
+unrolls them as every other plan's. With `pipeline_loop=True` a local pipeline's steady 1F1B
+or GPipe periods run as one loop too (`graph_rewrite.schedule_loop`): opt-in until its steady
+step is shown as fast as the unrolled one's (docs/runtime.md, "Start-up").
 """
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ from planner.formats.slicing import check_even
 
 class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
-                 runtime: Optional[str] = None, micro_batch_loop: bool = True):
+                 runtime: Optional[str] = None, micro_batch_loop: bool = True,
+                 pipeline_loop: bool = False):
         require_keras2_model(model, "PipelinedModel", keras3_functional=Keras3.is_graph_model)
         self.model = model
         self._keras3 = is_keras3(model)
@@ -74,6 +77,7 @@ class PipelinedModel:
         require_runtime_support(self.plan)
         self.runtime = make_runtime(runtime, model, self.plan, devices)
         self.micro_batch_loop = micro_batch_loop
+        self.pipeline_loop = pipeline_loop
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None     # relaxed plans: their synchronous step
         self._relaxed: Optional[RelaxedTraining] = None
@@ -104,7 +108,8 @@ class PipelinedModel:
         self._loss = PipelineLoss(loss, for_model(self.model).output_names(self.model),
                                   loss_weights)
         self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,
-                                            micro_batch_loop=self.micro_batch_loop)
+                                            micro_batch_loop=self.micro_batch_loop,
+                                            pipeline_loop=self.pipeline_loop)
         self._relaxed = RelaxedTraining(
             self.model, self.plan, self.runtime, self._loss, self.optimizer, steps_per_execution,
             self._update_metrics) if is_relaxed(self.plan) else None

@@ -23,8 +23,10 @@ actions would have left them. Micro-batch j + 1 starts after j's backward (its s
 the sums), as the list says: a lane holds one micro-batch's activations. The weight penalties,
 added to the first unit's term when unrolled, are differentiated once after replica 0's loop.
 
-Lists a loop cannot express (GPipe's forwards before backwards, split backwards, several stages,
-updates in the list) run unrolled; so does M = 1.
+Lists this loop cannot express (GPipe's forwards before backwards, split backwards, updates in
+the list) run unrolled; so does M = 1. Plans with several stages loop their steady periods
+instead (`schedule_loop.py`: stages split into forward and backward, since there a backward
+runs iterations after its forward).
 
 `PipelinedModel` loops by default (`micro_batch_loop=False` unrolls; `PipelineStep` itself
 unrolls unless told). Each lane's function is optimized per device, and the lowered loop is
@@ -85,7 +87,7 @@ def run_lane(step, state: StepState, unit: Unit) -> None:
     if loss is not None:
         state.loss_terms.append(loss)
     variables = step.stages[stage].trainable_variables if state.backward else []
-    penalty = _weight_penalty(step, state, unit, variables)
+    penalty = weight_penalty(step, state, unit, variables)
     if penalty is not None:
         term, grads = penalty
         state.loss_terms.append(term)
@@ -192,7 +194,7 @@ class LaneLoop:
         return sums, None if term is None else loss, [p.stack() for p in predictions], combined
 
 
-def _weight_penalty(step, state: StepState, unit: Unit, variables: List[tf.Variable]):
+def weight_penalty(step, state: StepState, unit: Unit, variables: List[tf.Variable]):
     """(penalty term, its gradients) for the unit that counts the stage's weight penalties
     (replica 0), or None."""
     stage, _ = unit

@@ -27,7 +27,8 @@ simulator replays):
   so the traced graph can be read back and checked
   (`tests/graph_rewrite/test_schedule_lowering.py`); TF names the gradient ops a tape builds
   `gradient_tape/<forward op name>`: those belong to B{m}.
-* Loops: with `micro_batch_loop`, a one-stage plan's lanes as loops (`micro_batch_loop.py`).
+* Loops: with `micro_batch_loop`, a one-stage plan's lanes as loops (`micro_batch_loop.py`),
+  a pipeline's steady periods as one loop between warm-up and cool-down (`schedule_loop.py`).
   A unit reads the working copies of its device if a runtime made them (`working_copies.py`).
 * Training state. BatchNormalization calls normalize with their slice's statistics, as in
   GPipe and DAPPLE ("ghost batches"); their moving statistics move once per step, from the
@@ -50,6 +51,7 @@ from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Uni
 from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
 from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
+from graph_rewrite.schedule_loop import loop_plan, run_schedule_loop
 from graph_rewrite.stage_function import StageFunction
 from graph_rewrite.split_backward import find_weight_uses, weight_pass
 from graph_rewrite.stage_gradients import (is_float, stage_gradients, stage_input_gradients,
@@ -85,13 +87,16 @@ class PipelineStep:
     """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
     def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                  devices: Sequence[str], transport=None,
-                 stages: Optional[List[StageGraph]] = None, micro_batch_loop: bool = False):
+                 stages: Optional[List[StageGraph]] = None, micro_batch_loop: bool = False,
+                 pipeline_loop: bool = False):
         """`stages`: the model cut by the plan (`model_graph.cut_model`), if already cut;
-        `micro_batch_loop`: a data-parallel plan's lanes as loops (`micro_batch_loop`)."""
+        `micro_batch_loop`: a data-parallel plan's lanes as loops (`micro_batch_loop`);
+        `pipeline_loop`: a pipeline's steady periods as one (`schedule_loop`)."""
         self.model = model
         self.plan = plan
         self.loss = loss
         self.micro_batch_loop = micro_batch_loop
+        self.pipeline_loop = pipeline_loop
         self.stages: List[StageGraph] = stages if stages is not None else cut_model(
             model, [tuple(s.layers) for s in plan.stages])
         self.replicas = [s.replicas for s in plan.stages]
@@ -105,6 +110,7 @@ class PipelineStep:
                                         bool(self.weight_penalties[s]))
                           for s, g in enumerate(self.stages)]
         self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
+        self.stage_splits: Dict[tuple, object] = {}   # `schedule_loop`'s, made once per signature
         self._accumulate = Accumulator()
         self._combine_statistics = bstats.CallCombiner()
         self.transport = transport if transport is not None else LocalTransport(self.replicas)
@@ -199,6 +205,11 @@ class PipelineStep:
         for unit in units if looped else ():
             with tf.device(self.device(*unit)), tf.name_scope(task_scope(*unit, "loop", None)):
                 run_lane(self, state, unit)
+        periods = None if looped else loop_plan(self, state)
+        if periods is not None:             # a pipeline's steady periods as one loop
+            with tf.name_scope("schedule_loop"):
+                run_schedule_loop(self, state, periods)
+            looped = True
         for _, action in self.order:
             stage = action.chunk
             if (looped and action.kind != ALLREDUCE) or stage not in by_stage or (

@@ -32,9 +32,10 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
-                  micro_batch_loop: bool = False) -> PipelineStep:
+                  micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
         """The pipelined step of the units this process runs (`loss=None`: forward only);
-        `micro_batch_loop`: a data-parallel plan's lanes as loops."""
+        `micro_batch_loop`: a data-parallel plan's lanes as loops; `pipeline_loop`: a local
+        pipeline's steady periods as one."""
 
     @abc.abstractmethod
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,

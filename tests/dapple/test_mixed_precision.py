@@ -41,14 +41,16 @@ def batches(seed=0):
 @pytest.mark.parametrize("cuts,replicas,schedule,loop", [([2], [1, 1], "1f1b", False),
                                                          ([2], [2, 1], "1f1b", False),
                                                          ([2], [2, 1], "zb-h1", False),
-                                                         ([], [2], "1f1b", True)])
+                                                         ([], [2], "1f1b", True),
+                                                         ([2], [2, 1], "1f1b", True)])
 def test_loss_scale_and_weights_follow_plain_keras_over_20_steps(policy, cuts, replicas,
                                                                  schedule, loop):
     """zb-h1: W reaches the float32 weights through their reads' float16 casts."""
     plain, model = mlp(), mlp()
     plain.compile(optimizer(), LOSS)
     pm = PipelinedModel(model, straight_plan(cuts, 4, 4, BATCH, replicas=replicas,
-                                             schedule=schedule), micro_batch_loop=loop)
+                                             schedule=schedule), micro_batch_loop=loop,
+                        pipeline_loop=loop)
     pm.compile(optimizer(), LOSS)
     assert isinstance(pm.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
     scales = []

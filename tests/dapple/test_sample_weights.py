@@ -19,7 +19,7 @@ def pair(builder=mlp_with_skip, replicas=(2, 1), m=4, loss=LOSS, cuts=(2,), loop
                          replicas=list(replicas))
     plain = builder(seed=3)
     plain.compile(tf.keras.optimizers.SGD(0.1), loss, **compile_args)
-    pm = PipelinedModel(builder(seed=3), plan, micro_batch_loop=loop)
+    pm = PipelinedModel(builder(seed=3), plan, micro_batch_loop=loop, pipeline_loop=loop)
     pm.compile(tf.keras.optimizers.SGD(0.1), loss, **compile_args)
     return pm, plain
 

@@ -114,7 +114,8 @@ class HorovodRuntime(Runtime):
         self.shuffle_seed = int(seed)
 
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
-                  micro_batch_loop: bool = False) -> HorovodPipelineStep:
+                  micro_batch_loop: bool = False,
+                  pipeline_loop: bool = False) -> HorovodPipelineStep:
         return HorovodPipelineStep(model, plan, loss, self.device, self.process_sets,
                                    self.layout, stages=self.stages,
                                    micro_batch_loop=micro_batch_loop)

@@ -30,9 +30,9 @@ class LocalRuntime(Runtime):
             max(d for s in plan.stages for d in s.devices) + 1)
 
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
-                  micro_batch_loop: bool = False) -> PipelineStep:
+                  micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
         return PipelineStep(model, plan, loss, self.devices, stages=self.stages,
-                            micro_batch_loop=micro_batch_loop)
+                            micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int) -> PipelineStep:

@@ -171,13 +171,13 @@ class StageWeightsRuntime(LocalRuntime):
 
     # ---- where the weights are ---------------------------------------------------------------
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
-                  micro_batch_loop: bool = False) -> PipelineStep:
+                  micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
         mode = weight_mode()
         if mode == "chief":
-            return super().make_step(model, plan, loss, micro_batch_loop)
+            return super().make_step(model, plan, loss, micro_batch_loop, pipeline_loop)
         self._leave()                   # a new step (compile again): keep what was trained
         step = CopyingStep(model, plan, loss, self.devices, stages=self.stages,
-                           micro_batch_loop=micro_batch_loop)
+                           micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
         if mode == "stage":
             self._keep(step, replicas_in_place=not global_clipnorm(model.optimizer))
         return step

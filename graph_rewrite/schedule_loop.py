@@ -1,0 +1,586 @@
+"""A pipeline's schedule as loops over the devices' steady periods, between unrolled parts.
+
+Unrolled, a step holds a call of a stage's forward and one of its backward per micro-batch, and
+TensorFlow's graph passes process every call site again: the first call grows with M
+(docs/runtime.md, "Start-up"). But every device's list settles into periods whose micro-batches
+advance by one per period, so the step runs, for every unit (stage, replica) of this process:
+
+* 1F1B: warm-up (unrolled), one `tf.while_loop` whose iteration t runs period t of every unit
+  (one forward and one backward: on stage 0 of two F(t+1) B(t), on stage 1 F(t) B(t)), then
+  cool-down (unrolled). Warm-up and cool-down depend on the stage count, not on M.
+* GPipe: a loop of forwards (iteration t: F(t) of every unit), then a loop of backwards.
+
+Forwards and backwards are the stage's split functions (`graph_rewrite.stage_split`), so a
+forward's residuals, like the boundary tensors and the gradients going back, are plain tensors
+a loop can carry. What is live between actions is keyed (what, stage, replica, micro-batch): a
+forward's outputs awaiting the next stage, its residuals awaiting its backward, a backward's
+input gradients awaiting the previous stage. Inside a loop a key's micro-batch is relative to
+t; the body must leave the keys it found, one micro-batch on (carried), except residuals it
+never reads, which it collects into arrays (an element per micro-batch, read in place) for a
+later loop or unrolled part (GPipe's forwards, whose backwards all come after them).
+`plan_loop` checks all this on the keys alone, before any op is built; lists it cannot fit run
+unrolled.
+
+A loop also carries each unit's gradient sums, the loss, one order token per unit (every
+action of a unit waits for its previous one, across iterations too) and arrays of the last
+stage's predictions and of every forward's BatchNormalization statistics, which the step reads
+afterwards as the unrolled actions would have left them: the moving statistics are then updated
+once per step, from all of them (`batch_statistics`).
+
+Rows: micro-batch m of every unit is a slice of rows m * n + [lo, hi) (n = global batch / M),
+so a unit's inputs are taken as [M, rows, ...] and indexed by m, a tensor in the loop.
+Only this process's units on local devices (`LocalTransport`), without working copies, in
+training, with a full backward per micro-batch and no recomputation, are looped; interleaved
+and zb-h1 lists, relaxed schedules and Horovod ranks run unrolled.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import tensorflow as tf
+
+from graph_rewrite import batch_statistics as bstats
+from graph_rewrite.local_transport import Crossing, LocalTransport, Unit
+from graph_rewrite.micro_batch_loop import weight_penalty
+from graph_rewrite.stage_gradients import scaled_one
+from graph_rewrite.stage_split import StageSplit, split_stage
+from graph_rewrite.step_state import StepState
+from planner.schedules.actions import BACKWARD, FORWARD
+
+OUTPUTS, RESIDUALS, GRADIENTS = "outputs", "residuals", "gradients"
+Key = Tuple[str, int, int, int]      # (what, stage, replica, micro-batch)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One compute action of one unit; `micro_batch` is relative to t inside the loop."""
+    kind: str
+    stage: int
+    replica: int
+    micro_batch: int
+
+
+@dataclass
+class Loop:
+    """One `tf.while_loop`: iteration t runs `body` with every micro-batch + t."""
+    body: List[Task]           # iteration 0's tasks, in an order that respects the data
+    iterations: int
+    carried: List[Key]         # live when the loop starts, left again one micro-batch on
+    collected: List[Key]       # residuals the body leaves for after the loop
+
+
+@dataclass
+class LoopPlan:
+    """Unrolled tasks and loops, alternating: warm-up, loop, ..., loop, cool-down."""
+    segments: List[Union[List[Task], Loop]]
+
+    @property
+    def loops(self) -> List[Loop]:
+        return [part for part in self.segments if isinstance(part, Loop)]
+
+
+def periodic(actions: Sequence[Tuple[str, int]], period: int) -> Tuple[int, int]:
+    """(start, n): the longest run of n periods from `start` in which period i repeats period 0
+    with every micro-batch + i."""
+    best = (0, 0)
+    for start in range(len(actions)):
+        n = 0
+        while start + (n + 1) * period <= len(actions) and all(
+                actions[start + n * period + j] == (actions[start + j][0],
+                                                    actions[start + j][1] + n)
+                for j in range(period)):
+            n += 1
+        if n > best[1]:
+            best = (start, n)
+    return best
+
+
+def periodic_runs(actions: Sequence[Tuple[str, int]], period: int) -> List[Tuple[int, int]]:
+    """(start, n) of each run of two or more periods, in list order: the longest first, then
+    the longest after it, and so on."""
+    runs, offset = [], 0
+    while offset < len(actions):
+        start, n = periodic(actions[offset:], period)
+        if n < 2:               # one period is no loop (and any actions look periodic once)
+            break
+        runs.append((offset + start, n))
+        offset += start + n * period
+    return runs
+
+
+class KeyBook:
+    """What each task reads and leaves, as keys with a count of readers still to come."""
+
+    def __init__(self, replicas: Sequence[int]):
+        self.replicas = list(replicas)
+
+    def needs(self, task: Task) -> List[Key]:
+        s, r, m = task.stage, task.replica, task.micro_batch
+        if task.kind == FORWARD:
+            return [(OUTPUTS, s - 1, q, m) for q in range(self.replicas[s - 1])] if s else []
+        out = [(RESIDUALS, s, r, m)]
+        if s + 1 < len(self.replicas):
+            out += [(GRADIENTS, s + 1, q, m) for q in range(self.replicas[s + 1])]
+        return out
+
+    def leaves(self, task: Task) -> Dict[Key, int]:
+        s, r, m = task.stage, task.replica, task.micro_batch
+        if task.kind == FORWARD:
+            out = {(RESIDUALS, s, r, m): 1}
+            if s + 1 < len(self.replicas):
+                out[(OUTPUTS, s, r, m)] = self.replicas[s + 1]
+            return out
+        return {(GRADIENTS, s, r, m): self.replicas[s - 1]} if s else {}
+
+    def read(self, live: Dict[Key, int], task: Task) -> None:
+        for key in self.needs(task):
+            live[key] -= 1
+            if not live[key]:
+                del live[key]
+
+    def order(self, queues: Dict[Unit, List[Task]], live: Dict[Key, int]) -> Optional[List[Task]]:
+        """The tasks of every unit's queue, each unit's in order, each after what it reads
+        (later stages first: a backward frees memory sooner); None if they deadlock. Updates
+        `live`."""
+        queues = {u: list(q) for u, q in queues.items()}
+        done: List[Task] = []
+        while any(queues.values()):
+            progressed = False
+            for unit in sorted(queues, reverse=True):
+                queue = queues[unit]
+                while queue and all(k in live for k in self.needs(queue[0])):
+                    task = queue.pop(0)
+                    self.read(live, task)
+                    live.update(self.leaves(task))
+                    done.append(task)
+                    progressed = True
+            if not progressed:
+                return None
+        return done
+
+
+def _shifted(keys: Dict[Key, int], by: int) -> Dict[Key, int]:
+    return {(w, s, r, m + by): n for (w, s, r, m), n in keys.items()}
+
+
+def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: int,
+                   live: Dict[Key, int], collections: Dict[tuple, Tuple[int, int]]
+                   ) -> Optional[Loop]:
+    """The loop of `queues` (iteration 0's tasks) over `iterations`, from `live` (absolute
+    keys; updated to what is live after it), or None if one loop cannot run them. What the
+    body leaves of a kind it also reads is carried; residuals it leaves and never reads are
+    collected (`collections`: kind -> (first micro-batch, count)); what it reads and never leaves
+    comes from an earlier loop's collection."""
+    tasks = [t for q in queues.values() for t in q]
+    produced = {k[:3] for t in tasks for k in book.leaves(t)}
+    trial = dict(live)
+    body = book.order(queues, trial)
+    if body is None:
+        return None
+    for kind in {k[:3] for t in body for k in book.needs(t)} - produced:
+        reads = [k[3] for t in body for k in book.needs(t) if k[:3] == kind]
+        first, count = collections.get(kind, (0, 0))
+        if kind not in collections or min(reads) < first or (
+                max(reads) + iterations > first + count):
+            return None         # read but never made in the body, nor collected
+        for m in reads:         # every iteration reads its own
+            for t in range(iterations):
+                if kind + (m + t,) not in live:
+                    return None             # read up already
+                live[kind + (m + t,)] -= 1
+                if not live[kind + (m + t,)]:
+                    del live[kind + (m + t,)]
+    entry = {k: n for k, n in live.items() if k[:3] in produced}
+    after = {k: n for k, n in trial.items() if k[:3] in produced}
+    carried_kinds = {k[:3] for k in entry}
+    collected = {k: n for k, n in after.items() if k[:3] not in carried_kinds}
+    if any(k[0] != RESIDUALS for k in collected) or any(
+            k[:3] in {c[:3] for c in collected} for t in body for k in book.needs(t)):
+        return None
+    if _shifted({k: n for k, n in after.items() if k not in collected}, -1) != entry:
+        return None             # the body does not leave what it found, one micro-batch on
+    for k in entry:
+        del live[k]
+    live.update(_shifted({k: n for k, n in after.items() if k not in collected}, iterations - 1))
+    for (w, s, r, m), n in collected.items():
+        collections[(w, s, r)] = (m, iterations)
+        live.update({(w, s, r, m + t): n for t in range(iterations)})
+    return Loop(body, iterations, sorted(entry), sorted(collected))
+
+
+def plan_loop(lists: Sequence[Sequence[Tuple[str, int]]], replicas: Sequence[int]
+              ) -> Optional[LoopPlan]:
+    """Unrolled segments and loops for every unit, from per-stage lists of (kind, m), or None
+    when the lists have no common periodic runs one loop each can run. Periods of a forward
+    and a backward (1F1B: one loop) are tried first, then of one action (GPipe: a loop of
+    forwards, then one of backwards)."""
+    for period in (2, 1):
+        plan = _plan_with_period(lists, replicas, period)
+        if plan is not None:
+            return plan
+    return None
+
+
+def _plan_with_period(lists, replicas, period: int) -> Optional[LoopPlan]:
+    runs = [periodic_runs(lst, period) for lst in lists]
+    if not runs[0] or any(len(r) != len(runs[0]) for r in runs):
+        return None
+    book = KeyBook(replicas)
+    live: Dict[Key, int] = {}
+    collections: Dict[tuple, Tuple[int, int]] = {}
+    segments: List[Union[List[Task], Loop]] = []
+    done = [0] * len(lists)     # per stage, how much of its list is placed
+
+    def queues(cut):            # per unit, the tasks of each stage's slice of its list
+        return {(s, r): [Task(kind, s, r, m) for kind, m in lst[done[s]:cut(s)]]
+                for s, lst in enumerate(lists) for r in range(replicas[s])}
+
+    for j in range(len(runs[0])):
+        iterations = min(r[j][1] for r in runs)
+        unrolled = book.order(queues(lambda s: runs[s][j][0]), live)
+        for s in range(len(lists)):
+            done[s] = runs[s][j][0]
+        loop = _plan_one_loop(book, queues(lambda s: done[s] + period), iterations, live,
+                              collections) if unrolled is not None else None
+        if loop is None:
+            return None
+        segments += [unrolled, loop]
+        for s in range(len(lists)):
+            done[s] += iterations * period
+    last = book.order(queues(lambda s: len(lists[s])), live)
+    if last is None or live:
+        return None
+    return LoopPlan(segments + [last])
+
+
+def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
+    """The loop plan of `step`'s pipeline for this run, or None if it runs unrolled."""
+    schedule = step.schedule
+    S, M = len(step.stages), schedule.micro_batches
+    if (not step.pipeline_loop or S < 2 or not state.backward or step.plan.recompute
+            or not isinstance(step.transport, LocalTransport)
+            or schedule.placement != tuple(range(S)) or schedule.split_chunks):
+        return None
+    if any(a.kind not in (FORWARD, BACKWARD) for lst in schedule.lists for a in lst):
+        return None             # updates in the list (relaxed schedules)
+    units = step.transport.local_units()
+    if any(step.functions[s].copies.on(step.device(s, r)) for s, r in units):
+        return None             # working copies: the unrolled actions read them
+    if any("/job:" in step.device(s, r) and "/job:localhost" not in step.device(s, r)
+           for s, r in units):
+        return None             # a cluster's tasks: not tried yet
+    n = state.global_batch // M
+    for s, R in enumerate(step.replicas):
+        for r in range(R):
+            lo, hi = step.rows(s, r, 0, state.global_batch)
+            if any(step.rows(s, r, m, state.global_batch) != (m * n + lo, m * n + hi)
+                   for m in range(M)):
+                return None     # not the [micro-batch, rows] layout the loop indexes
+    return plan_loop([[(a.kind, a.micro_batch) for a in lst] for lst in schedule.lists],
+                     step.replicas)
+
+
+class ScheduleLoop:
+    """Builds one run's tasks of a `LoopPlan` into the step (`run`), leaving in the step's
+    state what the unrolled actions would: gradient sums, loss terms, predictions and
+    BatchNormalization statistics."""
+
+    def __init__(self, step, state: StepState, plan: LoopPlan):
+        self.step, self.state, self.plan = step, state, plan
+        self.book = KeyBook(step.replicas)
+        self.S, self.M = len(step.stages), step.schedule.micro_batches
+        self.units = [(s, r) for s, R in enumerate(step.replicas) for r in range(R)]
+        self.splits = {unit: self._split(unit) for unit in self.units}
+        # d(loss)/d(term), the same for every micro-batch: made once, outside the loop.
+        self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
+        self.by_micro_batch = {unit: self._micro_batch_arrays(unit) for unit in self.units}
+
+    # ---- what every unit reads ----------------------------------------------------------------
+    def _rows(self, unit: Unit) -> Tuple[int, int]:
+        """[lo, hi) of the unit's rows within a micro-batch."""
+        return self.step.rows(*unit, 0, self.state.global_batch)
+
+    def _by_micro_batch(self, t: tf.Tensor, unit: Unit) -> tf.Tensor:
+        """`t` (whole global batch) as the unit's rows of every micro-batch: [M, rows, ...]."""
+        lo, hi = self._rows(unit)
+        shape = t.shape.as_list()
+        return tf.reshape(t, [self.M, shape[0] // self.M] + shape[1:])[:, lo:hi]
+
+    def _micro_batch_arrays(self, unit: Unit):
+        """(inputs by id, labels, sample weights) as [M, rows, ...] for the units that read
+        them: stage 0 the model's inputs, the last stage the labels and weights."""
+        stage, state = unit[0], self.state
+        inputs = labels = weights = None
+        with tf.device(self.step.device(*unit)):
+            if stage == 0:
+                inputs = {tid: self._by_micro_batch(state.inputs[tid], unit)
+                          for tid in self.step.stages[0].input_ids}
+            if stage == self.S - 1:
+                labels = [self._by_micro_batch(y, unit) for y in state.labels]
+                weights = [None if w is None else self._by_micro_batch(w, unit)
+                           for w in state.sample_weights]
+        return inputs, labels, weights
+
+    def _split(self, unit: Unit) -> StageSplit:
+        """The unit's stage split for its rows, made once per signature."""
+        stage, state, step = unit[0], self.state, self.step
+        lo, hi = self._rows(unit)
+        rows = hi - lo
+        last = stage == self.S - 1
+        specs = dict(step.stages[stage].specs)
+        if stage == 0:
+            specs.update({tid: tf.TensorSpec(t.shape, t.dtype) for tid, t in state.inputs.items()})
+        labels = [tf.TensorSpec([rows] + y.shape[1:].as_list(), y.dtype)
+                  for y in state.labels] if last else None
+        weights = [None if w is None else tf.TensorSpec([rows] + w.shape[1:].as_list(), w.dtype)
+                   for w in state.sample_weights] if last else None
+        device = step.device(*unit)
+        key = (unit, rows, state.global_batch, str(labels), str(weights),
+               tuple((tid, str(s)) for tid, s in sorted(specs.items())))
+        if key not in step.stage_splits:
+            function = step.functions[stage]
+            # Traced outside the step's graph, so it captures the variables themselves and
+            # serves every retrace; not under `tf.init_scope`, which stops every tape: in a
+            # thread of its own, whose graph and tape stacks are empty.
+            with ThreadPoolExecutor(1) as thread:
+                step.stage_splits[key] = thread.submit(
+                    split_stage, function, stage, rows, state.global_batch, function.on(device),
+                    specs, labels, weights).result()
+        return step.stage_splits[key]
+
+    # ---- tasks --------------------------------------------------------------------------------
+    def _crossing(self, boundary: int) -> Crossing:
+        """Micro-batch 0's crossing: the rows within a micro-batch, the same for every m."""
+        return self.step.crossing(boundary, 0, self.state.global_batch)
+
+    def _run(self, task: Task, m, values: dict, carry: dict) -> None:
+        """Build `task` for micro-batch index `m` (an int, or a tensor in the loop), reading
+        and leaving `values` by key; `carry` holds the sums, loss, tokens and the arrays."""
+        unit = (task.stage, task.replica)
+        s, r = unit
+        split = self.splits[unit]
+        inputs_of, labels_of, weights_of = self.by_micro_batch[unit]
+        read = {k: self._take(values, k, m) for k in self.book.needs(task)}
+        with tf.device(self.step.device(*unit)), \
+                tf.name_scope(f"stage{s}/replica{r}/{task.kind}"), \
+                tf.control_dependencies([carry["token"][unit]]):
+            if task.kind == FORWARD:
+                if s == 0:
+                    inputs = {tid: t[m] for tid, t in inputs_of.items()}
+                else:
+                    sent = {q: read[(OUTPUTS, s - 1, q, task.micro_batch)]
+                            for q in range(self.step.replicas[s - 1])}
+                    inputs = self.step.transport.receive_activations(self._crossing(s - 1), r, sent)
+                labels = weights = None
+                if s == self.S - 1:
+                    labels = [y[m] for y in labels_of]
+                    weights = [None if w is None else w[m] for w in weights_of]
+                outputs, term, statistics, residuals = split.forward(inputs, labels, weights)
+                left = {(RESIDUALS, s, r, task.micro_batch): residuals}
+                if s < self.S - 1:
+                    left[(OUTPUTS, s, r, task.micro_batch)] = outputs
+                else:
+                    carry["loss"].append(term)
+                    carry["predictions"].setdefault(r, []).append(
+                        (task.micro_batch, [outputs[t] for t in self.step.output_ids]))
+                carry["statistics"].setdefault(unit, []).append(statistics)
+                produced = list(outputs.values()) + residuals
+            else:
+                residuals = read[(RESIDUALS, s, r, task.micro_batch)]
+                if s == self.S - 1:
+                    dys = [self.loss_gradient]
+                else:
+                    sent = {q: read[(GRADIENTS, s + 1, q, task.micro_batch)]
+                            for q in range(self.step.replicas[s + 1])}
+                    dys = self.step.transport.receive_gradients(
+                        self._crossing(s), r, sent, split.differentiated_outputs)
+                    dys = [dys[tid] for tid in split.differentiated_outputs]
+                grads_in, grads = split.backward(residuals, dys)
+                left = {(GRADIENTS, s, r, task.micro_batch): grads_in} if s else {}
+                carry["sums"][unit] = self.step._accumulate(carry["sums"][unit], grads)
+                produced = list(grads_in.values()) + grads
+            with tf.control_dependencies(produced):
+                carry["token"][unit] = tf.identity(carry["token"][unit])
+        for k, v in left.items():
+            values[k] = v
+            values.setdefault("readers", {})[k] = self.book.leaves(task)[k]
+
+    def _take(self, values: dict, key: Key, m):
+        """The value of `key` for micro-batch index `m`: a live one (dropped after its last
+        reader), or its element of an earlier loop's collection."""
+        if key not in values:
+            first, arrays = self.collections[key[:3]]
+            return [a.read(m - first) for a in arrays]
+        value = values[key]
+        readers = values["readers"]
+        readers[key] -= 1
+        if not readers[key]:
+            del readers[key], values[key]
+        return value
+
+    # ---- the run ------------------------------------------------------------------------------
+    def run(self) -> None:
+        state, step = self.state, self.step
+        values: dict = {"readers": {}}
+        self.collections: Dict[tuple, Tuple[int, List[tf.TensorArray]]] = {}
+        carry = {"token": {u: tf.zeros([]) for u in self.units},
+                 "sums": {u: None for u in self.units}, "loss": [], "predictions": {},
+                 "statistics": {}}
+        for part in self.plan.segments:
+            if isinstance(part, Loop):
+                for unit in self.units:     # a unit with no backward yet starts from zero
+                    if carry["sums"][unit] is None:
+                        carry["sums"][unit] = [tf.zeros(v.shape, v.dtype)
+                                               for v in step.stages[unit[0]].trainable_variables]
+                self._loop(part, values, carry)
+                continue
+            for task in part:
+                self._run(task, task.micro_batch, values, carry)
+            self._record(carry)
+        for unit in self.units:
+            sums = carry["sums"][unit]
+            penalty = weight_penalty(step, state, unit, step.stages[unit[0]].trainable_variables)
+            if penalty is not None:
+                term, grads = penalty
+                state.loss_terms.append(term)
+                sums = [a + g for a, g in zip(sums, grads)]
+            state.accumulated[unit] = sums
+
+    def _record(self, carry) -> None:
+        """Move what unrolled tasks left in `carry` into the step's state."""
+        state = self.state
+        state.loss_terms.extend(carry["loss"])
+        for r, items in carry["predictions"].items():
+            for m, predictions in items:
+                state.predictions[(m, r)] = predictions
+        for unit, calls in carry["statistics"].items():
+            function = self.step.functions[unit[0]]
+            for statistics in calls:
+                for node_id, stats in function.slice_statistics(statistics).items():
+                    state.statistics[unit].by_node.setdefault(node_id, []).append(stats)
+        carry["loss"], carry["predictions"], carry["statistics"] = [], {}, {}
+
+    def _loop(self, loop: Loop, values: dict, carry: dict) -> None:
+        """Build `loop`; `values` (absolute keys) then holds what is live after it, and
+        `self.collections` what it collected."""
+        step, iterations = self.step, loop.iterations
+        readers = {k: values["readers"].pop(k) for k in loop.carried}
+        forwards = {}                       # unit -> its forwards per period, in body order
+        for task in loop.body:
+            if task.kind == FORWARD:
+                forwards.setdefault((task.stage, task.replica), []).append(task.micro_batch)
+        last = [u for u in forwards if u[0] == self.S - 1]
+
+        def arrays(unit, specs, size):
+            with tf.device(step.device(*unit)):
+                return [tf.TensorArray(spec.dtype, size=size, element_shape=spec.shape)
+                        for spec in specs]
+
+        start = {
+            "t": tf.constant(0), "loss": tf.zeros([]), "token": dict(carry["token"]),
+            "sums": dict(carry["sums"]),
+            "values": {k: values.pop(k) for k in loop.carried},
+            "collected": {k: arrays(k[1:3], self.splits[k[1:3]].residual_specs, iterations)
+                          for k in loop.collected},
+            "predictions": {u: arrays(u, [self._prediction_spec(u, k)
+                                          for k in range(len(step.output_ids))],
+                                      iterations * len(forwards[u])) for u in last},
+            "statistics": {u: arrays(u, [tf.TensorSpec([self._statistics_width(u)])] * 2,
+                                     iterations * len(forwards[u]))
+                           for u in forwards if self.splits[u].statistics_keys},
+        }
+
+        def body(now):
+            t = now["t"]
+            values = dict(now["values"])
+            values["readers"] = dict(readers)
+            inner = {"token": dict(now["token"]), "sums": dict(now["sums"]), "loss": [],
+                     "predictions": {}, "statistics": {}}
+            for task in loop.body:
+                self._run(task, t + task.micro_batch, values, inner)
+            collected = {}
+            for k, written in now["collected"].items():
+                with tf.device(step.device(*k[1:3])):
+                    collected[k] = [a.write(t, v) for a, v in zip(written, values.pop(k))]
+            shifted = {(k[0], k[1], k[2], k[3] - 1): v for k, v in values.items()
+                       if k != "readers"}
+            loss = now["loss"] + tf.add_n(inner["loss"]) if inner["loss"] else now["loss"]
+            predictions = {}
+            for u, written in now["predictions"].items():
+                for i, (_, outs) in enumerate(inner["predictions"][u[1]]):
+                    index = t * len(forwards[u]) + i
+                    written = [a.write(index, o) for a, o in zip(written, outs)]
+                predictions[u] = written
+            statistics = {}
+            for u, (means, m2s) in now["statistics"].items():
+                keys = self.splits[u].statistics_keys
+                for i, calls in enumerate(inner["statistics"][u]):
+                    index = t * len(forwards[u]) + i
+                    means = means.write(index, _joined([calls[k][0] for k in keys]))
+                    m2s = m2s.write(index, _joined([calls[k][1] for k in keys]))
+                statistics[u] = [means, m2s]
+            return [{"t": t + 1, "loss": loss, "token": inner["token"], "sums": inner["sums"],
+                     "values": {k: shifted[k] for k in loop.carried}, "collected": collected,
+                     "predictions": predictions, "statistics": statistics}]
+
+        (end,) = tf.while_loop(lambda now: now["t"] < iterations, body, [start],
+                               maximum_iterations=iterations)
+        carry["token"], carry["sums"] = end["token"], end["sums"]
+        if last:
+            self.state.loss_terms.append(end["loss"])
+        for u, written in end["predictions"].items():
+            stacked = [a.stack() for a in written]
+            for t in range(iterations):
+                for i, c in enumerate(forwards[u]):
+                    self.state.predictions[(t + c, u[1])] = [
+                        p[t * len(forwards[u]) + i] for p in stacked]
+        for u, (means, m2s) in end["statistics"].items():
+            self._record_loop_statistics(u, means.stack(), m2s.stack())
+        for k, written in end["collected"].items():    # read in place, element by element
+            self.collections[k[:3]] = (k[3], written)
+        values.update({(w, s, r, m + iterations): v for (w, s, r, m), v in end["values"].items()})
+        values["readers"].update({(w, s, r, m + iterations): n
+                                  for (w, s, r, m), n in readers.items()})
+
+    # ---- shapes of what the loop collects -----------------------------------------------------
+    def _prediction_spec(self, unit: Unit, k: int):
+        specs = self.splits[unit].forward_function.structured_outputs[0]
+        return specs[self.splits[unit].output_ids.index(self.step.output_ids[k])]
+
+    def _statistics_width(self, unit: Unit) -> int:
+        split = self.splits[unit]
+        outs = split.forward_function.structured_outputs[0]
+        first = len(split.output_ids) + int(split.has_term)
+        return sum(outs[first + 2 * i].shape.num_elements()
+                   for i in range(len(split.statistics_keys)))
+
+    def _record_loop_statistics(self, unit: Unit, means: tf.Tensor, m2s: tf.Tensor) -> None:
+        """The loop's statistics of `unit` (one row per forward) combined into one slice per
+        BatchNormalization call, as `micro_batch_loop` does."""
+        function, split = self.step.functions[unit[0]], self.splits[unit]
+        outs = split.forward_function.structured_outputs[0]
+        first = len(split.output_ids) + int(split.has_term)
+        shapes = [outs[first + 2 * i].shape for i in range(len(split.statistics_keys))]
+        widths = [s.num_elements() for s in shapes]
+        with tf.device(self.step.device(*unit)):
+            rows = function.statistics_rows
+            counts = tf.concat([tf.fill([w], float(rows[k]))
+                                for k, w in zip(split.statistics_keys, widths)], 0)
+            mean, m2 = bstats.combine_stacked(counts, means, m2s)
+        forwards = int(means.shape[0])
+        for key, shape, mean, m2 in zip(split.statistics_keys, shapes, tf.split(mean, widths),
+                                        tf.split(m2, widths)):
+            self.state.statistics[unit].by_node.setdefault(id(function.nodes[key]), []).append(
+                bstats.SliceStatistics(rows[key] * forwards, tf.reshape(mean, shape),
+                                       tf.reshape(m2, shape)))
+
+
+def _joined(parts: List[tf.Tensor]) -> tf.Tensor:
+    return tf.concat([tf.reshape(t, [-1]) for t in parts], 0)
+
+
+def run_schedule_loop(step, state: StepState, plan: LoopPlan) -> None:
+    """Build `plan` for this run (inside the step's trace); see `ScheduleLoop`."""
+    ScheduleLoop(step, state, plan).run()

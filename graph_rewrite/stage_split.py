@@ -1,0 +1,184 @@
+"""A stage's forward and backward as two functions, with the forward's residuals between them.
+
+A loop over a pipeline's steady periods runs micro-batch j's forward in one iteration and its
+backward in a later one. A `tf.GradientTape` keeps what the backward needs only within one
+graph, so it cannot cross iterations; recomputing the forward in the backward costs a third
+more compute. Here the forward hands its residuals over explicitly, as loop variables can
+carry them:
+
+    forward(inputs, labels, weights) -> (outputs, term, statistics, residuals)
+    backward(residuals, output gradients) -> (input gradients, weight gradients)
+
+Both come from one graph, traced once with `tf.compat.v1.wrap_function`: the stage's forward
+(`StageFunction.inline`, so BatchNormalization statistics are returned as in the unrolled
+step) and `tape.gradient` of its targets with respect to its float inputs and weights, weighted
+by placeholders for the output gradients. Every op that depends on those placeholders (over
+data and control edges) is backward; the residuals are the forward tensors backward ops read
+(not constants, captured variables or reads of them: the backward reads the weights again,
+which do not change within a step). `WrappedFunction.prune` then cuts the two functions; each
+op of the traced graph lands in exactly one of them, so nothing is computed twice.
+
+The backward is pruned twice: a first prune from the residuals would copy what lies above
+their ops too (dead code, random ops included), and fails when such a copy reads an output of
+a multi-output op that is not a residual (FusedBatchNormV3's first output when only its saved
+statistics are residuals); feeding every output of every residual's producer first, then only
+the residuals, copies exactly the backward.
+
+Keras's own moving-statistics updates (writes to the device's scratch variables,
+`batch_statistics.ScratchStatistics`) are left out: the step applies its own once per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import tensorflow as tf
+
+from graph_rewrite.local_transport import Tensors
+from graph_rewrite.stage_function import StageFunction
+from graph_rewrite.stage_gradients import is_float, watch_inputs
+
+# Ops whose outputs are never residuals: the backward makes its own.
+NOT_RESIDUAL = ("Const", "VarHandleOp")
+
+
+@dataclass
+class StageSplit:
+    """One stage on one device, for slices of fixed rows; see the module docstring."""
+    forward_function: object        # WrappedFunction: (*inputs, *extra) -> [returned, residuals]
+    backward_function: object           # WrappedFunction: (*residuals, *dys) -> gradients
+    input_ids: List[str]
+    output_ids: List[str]               # the stage's outputs, in the order returned
+    differentiated_inputs: List[str]    # float inputs that get gradients (none on stage 0)
+    differentiated_outputs: List[str]   # float outputs whose gradients backward takes
+    has_term: bool
+    statistics_keys: List[str]          # BatchNormalization calls, as `StageFunction` keys
+    residual_specs: List[tf.TensorSpec]
+    gradient_shapes: List[tf.TensorShape]   # of the differentiated inputs, then of the weights
+
+    def forward(self, inputs: Tensors, labels=None, weights=None):
+        """(outputs by id, loss term or None, {key: (mean, m2)}, residuals)."""
+        extra = [t for t in list(labels or []) + list(weights or []) if t is not None]
+        flat = self.forward_function(*[inputs[t] for t in self.input_ids], *extra)[0]
+        n = len(self.output_ids)
+        outputs = dict(zip(self.output_ids, flat[:n]))
+        term = flat[n] if self.has_term else None
+        k = n + int(self.has_term)
+        statistics = {key: (flat[k + 2 * i], flat[k + 2 * i + 1])
+                      for i, key in enumerate(self.statistics_keys)}
+        return outputs, term, statistics, list(flat[k + 2 * len(self.statistics_keys):])
+
+    def backward(self, residuals: Sequence[tf.Tensor], output_gradients: Sequence[tf.Tensor]):
+        """(gradients of the differentiated inputs by id, gradients of the stage's weights);
+        `output_gradients`: of the loss term (last stage) or of `differentiated_outputs`."""
+        flat = self.backward_function(*residuals, *output_gradients)
+        for g, shape in zip(flat, self.gradient_shapes):   # a pruned graph may lose them
+            g.set_shape(shape)
+        n = len(self.differentiated_inputs)
+        return dict(zip(self.differentiated_inputs, flat[:n])), list(flat[n:])
+
+
+def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int,
+                scratch, input_specs: Dict[str, tf.TensorSpec],
+                label_specs: Optional[List[tf.TensorSpec]] = None,
+                weight_specs: Optional[List[Optional[tf.TensorSpec]]] = None) -> StageSplit:
+    """Split `function` (stage `stage`) for slices of `rows` rows in training mode; `scratch`
+    is the calling device's `function.on(device)`; the specs give the slice's inputs (by id),
+    labels and sample weights (last stage, None where a weight is absent)."""
+    graph = function.graph
+    input_ids = list(graph.input_ids)
+    label_specs = list(label_specs or [])
+    weight_specs = list(weight_specs or [])
+    extra_specs = label_specs + [w for w in weight_specs if w is not None]
+    x_specs = [tf.TensorSpec([rows] + input_specs[t].shape[1:].as_list(), input_specs[t].dtype)
+               for t in input_ids]
+    last = function.last
+    if last:
+        dy_ids, dy_specs = [], [tf.TensorSpec([], tf.float32)]
+    else:
+        dy_ids = [t for t in graph.output_ids if graph.specs[t].dtype.is_floating]
+        dy_specs = [tf.TensorSpec([rows] + graph.specs[t].shape[1:].as_list(),
+                                  graph.specs[t].dtype) for t in dy_ids]
+    nx, ny = len(x_specs), len(dy_specs)
+    variables = graph.trainable_variables
+    found = {}
+
+    def fused(*args):
+        inputs = dict(zip(input_ids, args[:nx]))
+        dys, extra = args[nx:nx + ny], list(args[nx + ny:])
+        labels = extra[:len(label_specs)] if last else None
+        rest = iter(extra[len(label_specs):])
+        weights = [None if w is None else next(rest) for w in weight_specs] if last else None
+        with tf.GradientTape() as tape:
+            watch_inputs(tape, inputs, stage)
+            outputs, term, statistics = function.inline(inputs, True, labels, weights, rows,
+                                                        global_rows, scratch)
+        float_in = [t for t in input_ids if stage > 0 and is_float(inputs[t])]
+        targets = [term] if last else [outputs[t] for t in dy_ids]
+        grads = tape.gradient(targets, [inputs[t] for t in float_in] + variables,
+                              output_gradients=list(dys),
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        # Embedding gradients come as IndexedSlices, which do not add up across micro-batches.
+        found["gradients"] = [tf.convert_to_tensor(g) for g in grads]
+        found["float_in"] = float_in
+        found["keys"] = keys = sorted(statistics)
+        found["term"] = term is not None
+        returned = [outputs[t] for t in graph.output_ids] + ([term] if term is not None else [])
+        return returned + [t for k in keys for t in statistics[k]]
+
+    wrapped = tf.compat.v1.wrap_function(fused, x_specs + dy_specs + extra_specs)
+    xs = list(wrapped.inputs[:nx])
+    dys = list(wrapped.inputs[nx:nx + ny])
+    extra = list(wrapped.inputs[nx + ny:nx + ny + len(extra_specs)])
+    gradients = found["gradients"]
+    residuals = _residuals(wrapped.graph, dys, gradients)
+    forward = wrapped.prune(xs + extra, [list(wrapped.outputs) + residuals, []])
+    producers = list(dict.fromkeys(t.op for t in residuals))
+    every_output = [o for op in producers for o in op.outputs]
+    first = wrapped.prune(every_output + dys, gradients)
+    position = {o.ref(): i for i, o in enumerate(every_output)}
+    keep = [first.inputs[position[t.ref()]] for t in residuals] + list(
+        first.inputs[len(every_output):len(every_output) + ny])
+    backward = first.prune(keep, first.outputs)
+    return StageSplit(forward, backward, input_ids, list(graph.output_ids), found["float_in"],
+                      dy_ids, found["term"], found["keys"],
+                      [tf.TensorSpec(t.shape, t.dtype) for t in residuals],
+                      [g.shape for g in gradients])
+
+
+def _residuals(graph, dys: Sequence[tf.Tensor], fetched: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+    """The tensors computed without the output gradients that the backward reads."""
+    control_users: Dict[tf.Operation, List[tf.Operation]] = {}
+    for op in graph.get_operations():
+        for c in op.control_inputs:
+            control_users.setdefault(c, []).append(op)
+    backward, todo = set(), [d.op for d in dys]
+    while todo:
+        op = todo.pop()
+        if op in backward:
+            continue
+        backward.add(op)
+        for t in op.outputs:
+            todo.extend(t.consumers())
+        todo.extend(control_users.get(op, []))
+    captured = {id(t) for t in graph.internal_captures}
+
+    def kept(t) -> bool:
+        reread = t.op.type == "ReadVariableOp" and id(t.op.inputs[0]) in captured
+        return not (t.op in backward or id(t) in captured or t.op.type in NOT_RESIDUAL
+                    or reread)
+
+    residuals = {}
+    for op in backward:
+        for t in op.inputs:
+            if kept(t):
+                residuals.setdefault(t.ref(), t)
+        for c in op.control_inputs:
+            if c not in backward and c.type not in NOT_RESIDUAL:
+                raise ValueError(f"control edge {c.name} -> {op.name} crosses the split")
+    # A gradient that does not depend on the output gradients (zeros of an unconnected weight)
+    # is computed by the forward and handed over too.
+    for t in fetched:
+        if kept(t):
+            residuals.setdefault(t.ref(), t)
+    return sorted(residuals.values(), key=lambda t: t.name)

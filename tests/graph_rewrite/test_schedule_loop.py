@@ -1,0 +1,186 @@
+"""A pipeline's steady periods as one loop between warm-up and cool-down (the default:
+`graph_rewrite.schedule_loop`, with `graph_rewrite.stage_split`): the step's graph does not
+grow with M, and what it computes is what plain Keras computes. The references: the plain
+model's gradients by `tf.GradientTape` on the whole batch, its `fit`, its own
+`train_on_batch` for BatchNormalization's moving statistics, and the traced graph's ops."""
+import collections
+
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from graph_rewrite.model_graph import layer_order
+from graph_rewrite.schedule_loop import plan_loop
+from planner.formats.plan import straight_plan
+from planner.schedules.by_name import plan_schedule
+from tests.models import (assert_trains_like_plain_model, conv_batchnorm, data_for,
+                          dense_batchnorm, losses_for, mlp_with_skip, plain_loss_and_grads,
+                          small_conv, two_in_two_out)
+from tests.dapple.test_sample_weights import BATCH, ROWS, assert_same, pair, weights_for
+
+CALLS = ("StatefulPartitionedCall", "PartitionedCall")
+GLOBAL_BATCH = 48
+
+
+def assert_looped(pm, looped=True):
+    """`pm`'s step ran its pipeline as a loop iff `looped` (it split its stages)."""
+    assert bool(pm.pipeline_step.stage_splits) == looped, \
+        f"pipeline {'not ' if looped else ''}built as a loop"
+
+
+def lists_of(cuts, m, schedule, replicas):
+    plan = straight_plan(cuts, 5, m, 8 * m, replicas=replicas, schedule=schedule)
+    return [[(a.kind, a.micro_batch) for a in lst] for lst in plan_schedule(plan).lists]
+
+
+@pytest.mark.parametrize("schedule", ["A", "B"])
+def test_warm_up_and_cool_down_do_not_grow_with_the_micro_batches(schedule):
+    plans = [plan_loop(lists_of([1, 3], m, schedule, [1, 1, 1]), [1, 1, 1]) for m in (8, 32)]
+    assert all(plans) and [len(p.segments) for p in plans] == [3, 3]     # one loop
+    warm_up, loop, cool_down = zip(*[p.segments for p in plans])
+    assert len(warm_up[0]) == len(warm_up[1]) and len(cool_down[0]) == len(cool_down[1])
+    assert len(loop[0].body) == len(loop[1].body) == 2 * 3       # a forward and a backward
+    assert loop[1].iterations - loop[0].iterations == 24
+
+
+def test_gpipe_runs_a_loop_of_forwards_then_one_of_backwards():
+    plan = plan_loop(lists_of([1, 3], 8, "gpipe", [2, 1, 2]), [2, 1, 2])
+    forwards, backwards = plan.loops
+    assert [p for p in plan.segments if not isinstance(p, type(forwards))] == [[], [], []]
+    assert {t.kind for t in forwards.body} == {"F"} and {t.kind for t in backwards.body} == {"B"}
+    assert forwards.iterations == backwards.iterations == 8
+    # the forwards' residuals wait, stacked, for the backwards; nothing else crosses
+    assert forwards.collected == [("residuals", s, r, 0) for s, r in
+                                  [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]]
+    assert forwards.carried == backwards.carried == backwards.collected == []
+
+
+def test_lists_no_loop_can_express_are_left_unrolled():
+    assert plan_loop(lists_of([2], 2, "A", [1, 1]), [1, 1]) is None      # one period
+    assert plan_loop([[("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)],
+                      [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]],
+                     [1, 1]) is None        # stages without common periods
+
+
+CASES = [
+    # (builder, cuts, replicas, M, schedule)
+    (mlp_with_skip, [2], [1, 1], 4, "A"),
+    (mlp_with_skip, [1], [1, 1], 8, "B"),              # skip d1 -> add crosses the cut
+    (mlp_with_skip, [1, 3], [1, 1, 1], 8, "A"),        # 3 stages, skip relayed
+    (mlp_with_skip, [2], [2, 1], 4, "A"),              # 2:1 (concat)
+    (mlp_with_skip, [2], [2, 3], 8, "A"),              # 2:3 (split and concat)
+    (two_in_two_out, [1, 4], [1, 2, 1], 8, "B"),       # input b enters late, two outputs
+    (small_conv, [2], [1, 1], 6, "A"),
+    (mlp_with_skip, [1, 3], [1, 1, 1], 4, "gpipe"),
+    (mlp_with_skip, [2], [2, 3], 8, "gpipe"),
+    (two_in_two_out, [1, 4], [1, 2, 1], 4, "gpipe"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].__name__}-{':'.join(map(str, c[2]))}"
+                         f"-M{c[3]}-{c[4]}")
+def test_looped_gradients_equal_the_plain_model(case):
+    builder, cuts, replicas, m, schedule = case
+    model, reference = builder(), builder()
+    plan = straight_plan(cuts, len(layer_order(model)), m, GLOBAL_BATCH, replicas=replicas,
+                         schedule=schedule)
+    loss = losses_for(model)
+    pm = dapple.PipelinedModel(model, plan, pipeline_loop=True)
+    pm.compile(optimizer="sgd", loss=loss)
+    x, y = data_for(model, GLOBAL_BATCH, seed=7)
+    got = pm.gradients(x, y)
+    _, want = plain_loss_and_grads(reference, loss, x, y)
+    assert len(got) == len(want)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(got, want)) < 1e-5
+    assert_looped(pm)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_looped_training_gives_the_plain_model_weights(schedule):
+    model, reference = mlp_with_skip(), mlp_with_skip()
+    plan = straight_plan([2], 5, 4, GLOBAL_BATCH, replicas=[2, 1], schedule=schedule)
+    pm = dapple.PipelinedModel(model, plan, pipeline_loop=True)
+    assert_trains_like_plain_model(pm, model, reference, losses_for(model),
+                                   lambda: tf.keras.optimizers.Adam(0.01), GLOBAL_BATCH)
+    assert_looped(pm)
+
+
+def test_pipelines_run_unrolled_unless_asked():
+    """Opt-in until the looped steady step is shown as fast as the unrolled one's."""
+    model = mlp_with_skip()
+    pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, GLOBAL_BATCH))
+    pm.compile(tf.keras.optimizers.SGD(0.1), losses_for(model))
+    pm.train_step(*data_for(model, GLOBAL_BATCH, seed=1))
+    assert_looped(pm, False)
+
+
+def test_looped_fit_evaluate_with_sample_weights_two_outputs_equal_plain_keras():
+    loss = [tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            tf.keras.losses.MeanSquaredError()]
+    pm, plain = pair(two_in_two_out, replicas=(1, 2), m=4, loss=loss, cuts=(2,),
+                     weighted_metrics=["mae"], loop=True)
+    x, y = data_for(plain, ROWS, seed=9)
+    sw = [weights_for(ROWS, 1), weights_for(ROWS, 2)]
+    h1 = pm.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, sample_weight=sw)
+    h2 = plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, sample_weight=sw)
+    assert_same(pm, plain, h1, h2, keys=["cls_mae", "loss", "reg_mae"])
+    assert_looped(pm)
+
+
+@pytest.mark.parametrize("builder,cuts,replicas,m,schedule",
+                         [(dense_batchnorm, [2], [2, 1], 4, "1f1b"),
+                          (conv_batchnorm, [3], [1, 2], 8, "1f1b"),
+                          (conv_batchnorm, [3], [2, 1], 4, "gpipe")],
+                         ids=["dense-2:1-M4-1f1b", "conv-1:2-M8-1f1b", "conv-2:1-M4-gpipe"])
+def test_looped_moving_statistics_after_three_steps_equal_plain_keras(builder, cuts, replicas, m,
+                                                                      schedule):
+    model, reference = builder(), builder()
+    plan = straight_plan(cuts, len(layer_order(model)), m, 16, replicas=replicas,
+                         schedule=schedule)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    pm = dapple.PipelinedModel(model, plan, pipeline_loop=True)
+    # No weight update: plain Keras normalizes the whole batch, the pipeline each slice, so
+    # their gradients (and then their statistics) would part after the first step.
+    pm.compile(optimizer=tf.keras.optimizers.SGD(0.0), loss=loss)
+    reference.compile(optimizer=tf.keras.optimizers.SGD(0.0), loss=loss)
+    rng = np.random.RandomState(0)
+    for _ in range(3):
+        x = (rng.randn(16, *model.input.shape[1:]) * 2.0 + 1.5).astype("float32")
+        y = rng.randint(0, 3, 16).astype("int32")
+        pm.train_step(x, y)
+        reference.train_on_batch(x, y)
+    assert_looped(pm)
+    initial = {v.name: v.numpy() for v in builder().non_trainable_variables}
+    want = {v.name: v.numpy() for v in reference.non_trainable_variables}
+    got = {v.name: v.numpy() for v in model.non_trainable_variables}
+    assert sorted(got) == sorted(want) and got
+    for name in want:
+        assert np.max(np.abs(want[name] - initial[name])) > 1e-2, f"{name} did not move"
+        np.testing.assert_allclose(got[name], want[name], atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+def step_calls(m, loop=True, schedule="A"):
+    """Function-call ops of the traced step's own graph (a loop's body is one While op)."""
+    model = mlp_with_skip()
+    plan = straight_plan([2], 5, m, 4 * m, replicas=[1, 1], schedule=schedule)
+    pm = dapple.PipelinedModel(model, plan, pipeline_loop=loop)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    x, y = data_for(model, 4 * m, seed=0)
+    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
+    graph_def = fn.get_concrete_function(x, y).graph.as_graph_def()
+    ops = collections.Counter(n.op for n in graph_def.node)
+    return sum(ops[c] for c in CALLS), ops["While"]
+
+
+@pytest.mark.parametrize("schedule,loops", [("1f1b", 1), ("gpipe", 2)])
+def test_the_steps_calls_do_not_grow_with_the_micro_batches(schedule, loops):
+    (calls4, loops4), (calls16, loops16) = step_calls(4, True, schedule), step_calls(16, True,
+                                                                                      schedule)
+    assert loops4 == loops16 == loops
+    assert calls4 == calls16        # warm-up and cool-down (GPipe's loops leave none)
+    # Unrolled, the same count grows with M: the test would see a step that does not loop.
+    (unrolled4, none4), (unrolled16, none16) = (step_calls(4, False, schedule),
+                                                step_calls(16, False, schedule))
+    assert none4 == none16 == 0
+    assert unrolled16 > unrolled4
