@@ -17,8 +17,9 @@ from tests import models
 
 
 class CopyingRuntime(LocalRuntime):
-    def make_step(self, model, plan, loss, micro_batch_loop=False):
-        return CopyingStep(model, plan, loss, self.devices, micro_batch_loop=micro_batch_loop)
+    def make_step(self, model, plan, loss, micro_batch_loop=False, pipeline_loop=False):
+        return CopyingStep(model, plan, loss, self.devices, micro_batch_loop=micro_batch_loop,
+                           pipeline_loop=pipeline_loop)
 
 
 def pipelined(model, plan):
