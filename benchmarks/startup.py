@@ -117,13 +117,18 @@ def measure(root: str, M: int, unrolled: bool) -> dict:
     start = time.perf_counter()
     pm.train_step(x, y).numpy()
     first_call_s = time.perf_counter() - start
+    return dict(first_call_s=first_call_s, steady_ms=steady_ms(pm, x, y),
+                graph_nodes=graph_nodes(pm.train_function, x, y, None), dapple_file=dapple_file)
+
+
+def steady_ms(pm, x, y) -> float:
+    """Median of --steps timed train steps after the first call."""
     times = []
     for _ in range(FLAGS.steps):
         start = time.perf_counter()
         pm.train_step(x, y).numpy()
         times.append(time.perf_counter() - start)
-    return dict(first_call_s=first_call_s, steady_ms=1e3 * statistics.median(times),
-                graph_nodes=graph_nodes(pm.train_function, x, y, None), dapple_file=dapple_file)
+    return 1e3 * statistics.median(times)
 
 
 def pipeline_model(schedule: str, M: int, unrolled: bool):
@@ -160,13 +165,8 @@ def measure_pipeline(schedule: str, M: int, unrolled: bool) -> dict:
     pm.train_step(x, y).numpy()
     first_call_s = time.perf_counter() - start
     first_call_cpu_s = time.process_time() - cpu
-    times = []
-    for _ in range(FLAGS.steps):
-        start = time.perf_counter()
-        pm.train_step(x, y).numpy()
-        times.append(time.perf_counter() - start)
     return dict(first_call_s=first_call_s, first_call_cpu_s=first_call_cpu_s,
-                steady_ms=1e3 * statistics.median(times),
+                steady_ms=steady_ms(pm, x, y),
                 looped=bool(pm.pipeline_step.stage_splits),
                 graph_nodes=graph_nodes(pm.train_function, x, y, None))
 
