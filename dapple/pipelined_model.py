@@ -48,7 +48,7 @@ from dapple.eager_build import build_metrics
 from dapple.keras2 import refuse_mixed_keras, require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime.base import Runtime, loss_scale
-from dapple.runtime.choice import chosen, make_runtime
+from dapple.runtime.choice import make_runtime
 from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3, keras_module_of
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
@@ -71,8 +71,6 @@ class PipelinedModel:
         if self._keras3 and is_relaxed(self.plan):
             raise NotImplementedError(self._keras3_not_yet(f"the {self.plan.schedule.name} "
                                                            f"schedule"))
-        if self._keras3 and chosen(runtime) == "tensorflow":
-            raise NotImplementedError(self._keras3_not_yet(f"the {chosen(runtime)} runtime"))
         check_recompute(self.plan, model)
         require_runtime_support(self.plan)
         self.runtime = make_runtime(runtime, model, self.plan, devices)

@@ -173,6 +173,25 @@ class Keras2(_Functional):
         """The `tf.Variable` holding a model variable's value: tf_keras's are tf.Variables."""
         return variable
 
+    # Working copies (`graph_rewrite.working_copies`): where a layer's calls read its weights
+
+    @staticmethod
+    def weight_holders(layer) -> list:
+        """The layer and its sublayers: the objects whose attributes hold its variables."""
+        return [layer] + list(getattr(layer, "submodules", ()))
+
+    @staticmethod
+    def reads_through(name: str) -> bool:
+        """Whether a call reads a variable held in attribute `name` there: tf_keras's layers
+        read their public attributes (`kernel`, `bias`)."""
+        return not name.startswith("_")
+
+    @staticmethod
+    def copy_reads_alike(layer, variable) -> bool:
+        """Whether a plain tf.Variable copy is read as the variable is (tf_keras's
+        AutoCastVariable is copied as one: `working_copies._copy_of`)."""
+        return True
+
     # BatchNormalization (`graph_rewrite.batch_statistics`)
 
     @staticmethod
@@ -312,6 +331,25 @@ class Keras3(_Functional):
         one: a keras.Variable passed to a tf.function arrives as a tensor."""
         inner = getattr(variable, "_value", None)
         return inner if isinstance(inner, tf.Variable) else variable
+
+    @staticmethod
+    def weight_holders(layer) -> list:
+        """The layer and its sublayers (Keras 3's layers are no `tf.Module`s)."""
+        return list(layer._flatten_layers(include_self=True, recursive=True))
+
+    @staticmethod
+    def reads_through(name: str) -> bool:
+        """Keras 3's layers keep some variables private behind a property that returns them
+        (`Dense._kernel`, `Conv._kernel`, `Embedding._embeddings`) and others public (`bias`,
+        `gamma`): a call reads whichever attribute holds the variable."""
+        return True
+
+    @staticmethod
+    def copy_reads_alike(layer, variable) -> bool:
+        """A `keras.Variable` read in a layer's call is cast to the layer's compute dtype
+        (`KerasVariable.value` under `AutocastScope`); a plain tf.Variable copy would not be:
+        copies only where no cast happens."""
+        return variable.dtype == getattr(layer, "compute_dtype", variable.dtype)
 
     # BatchNormalization (`keras.src.layers.normalization.batch_normalization`): the same
     # `moving_mean`/`moving_variance` attributes (tracked by the layer's `_tracker`; the

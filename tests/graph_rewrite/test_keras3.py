@@ -435,10 +435,8 @@ def test_recomputing_a_keras3_dropout_is_refused_by_name():
         dapple.PipelinedModel(model, plan)
 
 
-def test_the_tensorflow_runtime_and_multi_process_fit_are_refused_for_keras3_by_name():
+def test_multi_process_fit_is_refused_for_keras3_by_name():
     model = mlp_with_skip()
-    with pytest.raises(NotImplementedError, match="does not support the tensorflow runtime"):
-        dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]), runtime="tensorflow")
     from dapple.callbacks import FitCallbacks
 
     class TwoProcesses:
