@@ -68,9 +68,6 @@ class PipelinedModel:
         # Checked before the runtime starts (Horovod's, too): a clear error on every rank.
         check_plan_matches_model(self.plan, model)
         check_supported_model(model)
-        if self._keras3 and is_relaxed(self.plan):
-            raise NotImplementedError(self._keras3_not_yet(f"the {self.plan.schedule.name} "
-                                                           f"schedule"))
         check_recompute(self.plan, model)
         require_runtime_support(self.plan)
         self.runtime = make_runtime(runtime, model, self.plan, devices)

@@ -57,7 +57,7 @@ def check_relaxed(model: tf.keras.Model, plan: Plan, optimizer, stages) -> None:
             raise ValueError(f"schedule {name!r} does not train BatchNormalization yet (layer "
                              f"{layer.name!r}): its moving statistics have no update rule per "
                              f"weight update; use a synchronous schedule (1f1b)")
-    if keras_adapter.Keras2.is_loss_scale_optimizer(optimizer):
+    if keras_adapter.for_model(optimizer).is_loss_scale_optimizer(optimizer):
         raise ValueError(f"schedule {name!r} does not run mixed precision yet (the loss scale "
                          f"would change between a run's updates); use a float32 policy")
     if getattr(optimizer, "global_clipnorm", None):

@@ -324,6 +324,12 @@ class Keras3(_Functional):
             optimizer.build(variables)
 
     @staticmethod
+    def is_loss_scale_optimizer(optimizer) -> bool:
+        """Keras 3's `keras.optimizers.LossScaleOptimizer` (it scales inside `apply`)."""
+        keras = sys.modules.get("keras")
+        return keras is not None and isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+    @staticmethod
     def tf_variable(variable) -> tf.Variable:
         """A `keras.Variable` on the TensorFlow backend wraps a `tf.Variable` (`_value`,
         `keras.src.backend.tensorflow.core.Variable._initialize`); what takes tf.Variables

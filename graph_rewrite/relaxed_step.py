@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from graph_rewrite.keras_adapter import tf_variables
 from graph_rewrite.version_book import MovePlan, Read, Write, plan_moves
 from graph_rewrite.weight_store import WeightStore
 from planner.schedules.actions import BACKWARD, FORWARD, UPDATE, Schedule
@@ -274,6 +275,7 @@ class RelaxedSteps:
         if not self.averaging:
             done = optimizer.apply_gradients(pairs)
             return [done] if isinstance(done, (tf.Tensor, tf.Operation)) else []
+        variables = tf_variables(variables)     # what is read and assigned (Keras 3 wraps one)
         before = [v.read_value() for v in variables]
         with tf.control_dependencies(before):
             done = optimizer.apply_gradients(pairs)

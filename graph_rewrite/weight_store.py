@@ -14,13 +14,14 @@ from typing import List, Sequence
 
 import tensorflow as tf
 
+from graph_rewrite.keras_adapter import tf_variables
 from graph_rewrite.version_book import MODEL, Move, Place
 
 
 class WeightStore:
     def __init__(self, variables: Sequence[tf.Variable], slots: int, device: str, name: str,
                  reference: bool = False):
-        self.variables = list(variables)
+        self.variables = tf_variables(variables)    # a Keras 3 variable's own tf.Variable
         with tf.init_scope(), tf.device(device):
             self.slots = [[tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
                                        name=f"{name}_slot{i}_{k}")

@@ -96,7 +96,9 @@ def data_parallel(model, loss, steps, lr) -> List[np.ndarray]:
 def stage_of_variables(model, stage_layers: Sequence[Sequence[str]]) -> List[int]:
     """The stage of each trainable variable, from the layer names of each stage."""
     stage = {name: s for s, names in enumerate(stage_layers) for name in names}
-    return [stage[v.name.split("/")[0]] for v in model.trainable_variables]
+    # tf_keras names a variable "d1/kernel:0", Keras 3 paths it "d1/kernel"
+    return [stage[(getattr(v, "path", None) or v.name).split("/")[0]]
+            for v in model.trainable_variables]
 
 
 def max_difference(a, b) -> float:

@@ -447,11 +447,7 @@ def test_multi_process_fit_is_refused_for_keras3_by_name():
                      stateful_metrics=[])
 
 
-def test_relaxed_schedules_and_mixed_precision_are_refused_for_keras3_by_name():
-    model = mlp_with_skip()
-    plan = straight_plan([2], 5, 4, GLOBAL_BATCH, schedule="2bw")
-    with pytest.raises(NotImplementedError, match="does not support the 2bw schedule"):
-        dapple.PipelinedModel(model, plan)
+def test_mixed_precision_is_refused_for_keras3_by_name():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = mlp_with_skip()
