@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from dapple.keras2 import require_keras2_model
+from graph_rewrite.keras_adapter import Keras3, for_model
 
 
 def load_builder(spec: str):
@@ -44,19 +45,20 @@ def build_model(spec: str, model_args: Optional[str] = None) -> tf.keras.Model:
         raise ValueError(f"--model_args must be a JSON object, got {model_args!r}")
     model = load_builder(spec)(**kwargs)
     try:
-        require_keras2_model(model, f"--model={spec}")
+        require_keras2_model(model, f"--model={spec}", keras3_functional=Keras3.is_graph_model)
     except TypeError as e:
         raise ValueError(str(e)) from None
     return model
 
 
 def _int_high(model: tf.keras.Model, keras_input) -> int:
+    keras = for_model(model)
     highs = []
-    for layer in model.layers:
+    for node in (n for nodes in keras.nodes_by_depth(model).values() for n in nodes):
+        layer = keras.layer(node) if not keras.is_input(node) else None
         if type(layer).__name__ == "Embedding" and hasattr(layer, "input_dim"):   # either Keras
-            for node in layer.inbound_nodes:
-                if any(t is keras_input for t in tf.nest.flatten(node.keras_inputs)):
-                    highs.append(layer.input_dim)
+            if any(tid == str(id(keras_input)) for tid in keras.input_ids(node)):
+                highs.append(layer.input_dim)
     return min(highs) if highs else 2
 
 
@@ -66,12 +68,15 @@ def random_inputs(model: tf.keras.Model, batch: int, seed: int = 0):
     arrays = []
     for t in model.inputs:
         shape = [batch] + [d if d is not None else 8 for d in t.shape[1:]]
-        if t.dtype.is_integer:
-            arrays.append(rng.randint(0, _int_high(model, t), size=shape).astype(t.dtype.as_numpy_dtype))
+        dtype = tf.as_dtype(t.dtype)           # Keras 3 names it ("float32")
+        if dtype.is_integer:
+            arrays.append(rng.randint(0, _int_high(model, t), size=shape).astype(dtype.as_numpy_dtype))
         else:
-            arrays.append(rng.randn(*shape).astype(t.dtype.as_numpy_dtype))
+            arrays.append(rng.randn(*shape).astype(dtype.as_numpy_dtype))
+    if len(arrays) == 1:                       # (a built Keras 3 Sequential has no `input`)
+        return arrays[0]
     return tf.nest.pack_sequence_as(model.input, arrays) if isinstance(model.input, dict) \
-        else (arrays[0] if len(arrays) == 1 else arrays)
+        else arrays
 
 
 def random_targets(model: tf.keras.Model, batch: int, seed: int = 1):

@@ -241,8 +241,14 @@ def float32_logits_mlp(seed=0):
 
 
 def keras3_mlp():
-    """The same kind of model written with `import keras`: Keras 3 on TensorFlow 2.16+, which
-    dapple's profiler and CLI refuse (tests/dapple/test_keras2.py)."""
+    """The same kind of model written with `import keras`: a built Keras 3 Sequential (the CLI
+    takes it: tests/dapple/test_keras3_cli.py)."""
     import keras
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d1"),
                              keras.layers.Dense(2, name="d2")], name="keras3_mlp")
+
+
+def keras3_unbuilt():
+    """A Keras 3 Sequential without an input shape: no layer graph, refused by name."""
+    import keras
+    return keras.Sequential([keras.layers.Dense(3)], name="keras3_unbuilt")

@@ -121,7 +121,7 @@ def main(argv):
         diff = float(np.max(np.abs(g - w))) if g.size else 0.0
         scale = max(scale, float(np.max(np.abs(w))) if w.size else 0.0)
         if diff >= worst:
-            worst, worst_name = diff, v.name
+            worst, worst_name = diff, getattr(v, "path", None) or v.name    # Keras 3: a path
     print(f"plan: {plan.num_stages} stage(s) {plan.shape()}, {plan.micro_batches} micro-batch(es), "
           f"schedule {plan.schedule}, global batch {batch}; model {model.name!r} with "
           f"{len(model.trainable_variables)} trainable variables")
@@ -132,7 +132,8 @@ def main(argv):
         return _timing(pm, model, plan, x, y, batch) if FLAGS.timing else 0
     print("FAILED: the pipelined gradients differ from the plain model's", file=sys.stderr)
     from graph_rewrite.model_graph import draws_random_numbers
-    random = [l.name for l in model.submodules if draws_random_numbers(l)]
+    random = [l.name for l in model._flatten_layers(include_self=False)   # either Keras
+              if draws_random_numbers(l)]
     if random:
         print(f"note: {len(random)} layer(s) draw random numbers in training (e.g. "
               f"{random[0]!r}): their masks differ between any two runs, so gradients differ "
@@ -146,7 +147,7 @@ def _random_layers_at_rate_zero(model) -> list:
     from graph_rewrite.model_graph import draws_random_numbers
 
     names = []
-    for layer in model.submodules:
+    for layer in model._flatten_layers(include_self=False):    # either Keras
         if draws_random_numbers(layer):
             layer.rate = 0.0
             names.append(layer.name)
@@ -158,14 +159,15 @@ def _reference_slices(pm, batch):
     slice size when BatchNormalization layers normalize per slice; (None, why) when their stages
     have different slice sizes, which no plain run reproduces."""
     from graph_rewrite.batch_statistics import updates_in_training
+    from graph_rewrite.keras_adapter import layer_of
 
     plan = pm.plan
     sizes, example = {}, None
     for graph, stage in zip(pm.pipeline_step.stages, plan.stages):
         for node in graph.nodes:
-            if updates_in_training(node.layer, {"training": True}):
+            if updates_in_training(layer_of(node), {"training": True}):
                 sizes.setdefault(batch // (plan.micro_batches * stage.replicas), graph.index)
-                example = example or node.layer.name
+                example = example or layer_of(node).name
     if not sizes or (len(sizes) == 1 and batch in sizes):
         return batch, ""
     if len(sizes) > 1:

@@ -188,9 +188,10 @@ def test_a_keras3_model_gets_one_clear_error(tmp_path):
     plan = tmp_path / "plan.json"
     straight_plan([1], 2, 2, 8).save(str(plan))
     cli = fresh(None, args=["-m", "dapple.cli", "verify", f"--plan={plan}",
-                            "--model=tests.models:keras3_mlp"])
+                            "--model=tests.models:keras3_unbuilt"])
     assert cli.returncode == 2, cli.stdout + cli.stderr
-    assert f"--model=tests.models:keras3_mlp: the model 'keras3_mlp' is a Keras {version}" \
+    assert (f"--model=tests.models:keras3_unbuilt: the model 'keras3_unbuilt' is a Keras "
+            f"{version} model (`import keras`) of type Sequential") \
         in cli.stderr and FIX in cli.stderr, cli.stderr
     assert "Traceback" not in cli.stderr
 
