@@ -54,8 +54,9 @@ def _int_high(model: tf.keras.Model, keras_input) -> int:
     highs = []
     for layer in model.layers:
         if type(layer).__name__ == "Embedding" and hasattr(layer, "input_dim"):   # either Keras
-            for node in layer.inbound_nodes:
-                if any(t is keras_input for t in tf.nest.flatten(node.keras_inputs)):
+            for node in layer._inbound_nodes:       # Keras 2's keras_inputs, Keras 3's input_tensors
+                inputs = getattr(node, "keras_inputs", None) or getattr(node, "input_tensors", ())
+                if any(t is keras_input for t in tf.nest.flatten(inputs)):
                     highs.append(layer.input_dim)
     return min(highs) if highs else 2
 
@@ -66,10 +67,11 @@ def random_inputs(model: tf.keras.Model, batch: int, seed: int = 0):
     arrays = []
     for t in model.inputs:
         shape = [batch] + [d if d is not None else 8 for d in t.shape[1:]]
-        if t.dtype.is_integer:
-            arrays.append(rng.randint(0, _int_high(model, t), size=shape).astype(t.dtype.as_numpy_dtype))
+        dtype = tf.as_dtype(t.dtype)             # Keras 3 names it ("int32")
+        if dtype.is_integer:
+            arrays.append(rng.randint(0, _int_high(model, t), size=shape).astype(dtype.as_numpy_dtype))
         else:
-            arrays.append(rng.randn(*shape).astype(t.dtype.as_numpy_dtype))
+            arrays.append(rng.randn(*shape).astype(dtype.as_numpy_dtype))
     return tf.nest.pack_sequence_as(model.input, arrays) if isinstance(model.input, dict) \
         else (arrays[0] if len(arrays) == 1 else arrays)
 
