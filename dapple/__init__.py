@@ -53,10 +53,10 @@ def configure(tensorflow: bool = True) -> None:
     seed_workaround.install_when_imported()
 
 
-# The `dapple` command's commands that build a user's model in this process (`--model=m:f`,
-# the demo's), whose builders say `tf.keras`: Keras 2 there, as before #30, until their Keras 3
+# The `dapple` command's commands that build a user's model in this process (`--model=m:f`),
+# whose builders say `tf.keras`: Keras 2 there, as before #30, until their Keras 3
 # path is tested (docs/keras3.md). Not `launch`: its children are the user's own scripts.
-CLI_KERAS2_COMMANDS = ("demo", "verify", "profile")
+CLI_KERAS2_COMMANDS = ("verify", "profile")
 
 
 def _cli_selects_keras2() -> None:

@@ -17,19 +17,20 @@ GLOBAL_BATCH = {"tiny": 8, "full": 64}
 
 def build(num_layers=12, hidden=768, heads=12, seq_len=128, vocab=30522, classes=2,
           ffn_multiplier=4):
-    import tensorflow as tf
-    layers = tf.keras.layers
+    import keras
+    layers = keras.layers
 
     class PositionEmbedding(layers.Layer):
         """Adds a learned vector per position."""
 
         def build(self, input_shape):
-            self.table = self.add_weight("table", shape=input_shape[1:], initializer="glorot_uniform")
+            self.table = self.add_weight(name="table", shape=input_shape[1:],
+                                         initializer="glorot_uniform")
 
         def call(self, x):
             return x + self.table
 
-    ids = tf.keras.Input((seq_len,), dtype="int32", name="token_ids")
+    ids = keras.Input((seq_len,), dtype="int32", name="token_ids")
     h = layers.Embedding(vocab, hidden, name="token_embedding")(ids)
     h = PositionEmbedding(name="position_embedding")(h)
     h = layers.LayerNormalization(name="embedding_norm")(h)
@@ -44,7 +45,7 @@ def build(num_layers=12, hidden=768, heads=12, seq_len=128, vocab=30522, classes
     first = layers.Lambda(lambda t: t[:, 0], name="first_token")(h)
     pooled = layers.Dense(hidden, activation="tanh", name="pooler")(first)
     logits = layers.Dense(classes, name="classifier")(pooled)
-    return tf.keras.Model(ids, logits, name=f"bert_{num_layers}x{hidden}")
+    return keras.Model(ids, logits, name=f"bert_{num_layers}x{hidden}")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ GLOBAL_BATCH = {"tiny": 8, "full": 128}
 
 
 def build(layers=4, units=1024, src_len=50, tgt_len=50, vocab=32000):
-    import tensorflow as tf
-    L = tf.keras.layers
-    src = tf.keras.Input((src_len,), dtype="int32", name="source_ids")
-    tgt = tf.keras.Input((tgt_len,), dtype="int32", name="target_ids")
+    import keras
+    L = keras.layers
+    src = keras.Input((src_len,), dtype="int32", name="source_ids")
+    tgt = keras.Input((tgt_len,), dtype="int32", name="target_ids")
 
     h = L.Embedding(vocab, units, name="source_embedding")(src)
     h = L.Bidirectional(L.LSTM(units // 2, return_sequences=True), name="encoder_lstm0")(h)
@@ -36,7 +36,7 @@ def build(layers=4, units=1024, src_len=50, tgt_len=50, vocab=32000):
         out = L.LSTM(units, return_sequences=True, name=f"decoder_lstm{i}")(inp)
         d = L.Add(name=f"decoder_residual{i}")([d, out]) if i >= 2 else out
     logits = L.Dense(vocab, name="token_logits")(d)
-    return tf.keras.Model([src, tgt], logits, name=f"gnmt_{layers}x{units}")
+    return keras.Model([src, tgt], logits, name=f"gnmt_{layers}x{units}")
 
 
 def labels(model, batch, rng):

@@ -1,4 +1,4 @@
-"""ResNet-50 (`tf.keras.applications.ResNet50`, random weights) for image classification.
+"""ResNet-50 (`keras.applications.ResNet50`, random weights) for image classification.
 
     python -m examples.resnet50 --size=tiny --devices=2     # 32x32 images, 10 classes, CPU
     python -m examples.resnet50 --size=full --devices=8     # 224x224, 1000 classes (GPUs)
@@ -15,9 +15,9 @@ GLOBAL_BATCH = {"tiny": 8, "full": 256}
 
 
 def build(image_size=224, classes=1000):
-    import tensorflow as tf
-    return tf.keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
-                                          classes=classes, classifier_activation=None)
+    import keras
+    return keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
+                                       classes=classes, classifier_activation=None)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
     python -m examples.vgg19 --size=tiny --devices=2          # the same, from the example file
     python -m examples.resnet50 --size=full --devices=8 --batch_size=128 --topology=1x8   # GPUs
 
-An example module (`examples/<name>.py`) provides only its model: `build(**kwargs)`,
+An example module (`examples/<name>.py`) provides only its model, written with `keras` (Keras 3
+beside TensorFlow 2.16+, as a TensorFlow user writes today): `build(**kwargs)`,
 `TINY` and `FULL` keyword arguments, `GLOBAL_BATCH = {"tiny": ..., "full": ...}`, and,
 when its labels are not class ids of one output, `labels(model, batch, rng)`. The driver feeds synthetic data (random inputs of the model's
 shapes, integer ids for int inputs; see `dapple.user_model`), measures the profile with
@@ -17,7 +18,6 @@ system working end to end, not speed (they share the machine's cores).
 """
 from __future__ import annotations
 
-import importlib.util
 import importlib
 import json
 import os
@@ -74,9 +74,8 @@ def run(name: str, size: str = "tiny", devices: int = 2, batch_size: Optional[in
     """Profile, plan and train one example; returns what happened (for tests and scripts)."""
     if os.environ.get("DAPPLE_NUM_CPU_DEVICES") is None:
         os.environ["DAPPLE_NUM_CPU_DEVICES"] = str(max(devices, 8))
-    if importlib.util.find_spec("tf_keras") is not None:   # written for Keras 2:
-        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras
     import dapple  # noqa: F401  (devices before TensorFlow initializes)
+    import keras
     import numpy as np
     import tensorflow as tf
 
@@ -94,7 +93,7 @@ def run(name: str, size: str = "tiny", devices: int = 2, batch_size: Optional[in
     batch = batch_size or example.GLOBAL_BATCH[size]
     say = print if verbose else (lambda *a, **k: None)
 
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = example.build(**kwargs)
     say(f"== {name} ({size}): {model.count_params():,} parameters, "
         f"{len(model.layers)} Keras layers")
@@ -130,8 +129,8 @@ def run(name: str, size: str = "tiny", devices: int = 2, batch_size: Optional[in
     say(f"plan: {plan.shape()} {stages}; M={plan.micro_batches}, schedule {plan.schedule}{est}")
 
     pm = PipelinedModel(model, plan)
-    pm.compile(tf.keras.optimizers.Adam(learning_rate),
-               tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pm.compile(keras.optimizers.Adam(learning_rate),
+               keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     start = time.perf_counter()
     history = pm.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=verbose)
     seconds = time.perf_counter() - start

@@ -1,4 +1,4 @@
-"""VGG-19 (`tf.keras.applications.VGG19`, random weights) for image classification.
+"""VGG-19 (`keras.applications.VGG19`, random weights) for image classification.
 
     python -m examples.vgg19 --size=tiny --devices=2        # 32x32 images, 10 classes, CPU
     python -m examples.vgg19 --size=full --devices=8        # 224x224, 1000 classes (GPUs)
@@ -12,9 +12,9 @@ GLOBAL_BATCH = {"tiny": 8, "full": 256}
 
 
 def build(image_size=224, classes=1000):
-    import tensorflow as tf
-    return tf.keras.applications.VGG19(weights=None, input_shape=(image_size, image_size, 3),
-                                       classes=classes, classifier_activation=None)
+    import keras
+    return keras.applications.VGG19(weights=None, input_shape=(image_size, image_size, 3),
+                                    classes=classes, classifier_activation=None)
 
 
 if __name__ == "__main__":

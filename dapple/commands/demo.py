@@ -18,7 +18,7 @@ flags.DEFINE_string("output_dir", "out/demo", "where the profile, plan, report a
 def main(argv):
     del argv
     import dapple  # configures logical devices (DAPPLE_NUM_CPU_DEVICES) before TF initializes
-    import tensorflow as tf
+    import keras
 
     from dapple import demo_model
     from planner.formats.profile_readers import load_profile
@@ -63,8 +63,8 @@ def main(argv):
     print(f"\n== 3. train {plan.num_stages} stages x {plan.micro_batches} micro-batches "
           f"({plan.schedule} schedule) for {FLAGS.steps} steps")
     pm = dapple.PipelinedModel(model, plan_path)
-    pm.compile(optimizer=tf.keras.optimizers.Adam(3e-3),
-               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    pm.compile(optimizer=keras.optimizers.Adam(3e-3),
+               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                metrics=["accuracy"])
 
     losses = []
@@ -72,7 +72,7 @@ def main(argv):
         batch = slice((step % 2) * gbs, (step % 2 + 1) * gbs)
         losses.append(float(pm.train_step(x[batch], y[batch])))
         print(f"   step {step + 1}: loss {losses[-1]:.4f}")
-    weights = os.path.join(FLAGS.output_dir, "weights.h5")
+    weights = os.path.join(FLAGS.output_dir, "demo.weights.h5")
     pm.save_weights(weights)
     print(f"\ntrained {FLAGS.steps} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
           f"weights in {weights}")

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -39,7 +40,7 @@ def test_bert_tiny_two_stage_pipeline_trains_and_matches_plain_gradients():
     model = result["model"]
     x = random_inputs(model, 8, seed=5)
     y = np.arange(8) % 4
-    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)   # the example's Keras
     pm = PipelinedModel(model, result["plan"])
     pm.compile("sgd", loss)
     with tf.GradientTape() as tape:
