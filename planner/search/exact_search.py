@@ -34,13 +34,14 @@ import operator
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from planner.estimate import cost_model as cm
-from planner.estimate.cost_model import StageModel
+from planner.estimate.cost_model import StageCost, StageModel
 from planner.search.placement import POLICIES, canonical_state, place
 from planner.formats.profile import Profile
 from planner.search.round_trip_bound import round_trip_bound, trail_entry
 
 LARGE_TOPOLOGY_DEVICES = 64
 _INF = math.inf
+_first = operator.itemgetter(0)     # a child's bound, which orders the children
 
 
 @dataclasses.dataclass
@@ -138,7 +139,7 @@ class Search:
         self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
         self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
         self.stage_cache: Dict[tuple, cm.StageCost] = {}    # (first, last, counts, previous)
-        self.placement_cache: Dict[tuple, List[tuple]] = {}  # `_placements` by its arguments
+        self.placement_cache: Dict[tuple, tuple] = {}        # `_node` by its arguments
         self.stages_after_cache: Dict[tuple, List[tuple]] = {}   # `_stages_after` likewise
         if self._remaining_bound(0, self.G) >= self.best_value:
             self.stats.pruned += 1
@@ -285,11 +286,24 @@ class Search:
         self.stages_after_cache[key] = out
         return out
 
+    def _node(self, j: int, used: tuple, prev: tuple, must_finish: bool) -> tuple:
+        """What a node's candidate loop needs besides its summary, remembered by these
+        arguments (for this M): (free devices, [(replicas, host counts, devices used after
+        it, transfer from the previous stage, `time_scale` of the replicas, whether the stage
+        takes every free device)])."""
+        free = self.G - sum(used)
+        scale = self.model.time_scale
+        return free, [(m, counts, new_used, transfer, scale(m), m == free)
+                      for m, counts, new_used, transfer
+                      in self._placements(j, used, prev, must_finish)]
+
     def _dfs(self, j: int, used: tuple, prev: tuple, summary, path) -> None:
-        self.stats.nodes += 1
-        if self.stats.candidates > self.max_candidates:
+        stats = self.stats
+        stats.nodes += 1
+        if stats.candidates > self.max_candidates:
             raise _Budget()
-        if j == self.N:
+        N = self.N
+        if j == N:
             # eq. 1 (the summary) is a lower bound of the latency we plan with
             if summary[0] < self.best_value:
                 value = cm.planned_latency_ms(self.path_costs, self.M)
@@ -299,39 +313,55 @@ class Search:
                     if self.stop_at_first:
                         raise _Found()
             return
-        model, M, N = self.model, self.M, self.N
+        model, M = self.model, self.M
         must_finish = len(path) + 1 >= self.stage_limit
         # best_value changes only below this node (in the recursion after the loop)
-        stats, best_value = self.stats, self.best_value
+        best_value = self.best_value
         candidates = pruned = 0
         fwd, bwd, stage_cache = self.forward_prefix, self.backward_prefix, self.stage_cache
-        work_suffix, work_factor = self.work_suffix, self.work_factor
+        work_suffix, work_factor, total_overhead = \
+            self.work_suffix, self.work_factor, self.overhead
         overhead_ms = cm.TASK_OVERHEAD_MS
+        trail = self.trail
         children = []
         key = (j, used, prev, must_finish)
-        placements = self.placement_cache.get(key)
-        if placements is None:
-            placements = self.placement_cache[key] = \
-                self._placements(j, used, prev, must_finish)
-        free = self.G - sum(used)
-        for m, counts, new_used, transfer in placements:
-            last_stage_only = m == free
-            s0 = summary
+        node = self.placement_cache.get(key)
+        if node is None:
+            node = self.placement_cache[key] = self._node(j, used, prev, must_finish)
+        free, placements = node
+        fwd_j, bwd_j = fwd[j], bwd[j]
+        previous = prev if j else None
+        for m, counts, new_used, transfer, scale, last_stage_only in placements:
             if j > 0:
-                s0 = _extend(summary, transfer[0], transfer[1], 0.0, M)
-            if s0[0] >= best_value:
+                # s0 = _extend(summary, transfer[0], transfer[1], 0.0, M), written out
+                V, sumF, E, G = summary
+                tf, tb = transfer
+                sumF += tf
+                x, y = E + tb, 0.0 + tb
+                E = y if y > x else x
+                base = sumF + (M - 1) * (tf + tb)
+                x = G + 0.0
+                if x > V:
+                    V = x
+                x = base + E
+                if x > V:
+                    V = x
+                x, y = G - tb, base + tb
+                G = y if y > x else x
+            else:
+                V, sumF, E, G = summary
+            if V >= best_value:
                 pruned += 1
                 continue
             if last_stage_only:
-                lasts = [N - 1]
+                lasts = (N - 1,)
             else:
                 # The completion bound falls as the stage grows: skip the stage ends whose
                 # remaining work alone already exceeds the incumbent (binary search).
                 start = j
                 if best_value < _INF:
-                    base0 = s0[1] + max(s0[2], 0.0)
-                    room = (best_value - base0 - self.overhead) * (free - m) \
-                        / self.work_factor
+                    base0 = sumF + (0.0 if 0.0 > E else E)      # max(E, 0.0)
+                    room = (best_value - base0 - total_overhead) * (free - m) / work_factor
                     i = bisect.bisect_right(self.neg_work_suffix, -room, j + 1, N)
                     start = i - 1
                     pruned += start - j
@@ -339,12 +369,8 @@ class Search:
             # The loop below is `model.forward_ms`, `backward_ms`, `_remaining_bound`,
             # `stage_cost` and `_extend` inlined (the same arithmetic in the same order):
             # it runs for every candidate.
-            scale = model.time_scale(m)
-            fwd_j, bwd_j = fwd[j], bwd[j]
-            V, sumF, E, G = s0
             reach = sumF + E if E > -_INF else sumF
             devices_left = free - m
-            previous = prev if j else None
             for last in lasts:
                 candidates += 1
                 F = (fwd[last + 1] - fwd_j) * scale + overhead_ms
@@ -354,16 +380,19 @@ class Search:
                     pruned += 1
                     break
                 if not last_stage_only:
-                    rest = work_suffix[last + 1] * work_factor / devices_left + self.overhead
+                    rest = work_suffix[last + 1] * work_factor / devices_left + total_overhead
                 else:
                     rest = 0.0
                 key = (j, last, counts, previous)
                 stage_cost = stage_cache.get(key)
                 if stage_cost is None:
-                    if model.max_in_flight(j, last, m) < 1:
+                    fit = model.max_in_flight(j, last, m)
+                    if fit < 1:
                         continue
-                    stage_cost = stage_cache[key] = \
-                        model.stage_cost_of(j, last, counts, previous, m)
+                    # `model.stage_cost_of`: its transfers are the node's, F and B these
+                    stage_cost = stage_cache[key] = StageCost(
+                        transfer[0] if j else 0.0, transfer[1] if j else 0.0, F, B,
+                        model.exposed_allreduce_ms(j, last, counts, m), fit)
                 elif stage_cost.max_in_flight < 1:
                     continue
                 AR = stage_cost.allreduce_ms
@@ -390,10 +419,14 @@ class Search:
                     continue
                 entry = None
                 if best_value < _INF:
-                    more = 0 if last_stage_only else min(devices_left, N - 1 - last)
-                    trip_rest = (rest - self.overhead) / M if rest else 0.0
-                    trip_bound, entry = round_trip_bound(self.trail, stage_cost, M,
-                                                         more, trip_rest)
+                    if last_stage_only:
+                        more = 0
+                    else:
+                        more = N - 1 - last
+                        if devices_left < more:
+                            more = devices_left
+                    trip_rest = (rest - total_overhead) / M if rest else 0.0
+                    trip_bound, entry = round_trip_bound(trail, stage_cost, M, more, trip_rest)
                     if trip_bound > bound:
                         bound = trip_bound
                     if bound >= best_value:
@@ -402,15 +435,19 @@ class Search:
                 children.append((bound, last, m, counts, new_used, s1, stage_cost, entry))
         stats.candidates += candidates
         stats.pruned += pruned
-        children.sort(key=lambda c: c[0])
+        if not children:
+            return
+        if len(children) > 1:
+            children.sort(key=_first)
+        path_costs = self.path_costs
         for bound, last, m, counts, new_used, s1, stage_cost, entry in children:
             if bound >= self.best_value:
-                self.stats.pruned += 1
+                stats.pruned += 1
                 continue
             path.append((j, last, counts))
-            self.trail.append(entry or trail_entry(self.trail, stage_cost, M))
-            self.path_costs.append(stage_cost)
+            trail.append(entry or trail_entry(trail, stage_cost, M))
+            path_costs.append(stage_cost)
             self._dfs(last + 1, new_used, counts, s1, path)
             path.pop()
-            self.path_costs.pop()
-            self.trail.pop()
+            path_costs.pop()
+            trail.pop()

@@ -43,10 +43,28 @@ def trail_entry(trail: List[tuple], cost, M: int) -> tuple:
 def round_trip_bound(trail: List[tuple], new_stage, M: int, more_stages: int,
                      trip_rest: float) -> Tuple[float, tuple]:
     """(The bound for the path of `trail` plus `new_stage` with at most `more_stages` stages
-    after it, the new stage's trail entry)."""
+    after it, the new stage's trail entry). The search calls it for most candidates, so
+    `trail_entry` is written out here (the same arithmetic)."""
     n = len(trail)
     max_stages = n + 1 + more_stages
-    entry = tw_i, te_i, runmin, F, fb, link = trail_entry(trail, new_stage, M)
+    tf, tb, F, B, AR, cap = new_stage                       # StageCost fields
+    if n:
+        acc_f, chain, runmin = trail[-1][0], trail[-1][1], trail[-1][2]
+        x = chain + tb
+        chain = tb if tb > x else x
+    else:
+        acc_f, chain, runmin = 0.0, -_INF, M
+    acc_f += tf + F
+    x, y = chain + B, AR + B
+    chain = y if y > x else x
+    if cap < 1:
+        cap = 1
+    if cap < runmin:
+        runmin = cap
+    fb = F + B
+    link = fb + tf + tb
+    entry = (acc_f, chain, runmin, F, fb, link)
+    M1 = M - 1
     k = 2 * (max_stages - n) - 1
     if runmin < k:
         k = runmin
@@ -55,11 +73,12 @@ def round_trip_bound(trail: List[tuple], new_stage, M: int, more_stages: int,
     trip = trip_rest
     wait = trip - (k - 1) * F
     period = (fb + trip) / k
-    best = tw_i + (wait if wait > 0.0 else 0.0) + \
-        (M - 1) * (period if period > fb else fb) + te_i
+    best = acc_f + (wait if wait > 0.0 else 0.0) + \
+        M1 * (period if period > fb else fb) + chain
     trip += link
-    for i in range(n - 1, -1, -1):
-        tw_i, te_i, runmin, F, fb, link = trail[i]
+    i = n
+    for tw_i, te_i, runmin, F, fb, link in reversed(trail):
+        i -= 1
         k = 2 * (max_stages - i) - 1
         if runmin < k:
             k = runmin
@@ -68,7 +87,7 @@ def round_trip_bound(trail: List[tuple], new_stage, M: int, more_stages: int,
         wait = trip - (k - 1) * F
         period = (fb + trip) / k
         value = tw_i + (wait if wait > 0.0 else 0.0) + \
-            (M - 1) * (period if period > fb else fb) + te_i
+            M1 * (period if period > fb else fb) + te_i
         if value > best:
             best = value
         trip += link

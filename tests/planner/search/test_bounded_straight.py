@@ -12,10 +12,7 @@ import random
 from planner.search import plan_space
 from planner.search.plan_finishing import NoPlanFits
 from planner.formats.plan import PlanError
-from tests.planner.search.test_search_optimal import random_profile
-from tests.planner.search.test_search_oracle import random_topology
-
-HOSTS = [(2, 2), (4,), (2, 1, 1), (3, 3), (4, 4), (2, 2, 2, 2), (8,)]
+from tests.planner.search.random_plan_instances import plan_instances
 
 
 def plan_text(profile, topo, gbs, budget, even, bound):
@@ -44,12 +41,7 @@ def test_same_plans_as_the_straight_search_on_its_own(monkeypatch):
         return own, found
     monkeypatch.setattr(plan_space, "_search", spy)
     rng = random.Random(29)
-    for _ in range(60):
-        profile = random_profile(rng, rng.randrange(8, 17))
-        topo = random_topology(rng, rng.choice(HOSTS))
-        gbs = rng.choice([16, 32, 64, 128])
-        budget = rng.choice([30, 200, 1000, None])
-        even = rng.random() < 0.25
+    for profile, topo, gbs, budget, even in plan_instances(rng, 60):
         bounded = plan_text(profile, topo, gbs, budget, even, True)
         assert bounded == plan_text(profile, topo, gbs, budget, even, False), (gbs, budget)
     assert min(ways.values()) >= 3 and len(ways) == 3, ways

@@ -14,7 +14,8 @@ from planner.search.plan_finishing import micro_batch_choices
 from planner.search.seed_plans import seed_search
 from planner.search import straight_bound
 from planner.search.straight_bound import straight_may_beat
-from tests.planner.search.test_bounded_straight import HOSTS, plan_text
+from tests.planner.search.random_plan_instances import plan_instances
+from tests.planner.search.test_bounded_straight import plan_text
 from tests.planner.search.test_search_optimal import random_profile
 from tests.planner.search.test_search_oracle import random_topology
 
@@ -62,12 +63,7 @@ def test_same_plans_where_the_straight_search_is_skipped(monkeypatch):
         return out
     monkeypatch.setattr(plan_space, "straight_may_beat_any", spy)
     rng = random.Random(3029)
-    for _ in range(40):
-        profile = random_profile(rng, rng.randrange(8, 17))
-        topo = random_topology(rng, rng.choice(HOSTS))
-        gbs = rng.choice([16, 32, 64, 128])
-        budget = rng.choice([30, 200, 1000, None])
-        even = rng.random() < 0.25
+    for profile, topo, gbs, budget, even in plan_instances(rng, 40):
         bounded = plan_text(profile, topo, gbs, budget, even, True)
         assert bounded == plan_text(profile, topo, gbs, budget, even, False), (gbs, budget)
     assert sum(skipped) >= 10 and not all(skipped), skipped
