@@ -1,4 +1,5 @@
-"""What `fit`'s Keras callbacks see, on every runtime: the whole model, and one writer.
+"""What `fit`'s Keras 2 callbacks see, on every runtime: the whole model, and one writer.
+(A Keras 3 model's `fit` is Keras 3's own, with the same rules: `dapple.keras3_model`.)
 
 Under horovodrun each rank trains only its stage, so the plain model a rank holds is stale
 elsewhere; and every rank runs the same script, so every rank would write the same files.

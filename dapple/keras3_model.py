@@ -4,9 +4,10 @@
 
 * Its one layer is the plain model, so its weights are the plain model's, in the same order
   (`get_weights`/`set_weights`: EarlyStopping's best weights).
-* `save_weights`, `save` and `load_weights` are the plain model's, through the runtime: written
-  atomically, once (by the first process), after every stage's weights are gathered. A Keras 3
-  `.weights.h5` holds the optimizer's variables too, so BackupAndRestore resumes the optimizer.
+* `save_weights` and `save` write the plain model's files, atomically, on the first process
+  only (callbacks write after `ProcessCallbacks` gathered every stage's weights);
+  `load_weights` is the runtime's. A Keras 3 `.weights.h5` holds the optimizer's variables too,
+  so BackupAndRestore resumes the optimizer.
 * Across processes (horovodrun) its callbacks run in a `ProcessCallbacks`: the file-writing
   callbacks and the progress bar on the first process only; every stage's weights gathered
   before the hooks where callbacks read weights; the first process's stop flag, initial epoch
@@ -120,13 +121,13 @@ class PipelineTrainer(keras.Model):
     def _runtime(self):
         return self._dapple.pipelined.runtime
 
+    # Callbacks write between `ProcessCallbacks`' gathering and agreeing, so a write needs no
+    # collective of its own: callbacks given on rank 0 only (Horovod's habit) work too.
     def save_weights(self, filepath, overwrite=True, max_shard_size=None):
         filepath = os.fspath(filepath)
-        if os.path.abspath(filepath) in self._own_files:
-            # This process's own BackupAndRestore state: every process writes its own.
+        # This process's own BackupAndRestore state: every process writes its own.
+        if self._runtime.is_writer or os.path.abspath(filepath) in self._own_files:
             save_weights_atomically(self.plain, filepath)
-        else:
-            self._runtime.save_weights(self.plain, filepath)
 
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
         filepath = os.fspath(filepath)
@@ -197,23 +198,27 @@ class ProcessCallbacks(keras.callbacks.CallbackList):
             return fingerprint(self.model.plain)
         return []
 
-    def _agreeing(self, hook) -> None:
+    def _agreeing(self, hook, *more: int) -> List[int]:
+        """Runs `hook`; then rank 0's stop flag, its weights if the hook changed them, and its
+        values of `more` hold everywhere (returned)."""
         before = self._fingerprint()
         hook()
-        # BackupAndRestore sets the epoch to start at in `_initial_epoch`, which `fit` reads
-        # after `on_train_begin`.
-        initial = getattr(self.model, "_initial_epoch", None)
-        stop, changed, initial = self.runtime.from_writer(
-            [bool(self.model.stop_training), int(self._fingerprint() != before),
-             -1 if initial is None else initial])
-        self.model.stop_training = bool(stop)
-        if initial >= 0:
-            self.model._initial_epoch = initial
-        if changed:
+        got = self.runtime.from_writer([bool(self.model.stop_training),
+                                        int(self._fingerprint() != before), *more])
+        self.model.stop_training = bool(got[0])
+        if got[1]:
             self.runtime.broadcast_model(self.model.plain)
+        return got[2:]
 
     def on_train_begin(self, logs=None):
-        self._agreeing(lambda: super(ProcessCallbacks, self).on_train_begin(logs))
+        self.gather_by_batch, self.agree_by_batch, initial = self._agreeing(
+            lambda: super(ProcessCallbacks, self).on_train_begin(logs),
+            int(self.gather_by_batch), int(self.agree_by_batch),
+            # BackupAndRestore's epoch to start at, which Keras's `fit` reads after this hook
+            -1 if getattr(self.model, "_initial_epoch", None) is None
+            else self.model._initial_epoch)
+        if initial >= 0:
+            self.model._initial_epoch = initial
 
     def on_train_batch_end(self, batch, logs=None):
         if self.gather_by_batch:

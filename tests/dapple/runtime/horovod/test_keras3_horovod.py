@@ -53,17 +53,21 @@ def _reports(result):
 
 
 @pytest.mark.horovod
-def test_keras3_fit_with_callbacks_equals_plain_keras3_fit_on_three_ranks(tmp_path):
-    """Keras 3's own fit (`scripts/keras3_fit_rank.py fit`, 2:1 on 3 ranks): History, weights
-    and ModelCheckpoint's files as the plain model's fit; one writer; one progress bar."""
+@pytest.mark.parametrize("where", ["all", "rank0"])
+def test_keras3_fit_with_callbacks_equals_plain_keras3_fit_on_three_ranks(tmp_path, where):
+    """Keras 3's own fit (`scripts/keras3_fit_rank.py fit`, 2:1 on 3 ranks), callbacks given on
+    every rank or on rank 0 only: History, weights (rank 0's EarlyStopping decision and
+    restored best weights on every rank) and ModelCheckpoint's files as the plain model's fit,
+    then `predict` as its; one writer; one progress bar."""
     folder = tmp_path / "files"
-    result = horovodrun(3, ["keras3_fit_rank.py", "fit", str(folder)], timeout=300,
+    result = horovodrun(3, ["keras3_fit_rank.py", "fit", str(folder), where], timeout=300,
                         env={"TF_USE_LEGACY_KERAS": None})
     reports = _reports(result)
     for rank, rep in reports.items():
         assert rep["epochs"] == rep["want_epochs"] == [0, 1], rep     # EarlyStopping, alike
         assert rep["keys"] == rep["want_keys"], rep
         assert rep["history_diff"] < TOLERANCE and rep["weight_diff"] < TOLERANCE, rep
+        assert rep["predict_diff"] < TOLERANCE, rep                   # every rank, every row
     assert sorted(reports[0]["file_diff"]) == ["w1.weights.h5", "w2.weights.h5"]
     assert all(d < TOLERANCE for d in reports[0]["file_diff"].values()), reports[0]
     # One writer (rank 0), atomically: the checkpoints, the log, the TensorBoard events.

@@ -2,9 +2,10 @@
 built with `import keras`, each rank starting from other weights. `argv[1]`:
 
 * `fit`: ModelCheckpoint (weights every epoch), EarlyStopping (stops after epoch 2, best
-  weights restored), CSVLogger and TensorBoard in `argv[2]`, validation every 2nd epoch, the
+  weights restored), CSVLogger and TensorBoard in `argv[2]`, given on every rank or (`argv[3]`
+  `rank0`) on rank 0 only, validation every 2nd epoch, the
   progress bar on; the plain Keras 3 model's `fit` with the same callbacks (files in a folder
-  of the rank's own) is the reference.
+  of the rank's own) is the reference; then `predict` of 2.5 global batches.
 * `interrupt` / `resume`: BackupAndRestore in `argv[2]`, Adam; `interrupt` stops every rank at
   the start of epoch 2 (as a killed job would: the script ends there), `resume` is a fresh
   process that goes on; its reference is the plain model interrupted and resumed alike, here.
@@ -27,6 +28,7 @@ from planner.formats.plan import straight_plan
 from tests import models
 
 mode, folder = sys.argv[1], sys.argv[2]
+where = sys.argv[3] if len(sys.argv) > 3 else "all"      # fit's callbacks: "all" or "rank0"
 BATCH = 12
 rank = int(os.environ.get("HOROVOD_RANK", "0"))
 model = models.mlp_with_skip(seed=3 + rank, keras=keras)   # the broadcast makes them rank 0's
@@ -64,13 +66,17 @@ if mode == "fit":
     pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss(),
                metrics=["accuracy"])
     history = pm.fit(x, y, batch_size=BATCH, epochs=5, shuffle=False, verbose=1,
-                     validation_data=val, validation_freq=2, callbacks=callbacks(folder))
+                     validation_data=val, validation_freq=2,
+                     callbacks=callbacks(folder) if rank == 0 or where == "all" else [])
     reference = models.mlp_with_skip(seed=3, keras=keras)
     reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss(),
                       metrics=["accuracy"])
     mine = tempfile.mkdtemp()
     want = reference.fit(x, y, batch_size=BATCH, epochs=5, shuffle=False, verbose=0,
                          validation_data=val, validation_freq=2, callbacks=callbacks(mine))
+    # predict across processes: every rank gets every row (the last batch padded)
+    predict_diff = float(np.max(np.abs(pm.predict(x[:2 * BATCH + 5])
+                                       - reference.predict(x[:2 * BATCH + 5], verbose=0))))
     history_diff = max(abs(a - b) for key in want.history
                        for a, b in zip(history.history[key], want.history[key]))
     file_diff = {}
@@ -85,7 +91,7 @@ if mode == "fit":
     print("DAPPLE_RESULT " + json.dumps({
         "rank": pm.rank, "epochs": history.epoch, "want_epochs": want.epoch,
         "keys": sorted(history.history), "want_keys": sorted(want.history),
-        "history_diff": history_diff, "file_diff": file_diff,
+        "history_diff": history_diff, "file_diff": file_diff, "predict_diff": predict_diff,
         "weight_diff": max_diff(model.get_weights(), reference.get_weights())}), flush=True)
     sys.exit(0)
 
