@@ -68,8 +68,9 @@ class PipelineTrainer(keras.Model):
         traces the step, the whole pipeline, twice), from the labels `dataset` yields."""
         spec = dataset.element_spec
         if isinstance(spec, tuple) and len(spec) > 1:
-            build_metrics(self, tf.nest.map_structure(
-                lambda s: tf.zeros([1 if d is None else d for d in s.shape], s.dtype), spec[1]), outputs=self.plain.outputs)
+            labels = tf.nest.map_structure(
+                lambda s: tf.zeros([1 if d is None else d for d in s.shape], s.dtype), spec[1])
+            build_metrics(self, labels, outputs=self.plain.outputs)
 
     # ---- steps -----------------------------------------------------------------------------
     def train_step(self, data):
@@ -143,7 +144,7 @@ class PipelineTrainer(keras.Model):
     def callback_list(self, callbacks: Sequence, verbose: int, epochs: int, steps):
         """Keras's callback list for `fit` on this process (see the module's docstring)."""
         runtime = self._runtime
-        mine = []
+        mine, self._own_files = [], []
         for c in callbacks:
             if not runtime.is_writer and isinstance(c, WRITER_ONLY):
                 continue

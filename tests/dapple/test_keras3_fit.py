@@ -178,23 +178,31 @@ def test_tf_data_steps_per_epoch_and_class_weight_as_plain_keras3_fit():
 
 
 def test_validation_split_and_partial_last_batch_as_plain_keras3_fit(capsys):
-    """validation_split takes the last rows before shuffling, as Keras's; the rows past the
+    """Batches other than the plan's are refused before training, as today; validation_split
+    takes the last rows (and sample weights) before shuffling, as Keras's; the rows past the
     last whole global batch are left out (the plain model is given the same rows)."""
     pm, model, reference = pair()
     x, y = data(5)
+    with pytest.raises(ValueError, match="batch size 48 differs from the plan's "
+                                         "global_batch_size 24"):
+        pm.fit(x, y, batch_size=48, verbose=0)
+    with pytest.raises(ValueError, match="drop_remainder=True"):
+        pm.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH), verbose=0)
     x, y = x[:4 * GLOBAL_BATCH + 7], y[:4 * GLOBAL_BATCH + 7]
     # 25% of 103 rows: the last 26 validate (not whole batches): refused before training
     with pytest.raises(ValueError, match=r"validation_data has 26 rows.*whole global "
                                          r"batches of 24"):
         pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, validation_split=0.25)
     x, y = x[:4 * GLOBAL_BATCH], y[:4 * GLOBAL_BATCH]
-    x_long = np.concatenate([x[:3 * GLOBAL_BATCH], x[:5], x[3 * GLOBAL_BATCH:]])
-    y_long = np.concatenate([y[:3 * GLOBAL_BATCH], y[:5], y[3 * GLOBAL_BATCH:]])
-    got = pm.fit(x_long, y_long, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=1,
+    w = np.random.RandomState(2).uniform(0.2, 2.0, size=len(x)).astype("float32")
+    longer = lambda a: np.concatenate([a[:3 * GLOBAL_BATCH], a[:5], a[3 * GLOBAL_BATCH:]])  # noqa
+    train, held = slice(0, 3 * GLOBAL_BATCH), slice(3 * GLOBAL_BATCH, None)
+    got = pm.fit(longer(x), longer(y), sample_weight=longer(w), batch_size=GLOBAL_BATCH,
+                 epochs=2, shuffle=False, verbose=1,
                  validation_split=0.2376)     # floor(101 * 0.7624) = 77 = 3 * 24 + 5
-    want = reference.fit(x[:3 * GLOBAL_BATCH], y[:3 * GLOBAL_BATCH], batch_size=GLOBAL_BATCH,
+    want = reference.fit(x[train], y[train], sample_weight=w[train], batch_size=GLOBAL_BATCH,
                          epochs=2, shuffle=False, verbose=0,
-                         validation_data=(x[3 * GLOBAL_BATCH:], y[3 * GLOBAL_BATCH:]))
+                         validation_data=(x[held], y[held], w[held]))
     assert "3/3" in capsys.readouterr().out                # Keras 3's progress bar, 3 steps
     assert_same_history(got, want)
     assert_same_weights(model, reference)
