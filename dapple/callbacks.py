@@ -1,4 +1,5 @@
-"""What `fit`'s Keras callbacks see, on every runtime: the whole model, and one writer.
+"""What `fit`'s Keras 2 callbacks see, on every runtime: the whole model, and one writer.
+(A Keras 3 model's `fit` is Keras 3's own, with the same rules: `dapple.keras3_model`.)
 
 Under horovodrun each rank trains only its stage, so the plain model a rank holds is stale
 elsewhere; and every rank runs the same script, so every rank would write the same files.
@@ -27,7 +28,7 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from dapple.checkpoint import save_model_atomically, save_weights_atomically
-from graph_rewrite.keras_adapter import is_keras3, keras2_module_of
+from graph_rewrite.keras_adapter import keras2_module_of
 
 # The Keras 2 callbacks are those of the model's own Keras 2 module (`tf_keras`, or TensorFlow
 # 2.15's `keras`), whatever `tf.keras` is: `api` below is that module.
@@ -83,7 +84,7 @@ def _saves_by_batch(api, callback) -> bool:
             and isinstance(callback.save_freq, int))
 
 
-def _fingerprint(model: tf.keras.Model) -> List[float]:
+def fingerprint(model: tf.keras.Model) -> List[float]:
     """Two sums per variable: changes when a callback sets the weights (as far as checks go)."""
     if not model.variables:
         return []
@@ -100,9 +101,6 @@ class FitCallbacks:
                  verbose: int, epochs: int, steps: Optional[int],
                  stateful_metrics: Sequence[str]):
         self.runtime = runtime
-        if is_keras3(model):
-            self._keras3(model, callbacks, verbose, epochs, steps)
-            return
         api = keras2_module_of(model)
         callbacks_api = api.callbacks
         self.view = callback_model_class(api)(model, runtime)
@@ -122,28 +120,6 @@ class FitCallbacks:
         self.gather_by_batch = any(_saves_by_batch(api, c) for c in mine)
         self.agree_by_batch = any(_overrides(api, c, "on_train_batch_end")
                                   and not isinstance(c, never_stop_mid_epoch(api)) for c in mine)
-
-    def _keras3(self, model, callbacks, verbose: int, epochs: int, steps: Optional[int]):
-        """A Keras 3 model (the local runtime only: one process, the writer): its callbacks see
-        the model itself, run by Keras 3's `CallbackList` with Keras 3's progress bar, as its
-        own `fit` runs them (our logs are running means, as its are)."""
-        import keras
-        if self.runtime.processes > 1:
-            raise NotImplementedError(
-                f"model {model.name!r} is a Keras 3 model, and dapple's Keras 3 path does not "
-                f"support fit over several processes yet (its callbacks would run on every "
-                f"rank); call train_step in a loop (docs/keras3.md)")
-        for c in callbacks:
-            if isinstance(c, keras.callbacks.BackupAndRestore):
-                raise NotImplementedError(
-                    f"model {model.name!r} is a Keras 3 model, and dapple's Keras 3 path does "
-                    f"not support BackupAndRestore yet (docs/keras3.md)")
-        self.view = model
-        self.list = keras.callbacks.CallbackList(list(callbacks), add_history=True,
-                                                 add_progbar=verbose != 0, model=model,
-                                                 verbose=verbose, epochs=epochs, steps=steps)
-        model.stop_training = False
-        self.gather_by_batch = self.agree_by_batch = False
 
     @property
     def history(self):
@@ -201,5 +177,5 @@ class FitCallbacks:
     def _fingerprint(self) -> List[float]:
         # Only the first process's changes are carried to the others; one process needs none.
         if self.runtime.processes > 1 and self.runtime.is_writer:
-            return _fingerprint(self.view)
+            return fingerprint(self.view)
         return []

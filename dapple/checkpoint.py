@@ -65,9 +65,16 @@ def save_weights_atomically(model: tf.keras.Model, path: str) -> None:
 def save_model_atomically(model: tf.keras.Model, path: str, save_format=None) -> None:
     """`model.save(path)` (architecture, weights, optimizer) with no partial result at `path`.
 
+    Keras 3: `.keras` only, one file written beside and renamed into place.
     One file (`.h5`, `.keras`): written beside and renamed into place. A SavedModel directory:
     written beside, then swapped in by two renames (the old one is removed after)."""
     path = os.fspath(path)
+    if is_keras3(model):
+        if not path.endswith(".keras"):
+            raise ValueError(f"Keras 3 saves a whole model to a path ending .keras (its one "
+                             f"format), got {path!r}")
+        write_atomically(path, model.save)      # the temporary file keeps the name
+        return
     if path.endswith((".h5", ".hdf5", ".keras")):
         fmt = save_format or ("h5" if path.endswith((".h5", ".hdf5")) else None)
         write_atomically(path, lambda tmp: model.save(tmp, save_format=fmt))

@@ -19,15 +19,17 @@ def build_optimizer(optimizer, variables) -> None:
     keras_adapter.for_model(optimizer).build_optimizer(optimizer, variables)
 
 
-def build_metrics(model: tf.keras.Model, y) -> None:
+def build_metrics(model: tf.keras.Model, y, outputs=None) -> None:
     """Build `model`'s compiled metrics for labels like `y`: one update with zero predictions
-    (only shapes and dtypes matter: they choose which accuracy a string names), then reset."""
+    (only shapes and dtypes matter: they choose which accuracy a string names), then reset.
+    `outputs`: the symbolic outputs the predictions are shaped like (`model.outputs`)."""
     metrics = keras_adapter.for_model(model).compiled_metrics(model)
     if metrics is None or metrics.built or not _user_metrics(metrics):
         return
     y = tf.nest.map_structure(tf.convert_to_tensor, y)
     n = rows(y)
-    y_pred = [tf.zeros([n] + list(out.shape[1:]), out.dtype) for out in model.outputs]
+    y_pred = [tf.zeros([n] + list(out.shape[1:]), out.dtype)
+              for out in (model.outputs if outputs is None else outputs)]
     metrics.update_state(y, y_pred[0] if len(y_pred) == 1 else y_pred)
     for m in metrics.metrics:
         m.reset_state()

@@ -79,6 +79,8 @@ class PipelinedModel:
         self.optimizer = None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
         self._metrics_built = False
+        self._trainer = None            # Keras 3: the keras.Model that fit/evaluate/predict run
+        self._compiled_metrics_args = (None, None)
 
     # ---- Keras-style API ---------------------------------------------------------------------
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
@@ -110,13 +112,56 @@ class PipelinedModel:
             self._update_metrics) if is_relaxed(self.plan) else None
         self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
         self._metrics_built = False
+        self._trainer = None
+        self._compiled_metrics_args = (metrics, weighted_metrics)
 
     def _keras3_not_yet(self, what: str) -> str:
         return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
                 f"does not support {what} yet: it covers compile, fit, train_step, gradients, "
-                f"evaluate, predict and .weights.h5 checkpoints on synchronous plans, "
-                f"locally (and train_step, gradients and checkpoints under horovodrun) "
-                f"(docs/keras3.md); use a tf_keras (Keras 2) model for the rest")
+                f"evaluate, predict and .weights.h5 checkpoints on every schedule, locally, "
+                f"under horovodrun and on the TensorFlow-cluster runtime (docs/keras3.md); "
+                f"use a tf_keras (Keras 2) model for the rest")
+
+    def _keras3_trainer(self):
+        """Keras 3: the `keras.Model` whose steps are this pipeline (`dapple.keras3_model`),
+        compiled like the plain model (its optimizer, metrics) once `compile` has run."""
+        if self._trainer is None:
+            from dapple.keras3_model import PipelineTrainer
+            if self._step is None:          # predict before compile: a forward-only step
+                self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan),
+                                                    None)
+            trainer = PipelineTrainer(self)
+            if self._loss is not None:
+                # Its optimizer variables as the runtime builds them (under horovodrun: this
+                # rank's stage's), before Keras would build them for every variable.
+                self.runtime.prepare_optimizer(self._step, self.optimizer)
+                metrics, weighted_metrics = self._compiled_metrics_args
+                trainer.compile(optimizer=self.optimizer, metrics=metrics,
+                                weighted_metrics=weighted_metrics, jit_compile=False)
+            self._trainer = trainer
+        return self._trainer
+
+    # ---- the pipelined steps as graph code (Keras 3's `PipelineTrainer` runs them) ------------
+    def pipelined_train(self, x, y, sample_weight, predictions: bool):
+        """One step and its optimizer update on a global batch: (loss, every output's
+        predictions or None)."""
+        result = self._train_result(x, y, sample_weight)
+        return result.loss, (self.runtime.predictions(self._step, result) if predictions
+                             else None)
+
+    def pipelined_evaluate(self, x, y, sample_weight, predictions: bool):
+        """The loss of a global batch, without a backward: (loss, predictions or None)."""
+        result = self._step.run(x, y, training=False, sample_weight=sample_weight)
+        return result.loss, (self.runtime.predictions(self._step, result) if predictions
+                             else None)
+
+    def pipelined_predict(self, x) -> List[tf.Tensor]:
+        """Every output's predictions for a global batch."""
+        result = self._step.run(x, None, training=False)
+        # Added as an exact 0, the loss keeps the step's transfers and closing collective
+        # alive on every rank across processes (Grappler drops what nothing reads).
+        zero = tf.cast(result.loss, tf.float32) * 0.0
+        return [p + tf.cast(zero, p.dtype) for p in self.runtime.predictions(self._step, result)]
 
     # ---- where this process runs (the runtime's) ------------------------------------------------
     @property
@@ -242,12 +287,17 @@ class PipelinedModel:
 
         @tf.function
         def train_fn(x, y, sample_weight):
-            result = self._step.run(x, y, sample_weight=sample_weight,
-                                    loss_scale=loss_scale(self.optimizer))
-            self.runtime.apply_gradients(self._step, self.optimizer, result)
+            result = self._train_result(x, y, sample_weight)
             self._update_metrics(y, result, sample_weight)
             return result.loss
         return self.runtime.compiled("train step", train_fn)
+
+    def _train_result(self, x, y, sample_weight):
+        """The pipelined step of a global batch and its optimizer update (graph code)."""
+        result = self._step.run(x, y, sample_weight=sample_weight,
+                                loss_scale=loss_scale(self.optimizer))
+        self.runtime.apply_gradients(self._step, self.optimizer, result)
+        return result
 
     def train_step(self, x, y, sample_weight=None) -> tf.Tensor:
         """One optimizer step on one global batch; returns the loss. Relaxed schedules: one run
@@ -305,14 +355,27 @@ class PipelinedModel:
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None,
-            initial_epoch=0, steps_per_epoch=None):
+            initial_epoch=0, steps_per_epoch=None, validation_split=0.0, validation_freq=1):
         """Keras's `fit`: epochs of pipelined steps, callbacks, progress bar, History.
 
         Logs are running means over the epoch, as Keras's; `validation_data` adds `val_` logs
-        (through `evaluate`) at each epoch's end.
+        (through `evaluate`) at each epoch's end. A Keras 3 model runs Keras 3's own `fit`
+        (`dapple.keras3_model`), which adds `validation_split` and `validation_freq`.
+        Each epoch runs whole global batches: the rows past the last one are left out.
         """
         self._require_compiled()
         self.runtime.model_may_have_changed()
+        refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
+        verbose = 1 if verbose == "auto" else verbose
+        if self._keras3:
+            return self._keras3_fit(x, y, batch_size, epochs, verbose, list(callbacks or []),
+                                    validation_data, validation_split, validation_freq,
+                                    shuffle, class_weight, sample_weight, initial_epoch,
+                                    steps_per_epoch)
+        if validation_split or validation_freq != 1:
+            raise NotImplementedError(
+                "validation_split and validation_freq are supported for Keras 3 models (whose "
+                "fit is Keras 3's own); for a tf_keras model pass validation_data")
         ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
         self._check_dataset(ds, "fit's data")
         if validation_data is not None:     # checked now, not after a whole epoch of training
@@ -322,9 +385,8 @@ class PipelinedModel:
         if steps is None:
             card = int(ds.cardinality())
             steps = card if card >= 0 else None
-        refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
         hooks = FitCallbacks(self.model, self.runtime, list(callbacks or []),
-                             1 if verbose == "auto" else verbose, epochs, steps,
+                             verbose, epochs, steps,
                              ["loss"] + [m.name for m in self._metrics()])
         loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
         initial_epoch = hooks.train_begin(initial_epoch, steps)
@@ -356,6 +418,44 @@ class PipelinedModel:
         self.model.history = hooks.history
         return hooks.history
 
+    def _keras3_fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_data,
+                    validation_split, validation_freq, shuffle, class_weight, sample_weight,
+                    initial_epoch, steps_per_epoch):
+        """Keras 3's own `fit` of the `PipelineTrainer`, on the batches `fit` runs today:
+        whole global batches (arrays shuffled with the runtime's seed, the rows past the last
+        whole batch left out; a dataset's batches checked against the plan)."""
+        if validation_split and validation_data is None:
+            if isinstance(x, tf.data.Dataset):
+                raise ValueError("validation_split needs arrays (as in Keras): with a "
+                                 "tf.data.Dataset pass validation_data")
+            # Keras's split: the last `validation_split` of the rows, before shuffling.
+            split_at = int(np.floor(rows(x) * (1.0 - validation_split)))
+            head = lambda a: tf.nest.map_structure(lambda v: np.asarray(v)[:split_at], a)
+            tail = lambda a: tf.nest.map_structure(lambda v: np.asarray(v)[split_at:], a)
+            validation_data = ((tail(x), tail(y)) if sample_weight is None
+                               else (tail(x), tail(y), tail(sample_weight)))
+            x, y = head(x), head(y)
+            sample_weight = None if sample_weight is None else head(sample_weight)
+        ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
+        self._check_dataset(ds, "fit's data")
+        validation = None
+        if validation_data is not None:     # checked now, not after a whole epoch of training
+            vx, vy, vsw = unpack_validation_data(validation_data)
+            self._check_rows(vx, "validation_data")
+            validation = self._dataset(vx, vy, None, False, "validation_data", vsw)
+        steps = steps_per_epoch
+        if steps is None:
+            card = int(ds.cardinality())
+            steps = card if card >= 0 else None
+        trainer = self._keras3_trainer()
+        trainer.build_metrics(ds)
+        hooks = trainer.callback_list(callbacks, verbose, epochs, steps)
+        history = trainer.fit(ds, epochs=epochs, verbose=verbose, callbacks=hooks, shuffle=False,
+                              validation_data=validation, initial_epoch=initial_epoch,
+                              steps_per_epoch=steps_per_epoch, validation_freq=validation_freq)
+        self.model.history = history
+        return history
+
     def predict(self, x, batch_size=None, verbose=0):
         """Forward through the pipeline (no backward) in global batches; numpy outputs.
 
@@ -363,6 +463,8 @@ class PipelinedModel:
         repeating its last row) and the padding's outputs dropped, so every row is predicted.
         """
         self.runtime.model_may_have_changed()
+        if self._keras3:
+            return self._keras3_predict(x, batch_size, verbose)
         if self._step is None:
             self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), None)
         if self._predict_fn is None:
@@ -392,12 +494,38 @@ class PipelinedModel:
         arrays = [np.concatenate(o) for o in outs]
         return arrays[0] if len(arrays) == 1 else arrays
 
+    def _keras3_predict(self, x, batch_size, verbose):
+        """Keras 3's own `predict` of the `PipelineTrainer`: arrays padded to whole global
+        batches as above, the padding's outputs dropped."""
+        trainer = self._keras3_trainer()
+        verbose = verbose if self.runtime.is_writer else 0
+        if isinstance(x, tf.data.Dataset):
+            if batch_size is not None:
+                raise ValueError("do not pass batch_size with a tf.data.Dataset")
+            self._check_dataset(x, "predict's data")
+            return trainer.predict(x, verbose=verbose)
+        batch_size = self._batch_size(batch_size)
+        n = rows(x)
+        if n == 0:
+            raise ValueError("predict got no input rows")
+        pad = -n % batch_size
+        padded = tf.nest.map_structure(
+            lambda a: np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[-1:], pad, 0)]), x)
+        out = trainer.predict(padded, batch_size=batch_size, verbose=verbose)
+        return tf.nest.map_structure(lambda o: o[:n], out)
+
     def evaluate(self, x, y=None, batch_size=None, verbose=0, sample_weight=None,
                  return_dict=False):
         """Loss and compiled metrics over full global batches, through the pipeline (no
         backward). Returns what Keras returns: the loss, or [loss, metrics...], or a dict."""
         self._require_compiled()
         self.runtime.model_may_have_changed()
+        if self._keras3:                    # Keras 3's own evaluate, on whole global batches
+            ds = self._dataset(x, y, batch_size, False, "evaluate", sample_weight)
+            self._check_dataset(ds, "evaluate's data")
+            self._keras3_trainer().build_metrics(ds)
+            return self._keras3_trainer().evaluate(
+                ds, verbose=verbose if self.runtime.is_writer else 0, return_dict=return_dict)
         if self._eval_fn is None:
             @tf.function
             def eval_fn(x, y, sample_weight):

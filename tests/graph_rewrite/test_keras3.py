@@ -263,17 +263,6 @@ def test_weights_saved_load_into_plain_keras3_and_back(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
-def test_backup_and_restore_is_refused_for_keras3_by_name():
-    model = mlp_with_skip()
-    pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
-    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
-    x, y = data(seed=1)
-    with pytest.raises(NotImplementedError, match=r"model 'mlp_with_skip' is a Keras 3 model.* "
-                                                  r"does not support BackupAndRestore yet"):
-        pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0,
-               callbacks=[keras.callbacks.BackupAndRestore("unused")])
-
-
 def residual_bn_shared(seed=0):
     """tests/models.py's (#30's model: BatchNormalization, a residual across the cut at 3, a
     layer called in both stages), built with Keras 3."""
@@ -435,16 +424,6 @@ def test_recomputing_a_keras3_dropout_is_refused_by_name():
         dapple.PipelinedModel(model, plan)
 
 
-def test_multi_process_fit_is_refused_for_keras3_by_name():
-    model = mlp_with_skip()
-    from dapple.callbacks import FitCallbacks
-
-    class TwoProcesses:
-        processes, rank, is_writer = 2, 0, True
-    with pytest.raises(NotImplementedError, match=r"model 'mlp_with_skip' is a Keras 3 model.*"
-                                                  r"does not support fit over several processes"):
-        FitCallbacks(model, TwoProcesses(), [], verbose=0, epochs=1, steps=1,
-                     stateful_metrics=[])
 
 
 def test_mixed_precision_is_refused_for_keras3_by_name():

@@ -1,0 +1,218 @@
+"""`PipelinedModel.fit` of a Keras 3 model is Keras 3's own `Model.fit` (#30 item 3,
+`dapple/keras3_model.py`): with ModelCheckpoint, EarlyStopping, BackupAndRestore resumed after an
+interrupt, TensorBoard and CSVLogger, `initial_epoch`, `validation_freq`, `validation_split`
+and a `tf.data` input it behaves as the plain Keras 3 model's `fit` on the same data. Every
+reference is plain Keras 3 (`fit` of the plain model, its files read by its own
+`load_weights`), never dapple's code. 2 stages (1:1), M=4, global batch 24.
+"""
+import csv
+import os
+
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from planner.formats.plan import straight_plan
+from tests import models
+
+keras = pytest.importorskip("keras")
+if keras.__version__.startswith(("1.", "2.")):
+    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
+
+GLOBAL_BATCH = 24
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+def mlp(seed=0):
+    return models.mlp_with_skip(seed, keras=keras)
+
+
+def loss_fn():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def data(batches, seed=11):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(batches * GLOBAL_BATCH, 6).astype("float32")
+    return x, rng.randint(0, 5, size=batches * GLOBAL_BATCH).astype("int32")
+
+
+def pair(optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.9), seed=0, metrics=True):
+    """(PipelinedModel, its plain model, the plain twin compiled alike)."""
+    model, reference = mlp(seed), mlp(seed)
+    from graph_rewrite.model_graph import layer_order
+    plan = straight_plan([2], len(layer_order(model)), 4, GLOBAL_BATCH, schedule="1f1b")
+    pm = dapple.PipelinedModel(model, plan)
+    extra = lambda: dict(metrics=["accuracy"]) if metrics else {}     # noqa: E731
+    pm.compile(optimizer=optimizer(), loss=loss_fn(), **extra())
+    reference.compile(optimizer=optimizer(), loss=loss_fn(), jit_compile=False, **extra())
+    return pm, model, reference
+
+
+def assert_same_history(got, want):
+    assert got.epoch == want.epoch
+    assert sorted(got.history) == sorted(want.history)
+    for key in want.history:
+        np.testing.assert_allclose(got.history[key], want.history[key], err_msg=key,
+                                   **TOLERANCE)
+
+
+def assert_same_weights(got_model, want_model):
+    for g, w, v in zip(got_model.get_weights(), want_model.get_weights(), want_model.weights):
+        np.testing.assert_allclose(g, w, err_msg=v.path, **TOLERANCE)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_callbacks_initial_epoch_and_validation_freq_as_plain_keras3_fit(tmp_path):
+    """ModelCheckpoint (weights each epoch, and the whole model), EarlyStopping with best
+    weights restored, CSVLogger, TensorBoard; starting at epoch 1, validating every 2nd."""
+    pm, model, reference = pair()
+    x, y = data(3)
+    val = data(1, seed=12)
+
+    def callbacks(folder):
+        os.makedirs(folder)
+        return [keras.callbacks.ModelCheckpoint(os.path.join(folder, "w{epoch}.weights.h5"),
+                                                save_weights_only=True),
+                keras.callbacks.ModelCheckpoint(os.path.join(folder, "last.keras")),
+                # min_delta no epoch reaches: the baseline epoch, then `patience` more
+                keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=2,
+                                              restore_best_weights=True),
+                keras.callbacks.CSVLogger(os.path.join(folder, "log.csv")),
+                keras.callbacks.TensorBoard(os.path.join(folder, "tb"))]
+
+    got_cb, want_cb = callbacks(str(tmp_path / "got")), callbacks(str(tmp_path / "want"))
+    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=8, initial_epoch=1, shuffle=False,
+                 verbose=0, validation_data=val, validation_freq=2, callbacks=got_cb)
+    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=8, initial_epoch=1,
+                         shuffle=False, verbose=0, validation_data=val, validation_freq=2,
+                         callbacks=want_cb)
+    assert got.epoch == [1, 2, 3]                         # EarlyStopping stopped both there
+    assert got_cb[2].stopped_epoch == want_cb[2].stopped_epoch == 3
+    assert_same_history(got, want)
+    assert len(got.history["val_loss"]) == 2 < len(got.history["loss"])   # epochs 1 and 3
+    assert_same_weights(model, reference)                 # the best (first) epoch's, restored
+    for epoch in (2, 3, 4):                               # each checkpoint: plain Keras 3's
+        got_file, want_file = mlp(seed=5), mlp(seed=5)
+        got_file.load_weights(str(tmp_path / "got" / f"w{epoch}.weights.h5"))
+        want_file.load_weights(str(tmp_path / "want" / f"w{epoch}.weights.h5"))
+        assert_same_weights(got_file, want_file)
+    loaded = keras.models.load_model(str(tmp_path / "got" / "last.keras"))
+    want_loaded = keras.models.load_model(str(tmp_path / "want" / "last.keras"))
+    assert_same_weights(loaded, want_loaded)
+    got_rows, want_rows = (read_csv(str(tmp_path / w / "log.csv")) for w in ("got", "want"))
+    assert len(got_rows) == len(want_rows) == 3
+    assert [list(r) for r in got_rows] == [list(r) for r in want_rows]     # same columns
+    for g, w in zip(got_rows, want_rows):
+        for key in w:
+            if w[key] == "NA":                            # no validation that epoch
+                assert g[key] == "NA", key
+            else:
+                np.testing.assert_allclose(float(g[key]), float(w[key]), err_msg=key,
+                                           **TOLERANCE)
+    events = [f for _, _, files in os.walk(str(tmp_path / "got" / "tb")) for f in files
+              if f.startswith("events.out.tfevents")]
+    assert len(events) >= 2                               # train and validation writers
+    assert sorted(os.listdir(str(tmp_path / "got"))) == sorted(
+        os.listdir(str(tmp_path / "want")))               # no temporary files left behind
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Stops the run at the start of `epoch`, as a preempted job would stop."""
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("interrupted")
+
+
+def test_backup_and_restore_resumes_as_plain_keras3(tmp_path):
+    """Interrupted at epoch 2, then a fresh model (other initial weights, a new Adam) resumes:
+    the weights and Adam's state come from the backup, so the final weights equal plain Keras
+    3's interrupted-and-resumed run."""
+    x, y = data(2)
+    runs = {}
+    for who in ("got", "want"):
+        backup = str(tmp_path / who)
+        adam = lambda: keras.optimizers.Adam(0.01)          # noqa: E731
+        pm, model, reference = pair(adam, metrics=False)
+        fit = pm.fit if who == "got" else reference.fit
+        with pytest.raises(RuntimeError, match="interrupted"):
+            fit(x, y, batch_size=GLOBAL_BATCH, epochs=4, shuffle=False, verbose=0,
+                callbacks=[keras.callbacks.BackupAndRestore(backup), Interrupt(2)])
+        assert sorted(os.listdir(backup)) == ["latest.weights.h5", "training_metadata.json"]
+        pm, model, reference = pair(adam, seed=7, metrics=False)   # a restarted job
+        fit = pm.fit if who == "got" else reference.fit
+        history = fit(x, y, batch_size=GLOBAL_BATCH, epochs=4, shuffle=False, verbose=0,
+                      callbacks=[keras.callbacks.BackupAndRestore(backup)])
+        assert history.epoch == [2, 3]
+        assert not os.path.exists(backup)                 # deleted at the end, as Keras does
+        runs[who] = (model if who == "got" else reference), history
+    assert_same_history(runs["got"][1], runs["want"][1])
+    assert_same_weights(runs["got"][0], runs["want"][0])
+
+
+def test_tf_data_steps_per_epoch_and_class_weight_as_plain_keras3_fit():
+    """A repeated tf.data input with steps_per_epoch (Keras continues one iterator across
+    epochs), class weights, and a tf.data validation set."""
+    pm, model, reference = pair()
+    x, y = data(3)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH,
+                                                          drop_remainder=True).repeat()
+    val = tf.data.Dataset.from_tensor_slices(data(2, seed=3)).batch(GLOBAL_BATCH,
+                                                                    drop_remainder=True)
+    weights = {0: 1.0, 1: 2.0, 2: 0.5, 3: 1.0, 4: 3.0}
+    got = pm.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, validation_data=val,
+                 class_weight=weights)
+    want = reference.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, validation_data=val,
+                         class_weight=weights)
+    assert_same_history(got, want)
+    assert_same_weights(model, reference)
+
+
+def test_validation_split_and_partial_last_batch_as_plain_keras3_fit(capsys):
+    """Batches other than the plan's are refused before training, as today; validation_split
+    takes the last rows (and sample weights) before shuffling, as Keras's; the rows past the
+    last whole global batch are left out (the plain model is given the same rows)."""
+    pm, model, reference = pair()
+    x, y = data(5)
+    with pytest.raises(ValueError, match="batch size 48 differs from the plan's "
+                                         "global_batch_size 24"):
+        pm.fit(x, y, batch_size=48, verbose=0)
+    with pytest.raises(ValueError, match="drop_remainder=True"):
+        pm.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH), verbose=0)
+    x, y = x[:4 * GLOBAL_BATCH + 7], y[:4 * GLOBAL_BATCH + 7]
+    # 25% of 103 rows: the last 26 validate (not whole batches): refused before training
+    with pytest.raises(ValueError, match=r"validation_data has 26 rows.*whole global "
+                                         r"batches of 24"):
+        pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, validation_split=0.25)
+    x, y = x[:4 * GLOBAL_BATCH], y[:4 * GLOBAL_BATCH]
+    w = np.random.RandomState(2).uniform(0.2, 2.0, size=len(x)).astype("float32")
+    longer = lambda a: np.concatenate([a[:3 * GLOBAL_BATCH], a[:5], a[3 * GLOBAL_BATCH:]])  # noqa
+    train, held = slice(0, 3 * GLOBAL_BATCH), slice(3 * GLOBAL_BATCH, None)
+    got = pm.fit(longer(x), longer(y), sample_weight=longer(w), batch_size=GLOBAL_BATCH,
+                 epochs=2, shuffle=False, verbose=1,
+                 validation_split=0.2376)     # floor(101 * 0.7624) = 77 = 3 * 24 + 5
+    want = reference.fit(x[train], y[train], sample_weight=w[train], batch_size=GLOBAL_BATCH,
+                         epochs=2, shuffle=False, verbose=0,
+                         validation_data=(x[held], y[held], w[held]))
+    assert "3/3" in capsys.readouterr().out                # Keras 3's progress bar, 3 steps
+    assert_same_history(got, want)
+    assert_same_weights(model, reference)
+
+
+def test_fit_traces_the_pipeline_once_for_training_and_once_for_validation():
+    from tests.dapple.test_trace_once import counting_runs
+    pm, _, _ = pair(lambda: keras.optimizers.Adam(0.01))
+    calls = counting_runs(pm)
+    x, y = data(2)
+    pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, validation_data=data(1, 4))
+    pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
+    assert len(calls) == 2                  # Keras's train function and its test function
