@@ -103,8 +103,6 @@ class PipelinedModel:
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
                            loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
-        if self._keras3 and type(self.optimizer).__name__ == "LossScaleOptimizer":
-            raise NotImplementedError(self._keras3_not_yet("mixed precision (LossScaleOptimizer)"))
         self._loss = PipelineLoss(loss, for_model(self.model).output_names(self.model),
                                   loss_weights)
         self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,

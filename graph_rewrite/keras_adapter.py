@@ -169,6 +169,21 @@ class Keras2(_Functional):
         return api is not None and isinstance(optimizer, api.mixed_precision.LossScaleOptimizer)
 
     @staticmethod
+    def loss_scale(optimizer):
+        """The step's loss scale: a `LossScaleOptimizer`'s current `loss_scale`, else None."""
+        return optimizer.loss_scale if Keras2.is_loss_scale_optimizer(optimizer) else None
+
+    @staticmethod
+    def unscaled(optimizer, gradients: list) -> list:
+        """Keras 2's trainer unscales the gradients before `apply_gradients`
+        (`get_unscaled_gradients`); the optimizer then skips a non-finite step itself."""
+        if Keras2.is_loss_scale_optimizer(optimizer):
+            return optimizer.get_unscaled_gradients(gradients)
+        return gradients
+
+    unscales_in_apply = False
+
+    @staticmethod
     def tf_variable(variable) -> tf.Variable:
         """The `tf.Variable` holding a model variable's value: tf_keras's are tf.Variables."""
         return variable
@@ -303,6 +318,29 @@ class Keras3(_Functional):
     def build_optimizer(optimizer, variables) -> None:
         if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
             optimizer.build(variables)
+
+    @staticmethod
+    def is_loss_scale_optimizer(optimizer) -> bool:
+        keras = sys.modules.get("keras")
+        return keras is not None and isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+    @staticmethod
+    def loss_scale(optimizer):
+        """What Keras 3's trainer multiplies the loss by (`optimizer.scale_loss`): a
+        `LossScaleOptimizer`'s `dynamic_scale` (built before tracing, so the variable's
+        current value), or a plain optimizer's `loss_scale_factor`; None when neither."""
+        if Keras3.is_loss_scale_optimizer(optimizer):
+            return tf.convert_to_tensor(optimizer.dynamic_scale)
+        factor = getattr(optimizer, "loss_scale_factor", None)
+        return None if factor is None else tf.constant(factor, tf.float32)
+
+    @staticmethod
+    def unscaled(optimizer, gradients: list) -> list:
+        """Unchanged: Keras 3's optimizer unscales inside `apply` (and a
+        `LossScaleOptimizer` skips a non-finite step and halves its scale there)."""
+        return gradients
+
+    unscales_in_apply = True
 
     @staticmethod
     def tf_variable(variable) -> tf.Variable:

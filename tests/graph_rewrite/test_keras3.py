@@ -449,16 +449,8 @@ def test_the_tensorflow_runtime_and_multi_process_fit_are_refused_for_keras3_by_
                      stateful_metrics=[])
 
 
-def test_relaxed_schedules_and_mixed_precision_are_refused_for_keras3_by_name():
+def test_relaxed_schedules_are_refused_for_keras3_by_name():
     model = mlp_with_skip()
     plan = straight_plan([2], 5, 4, GLOBAL_BATCH, schedule="2bw")
     with pytest.raises(NotImplementedError, match="does not support the 2bw schedule"):
         dapple.PipelinedModel(model, plan)
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = mlp_with_skip()
-        pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
-        with pytest.raises(NotImplementedError, match=r"does not support mixed precision"):
-            pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
