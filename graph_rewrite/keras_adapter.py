@@ -19,7 +19,7 @@ A tensor is identified by `str(id(keras_tensor))` in both versions (what both Fu
 their tensors by). `Keras2` is what the rewriter always did, moved here unchanged.
 
 Keras 3 is supported on a thin path for now (docs/keras3.md): functional (and built Sequential)
-models without masks, or losses from activations or weights; `for_model`
+models without masks or losses from activations; `for_model`
 tells the versions apart, and `unsupported_keras3` names what a Keras 3 model uses that is not
 supported yet.
 """
@@ -152,8 +152,15 @@ class Keras2(_Functional):
 
     @staticmethod
     def weight_penalties(layer) -> list:
-        """The layer's (and its sublayers') weight regularizers, as callables."""
-        return [c for sub in layer._flatten_layers() for c in sub._callable_losses]
+        """The layer's (and its sublayers') weight regularizers: (key, callable) pairs, the
+        key the same for the same regularizer wherever the layer is called."""
+        return [(id(c), c) for sub in layer._flatten_layers() for c in sub._callable_losses]
+
+    @staticmethod
+    def added_losses(layer) -> int:
+        """0: a Keras 2 model's `losses` name them before a step is built
+        (`dapple.checks.check_supported_model`)."""
+        return 0
 
     @staticmethod
     def build_optimizer(optimizer, variables) -> None:
@@ -312,7 +319,18 @@ class Keras3(_Functional):
 
     @staticmethod
     def weight_penalties(layer) -> list:
-        return []           # refused before a step is built (`unsupported_keras3`)
+        """(key, callable) for each of the layer's trainable weights with a regularizer: Keras
+        3 computes the penalty from `variable.regularizer` (`Layer._get_regularization_losses`),
+        keyed by the variable so a layer called in two stages counts once."""
+        return [(id(v), functools.partial(_regularizer_penalty, v))
+                for v in layer.trainable_weights if getattr(v, "regularizer", None) is not None]
+
+    @staticmethod
+    def added_losses(layer) -> int:
+        """How many losses the layer's last call added (`add_loss` in `call`): Keras 3 clears
+        them when an outermost call starts, and a model built from such a layer does not
+        list them in its `losses`, so only the call shows them."""
+        return sum(len(sub._losses) for sub in layer._flatten_layers())
 
     @staticmethod
     def build_optimizer(optimizer, variables) -> None:
@@ -393,6 +411,10 @@ class Keras3(_Functional):
         return None
 
 
+def _regularizer_penalty(variable):
+    return variable.regularizer(variable)
+
+
 def for_model(model):
     """The adapter for a model (or a layer, or a node) of either Keras."""
     return Keras3 if is_keras3(model) else Keras2
@@ -422,10 +444,13 @@ def unsupported_keras3(model) -> List[str]:
             problems.append(f"layer {layer.name!r} ({kind}): moving statistics")
         if getattr(layer, "supports_masking", False) and kind in ("Embedding", "Masking"):
             problems.append(f"layer {layer.name!r} ({kind}): masks")
-        for attr in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                     "embeddings_regularizer", "gamma_regularizer", "beta_regularizer"):
-            if getattr(layer, attr, None) is not None:
-                problems.append(f"layer {layer.name!r} ({kind}): {attr}")
-    if getattr(model, "losses", None):
-        problems.append(f"{len(model.losses)} loss(es) added to the model (add_loss)")
+        if getattr(layer, "activity_regularizer", None) is not None:
+            problems.append(f"layer {layer.name!r} ({kind}): activity_regularizer")
+    # Weight regularizers are supported (`Keras3.weight_penalties`); any other loss
+    # (`add_loss`) is computed from activations and refused, as for Keras 2.
+    regularized = sum(getattr(v, "regularizer", None) is not None
+                      for v in model.trainable_weights)
+    added = len(getattr(model, "losses", None) or []) - regularized
+    if added > 0:
+        problems.append(f"{added} loss(es) added to the model (add_loss)")
     return problems
