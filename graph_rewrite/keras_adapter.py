@@ -9,8 +9,9 @@ the rewriter reads of them goes through one adapter per version:
   output names;
 - a node's layer, the ids of its input and output tensors, its output KerasTensors;
 - the (args, kwargs) to call a node's layer with, given tensors by id, in training or not;
-- a layer's weight regularizers (Keras 2's callable losses), whether it draws random numbers;
-- building an optimizer's variables before the step is traced; the compiled metrics;
+- a layer's weight regularizers, the losses its call added, whether it draws random numbers;
+- building an optimizer's variables before the step is traced; the loss scale under mixed
+  precision and who unscales the gradients; the compiled metrics;
 - BatchNormalization: which layers are, the options the combined update cannot reproduce,
   the channel axes, the batch variance and the moving-average formula of that Keras
   (`graph_rewrite.batch_statistics` is the one runtime for both).
