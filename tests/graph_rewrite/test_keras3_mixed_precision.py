@@ -93,3 +93,22 @@ def test_compile_wraps_the_optimizer_in_a_loss_scale_optimizer_as_keras3_does(mi
     assert float(pm.optimizer.dynamic_scale) == float(plain.optimizer.dynamic_scale) == 2.0**15
     for a, b in zip(model.get_weights(), plain.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_a_plain_optimizers_loss_scale_factor_scales_like_keras3():
+    """Keras 3's `loss_scale_factor` on any optimizer (float32 here): the trainer multiplies
+    the loss by it, `apply` divides the gradients by it."""
+    def sgd():
+        return keras.optimizers.SGD(0.05, momentum=0.5, loss_scale_factor=1024.0)
+    plain, model = (models.float32_logits_mlp(keras=keras) for _ in range(2))
+    plain.compile(sgd(), loss_fn(), jit_compile=False)
+    pm = dapple.PipelinedModel(model, straight_plan([2], 4, 4, BATCH, replicas=[2, 1]))
+    pm.compile(sgd(), loss_fn())
+    start = [w.copy() for w in model.get_weights()]
+    for step, (x, y) in enumerate(batches(seed=5)):
+        if step == 3:
+            break
+        assert abs(float(pm.train_step(x, y)) - float(plain.train_on_batch(x, y))) < 1e-5
+    for a, b, s in zip(model.get_weights(), plain.get_weights(), start):
+        assert np.max(np.abs(b - s)) > 1e-3
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
