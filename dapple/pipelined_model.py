@@ -100,8 +100,6 @@ class PipelinedModel:
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
                            loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         self.optimizer = self.model.optimizer
-        if self._keras3 and type(self.optimizer).__name__ == "LossScaleOptimizer":
-            raise NotImplementedError(self._keras3_not_yet("mixed precision (LossScaleOptimizer)"))
         self._loss = PipelineLoss(loss, for_model(self.model).output_names(self.model),
                                   loss_weights)
         self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,
@@ -114,13 +112,6 @@ class PipelinedModel:
         self._metrics_built = False
         self._trainer = None
         self._compiled_metrics_args = (metrics, weighted_metrics)
-
-    def _keras3_not_yet(self, what: str) -> str:
-        return (f"model {self.model.name!r} is a Keras 3 model, and dapple's Keras 3 path "
-                f"does not support {what} yet: it covers compile, fit, train_step, gradients, "
-                f"evaluate, predict and .weights.h5 checkpoints on every schedule, locally, "
-                f"under horovodrun and on the TensorFlow-cluster runtime (docs/keras3.md); "
-                f"use a tf_keras (Keras 2) model for the rest")
 
     def _keras3_trainer(self):
         """Keras 3: the `keras.Model` whose steps are this pipeline (`dapple.keras3_model`),

@@ -9,8 +9,9 @@ the rewriter reads of them goes through one adapter per version:
   output names;
 - a node's layer, the ids of its input and output tensors, its output KerasTensors;
 - the (args, kwargs) to call a node's layer with, given tensors by id, in training or not;
-- a layer's weight regularizers (Keras 2's callable losses), whether it draws random numbers;
-- building an optimizer's variables before the step is traced; the compiled metrics;
+- a layer's weight regularizers, the losses its call added, whether it draws random numbers;
+- building an optimizer's variables before the step is traced; the loss scale under mixed
+  precision and who unscales the gradients; the compiled metrics;
 - BatchNormalization: which layers are, the options the combined update cannot reproduce,
   the channel axes, the batch variance and the moving-average formula of that Keras
   (`graph_rewrite.batch_statistics` is the one runtime for both).
@@ -19,7 +20,7 @@ A tensor is identified by `str(id(keras_tensor))` in both versions (what both Fu
 their tensors by). `Keras2` is what the rewriter always did, moved here unchanged.
 
 Keras 3 is supported on a thin path for now (docs/keras3.md): functional (and built Sequential)
-models without masks, or losses from activations or weights; `for_model`
+models without masks or losses from activations; `for_model`
 tells the versions apart, and `unsupported_keras3` names what a Keras 3 model uses that is not
 supported yet.
 """
@@ -152,8 +153,15 @@ class Keras2(_Functional):
 
     @staticmethod
     def weight_penalties(layer) -> list:
-        """The layer's (and its sublayers') weight regularizers, as callables."""
-        return [c for sub in layer._flatten_layers() for c in sub._callable_losses]
+        """The layer's (and its sublayers') weight regularizers: (key, callable) pairs, the
+        key the same for the same regularizer wherever the layer is called."""
+        return [(id(c), c) for sub in layer._flatten_layers() for c in sub._callable_losses]
+
+    @staticmethod
+    def added_losses(layer) -> int:
+        """0: a Keras 2 model's `losses` name them before a step is built
+        (`dapple.checks.check_supported_model`)."""
+        return 0
 
     @staticmethod
     def build_optimizer(optimizer, variables) -> None:
@@ -167,6 +175,21 @@ class Keras2(_Functional):
         `get_unscaled_gradients`)."""
         api = keras2_module_of(optimizer)
         return api is not None and isinstance(optimizer, api.mixed_precision.LossScaleOptimizer)
+
+    @staticmethod
+    def loss_scale(optimizer):
+        """The step's loss scale: a `LossScaleOptimizer`'s current `loss_scale`, else None."""
+        return optimizer.loss_scale if Keras2.is_loss_scale_optimizer(optimizer) else None
+
+    @staticmethod
+    def unscaled(optimizer, gradients: list) -> list:
+        """Keras 2's trainer unscales the gradients before `apply_gradients`
+        (`get_unscaled_gradients`); the optimizer then skips a non-finite step itself."""
+        if Keras2.is_loss_scale_optimizer(optimizer):
+            return optimizer.get_unscaled_gradients(gradients)
+        return gradients
+
+    unscales_in_apply = False
 
     @staticmethod
     def tf_variable(variable) -> tf.Variable:
@@ -316,7 +339,18 @@ class Keras3(_Functional):
 
     @staticmethod
     def weight_penalties(layer) -> list:
-        return []           # refused before a step is built (`unsupported_keras3`)
+        """(key, callable) for each of the layer's trainable weights with a regularizer: Keras
+        3 computes the penalty from `variable.regularizer` (`Layer._get_regularization_losses`),
+        keyed by the variable so a layer called in two stages counts once."""
+        return [(id(v), functools.partial(_regularizer_penalty, v))
+                for v in layer.trainable_weights if getattr(v, "regularizer", None) is not None]
+
+    @staticmethod
+    def added_losses(layer) -> int:
+        """How many losses the layer's last call added (`add_loss` in `call`): Keras 3 clears
+        them when an outermost call starts, and a model built from such a layer does not
+        list them in its `losses`, so only the call shows them."""
+        return sum(len(sub._losses) for sub in layer._flatten_layers())
 
     @staticmethod
     def build_optimizer(optimizer, variables) -> None:
@@ -328,6 +362,24 @@ class Keras3(_Functional):
         """Keras 3's `keras.optimizers.LossScaleOptimizer` (it scales inside `apply`)."""
         keras = sys.modules.get("keras")
         return keras is not None and isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+    @staticmethod
+    def loss_scale(optimizer):
+        """What Keras 3's trainer multiplies the loss by (`optimizer.scale_loss`): a
+        `LossScaleOptimizer`'s `dynamic_scale` (built before tracing, so the variable's
+        current value), or a plain optimizer's `loss_scale_factor`; None when neither."""
+        if Keras3.is_loss_scale_optimizer(optimizer):
+            return tf.convert_to_tensor(optimizer.dynamic_scale)
+        factor = getattr(optimizer, "loss_scale_factor", None)
+        return None if factor is None else tf.constant(factor, tf.float32)
+
+    @staticmethod
+    def unscaled(optimizer, gradients: list) -> list:
+        """Unchanged: Keras 3's optimizer unscales inside `apply` (and a
+        `LossScaleOptimizer` skips a non-finite step and halves its scale there)."""
+        return gradients
+
+    unscales_in_apply = True
 
     @staticmethod
     def tf_variable(variable) -> tf.Variable:
@@ -399,6 +451,10 @@ class Keras3(_Functional):
         return None
 
 
+def _regularizer_penalty(variable):
+    return variable.regularizer(variable)
+
+
 def for_model(model):
     """The adapter for a model (or a layer, or a node) of either Keras."""
     return Keras3 if is_keras3(model) else Keras2
@@ -428,10 +484,13 @@ def unsupported_keras3(model) -> List[str]:
             problems.append(f"layer {layer.name!r} ({kind}): moving statistics")
         if getattr(layer, "supports_masking", False) and kind in ("Embedding", "Masking"):
             problems.append(f"layer {layer.name!r} ({kind}): masks")
-        for attr in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                     "embeddings_regularizer", "gamma_regularizer", "beta_regularizer"):
-            if getattr(layer, attr, None) is not None:
-                problems.append(f"layer {layer.name!r} ({kind}): {attr}")
-    if getattr(model, "losses", None):
-        problems.append(f"{len(model.losses)} loss(es) added to the model (add_loss)")
+        if getattr(layer, "activity_regularizer", None) is not None:
+            problems.append(f"layer {layer.name!r} ({kind}): activity_regularizer")
+    # Weight regularizers are supported (`Keras3.weight_penalties`); any other loss
+    # (`add_loss`) is computed from activations and refused, as for Keras 2.
+    regularized = sum(getattr(v, "regularizer", None) is not None
+                      for v in model.trainable_weights)
+    added = len(getattr(model, "losses", None) or []) - regularized
+    if added > 0:
+        problems.append(f"{added} loss(es) added to the model (add_loss)")
     return problems

@@ -124,9 +124,9 @@ def weight_penalties_by_stage(stages) -> List[list]:
     for graph in stages:
         mine = []
         for layer in graph.called_layers:
-            for c in keras_adapter.for_model(layer).weight_penalties(layer):
-                if id(c) not in seen:
-                    seen.add(id(c))
+            for key, c in keras_adapter.for_model(layer).weight_penalties(layer):
+                if key not in seen:
+                    seen.add(key)
                     mine.append(c)
         out.append(mine)
     return out

@@ -206,6 +206,8 @@ def weight_penalty(step, state: StepState, unit: Unit, variables: List[tf.Variab
     if not state.backward:
         return term, []
     grads = tape.gradient(term, variables, output_gradients=scaled_one(term, state.one,
-                                                                       state.loss_scale),
-                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return term, [tf.convert_to_tensor(g) for g in grads]
+                                                                       state.loss_scale))
+    # Zeros for the variables without a regularizer, made here: the tape's own zeros read
+    # `variable.dtype`, which a Keras 3 variable gives as a string.
+    return term, [tf.zeros(v.shape, tf.as_dtype(v.dtype)) if g is None else
+                  tf.convert_to_tensor(g) for g, v in zip(grads, variables)]

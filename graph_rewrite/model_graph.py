@@ -164,7 +164,14 @@ class StageGraph:
             args, kwargs = node_call_arguments(node, values, training)
             if observe is not None:
                 observe(node, args, kwargs)
-            outputs = node_layer(node)(*args, **kwargs)
+            layer = node_layer(node)
+            outputs = layer(*args, **kwargs)
+            if keras_adapter.for_model(layer).added_losses(layer):
+                raise ValueError(
+                    f"layer {layer.name!r} ({type(layer).__name__}) adds a loss in its call "
+                    f"(add_loss): computed from activations, the pipelined step does not "
+                    f"include it, so it would train a different objective than Keras; remove "
+                    f"it or add it to the compiled loss")
             for tid, y in zip(node_output_ids(node), tf.nest.flatten(outputs)):
                 values[tid] = y
         return {tid: values[tid] for tid in self.output_ids}

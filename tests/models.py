@@ -230,14 +230,16 @@ def token_batch(batch, seed, vocab=24, length=6):
     return x, np.roll(x, -1, axis=1)
 
 
-def float32_logits_mlp(seed=0):
-    """Dense layers with float32 logits, as Keras recommends under a mixed-precision policy."""
-    tf.keras.utils.set_random_seed(seed)
-    x = tf.keras.Input((6,))
-    h = tf.keras.layers.Dense(16, activation="relu", name="d1")(x)
-    h = tf.keras.layers.Dense(16, activation="tanh", name="d2")(h)
-    h = tf.keras.layers.Dense(16, activation="relu", name="d3")(h)
-    return tf.keras.Model(x, tf.keras.layers.Dense(4, name="out", dtype="float32")(h))
+def float32_logits_mlp(seed=0, keras=None):
+    """Dense layers with float32 logits, as Keras recommends under a mixed-precision policy
+    (`keras`: the Keras module to build with, default `tf.keras`)."""
+    keras = keras or tf.keras
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,))
+    h = keras.layers.Dense(16, activation="relu", name="d1")(x)
+    h = keras.layers.Dense(16, activation="tanh", name="d2")(h)
+    h = keras.layers.Dense(16, activation="relu", name="d3")(h)
+    return keras.Model(x, keras.layers.Dense(4, name="out", dtype="float32")(h))
 
 
 def keras3_mlp():

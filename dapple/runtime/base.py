@@ -96,17 +96,22 @@ class Runtime(abc.ABC):
 
 
 def loss_scale(optimizer) -> Optional[tf.Tensor]:
-    """The optimizer's current loss scale under mixed precision, else None."""
-    if keras_adapter.Keras2.is_loss_scale_optimizer(optimizer):
-        return optimizer.loss_scale
-    return None
+    """The optimizer's current loss scale under mixed precision (what its Keras's trainer
+    multiplies the loss by), else None."""
+    return keras_adapter.for_model(optimizer).loss_scale(optimizer)
 
 
 def unscaled(optimizer, gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
-    """The accumulated gradients unscaled once under mixed precision (as Keras does)."""
-    if loss_scale(optimizer) is not None:
-        return optimizer.get_unscaled_gradients(gradients)
-    return gradients
+    """The accumulated gradients as the optimizer's Keras gives them to `apply_gradients`:
+    unscaled once (Keras 2), or still scaled (Keras 3's optimizer unscales them itself)."""
+    return keras_adapter.for_model(optimizer).unscaled(optimizer, gradients)
+
+
+def scale_left_in(optimizer) -> Optional[tf.Tensor]:
+    """The loss scale `unscaled`'s gradients still carry (Keras 3's), else None."""
+    if keras_adapter.for_model(optimizer).unscales_in_apply:
+        return loss_scale(optimizer)
+    return None
 
 
 def apply_present(optimizer, gradients: List[Optional[tf.Tensor]], variables) -> None:

@@ -422,16 +422,3 @@ def test_recomputing_a_keras3_dropout_is_refused_by_name():
     plan.recompute = True
     with pytest.raises(ValueError, match=r"layer 'drop' \(Dropout\) draws random numbers"):
         dapple.PipelinedModel(model, plan)
-
-
-
-
-def test_mixed_precision_is_refused_for_keras3_by_name():
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = mlp_with_skip()
-        pm = dapple.PipelinedModel(model, plan_for(model, [2], [1, 1]))
-        with pytest.raises(NotImplementedError, match=r"does not support mixed precision"):
-            pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
-    finally:
-        keras.mixed_precision.set_global_policy("float32")

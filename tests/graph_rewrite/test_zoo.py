@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from dapple.profiler import measure_profile
 from graph_rewrite.batch_statistics import is_batch_normalization
+from graph_rewrite.keras_adapter import keras_module_of
 from planner.search.baselines import best_straight_plan
 from tests.models import ghost_batch_loss_and_grads, tied_language_model, token_batch
 from topology import local_topology
@@ -68,12 +69,12 @@ def relative_difference(got, want):
 
 
 def expected_moving_statistics(reference, x, slice_rows):
-    """Keras's own update: each BN layer (a fresh copy with the step's starting weights) called
+    """Keras's own update (the model's Keras's): each BN layer (a fresh copy with the step's starting weights) called
     once, in training mode, on the rows that reached it in the pipeline: the plain model's
     inputs to it, computed slice by slice (earlier BNs normalize per slice, as in the pipeline)."""
     bns = [l for l in reference.layers if is_batch_normalization(l)]
     start = {l.name: l.get_weights() for l in bns}
-    probe = tf.keras.Model(reference.inputs, [l.input for l in bns])
+    probe = keras_module_of(reference).Model(reference.inputs, [l.input for l in bns])
     pieces = [probe(x[lo:lo + slice_rows], training=True) for lo in range(0, len(x), slice_rows)]
     want = {}
     for i, layer in enumerate(bns):

@@ -43,7 +43,8 @@ import tensorflow as tf
 
 from dapple.checkpoint import save_weights_atomically
 from dapple.eager_build import build_optimizer
-from dapple.runtime.base import Runtime, apply_present, global_clipnorm, loss_scale, unscaled
+from dapple.runtime.base import (Runtime, apply_present, global_clipnorm, loss_scale,
+                                 scale_left_in, unscaled)
 from dapple.runtime.horovod.ranks import RankLayout, WorldSizeError
 from dapple.runtime.horovod.transport import (HorovodPipelineStep, init_horovod,
                                              pin_gpu_to_local_rank, rank_device,
@@ -157,6 +158,9 @@ class HorovodRuntime(Runtime):
                 if g is not None and step.owns_norm_of(v):
                     squares = squares + tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
             norm = tf.sqrt(step.sum_over_ranks(squares, "gradnorm"))
+            left = scale_left_in(optimizer)
+            if left is not None:            # Keras 3 clips after unscaling, inside apply
+                norm = norm / tf.cast(left, norm.dtype)
             # tf.clip_by_global_norm's factor; the optimizer's own clip, on this rank's share
             # only, then changes nothing (that share's norm is at most the clipped norm).
             scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)

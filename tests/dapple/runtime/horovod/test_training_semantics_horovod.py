@@ -49,6 +49,19 @@ def test_mixed_precision_skips_and_scales_alike_on_every_rank():
 
 
 @pytest.mark.horovod
+def test_keras3_mixed_precision_with_global_clipnorm_skips_scales_and_clips_alike():
+    """Keras 3's gradients reach its LossScaleOptimizer still scaled: the clip factor dapple
+    computes over every rank's share divides their norm by the scale."""
+    pytest.importorskip("keras", minversion="3")
+    for rep in reports("keras3_mixed", 3):
+        got, want = zip(*rep["scales"])
+        assert got == want, rep
+        assert want[5] == want[4] / 2 and max(want[:5]) > want[0], rep   # grew, then halved
+        assert rep["moved"] > 1e-2, rep
+        assert rep["weight_closeness"] <= 1.0, rep       # within fp16's 1e-3
+
+
+@pytest.mark.horovod
 def test_a_stage_without_trainable_variables_steps_with_the_others():
     for rep in reports("noweights", 2):
         assert rep["iterations"] == 3, rep                # the softmax-only rank stepped too

@@ -8,6 +8,8 @@ which every rank computes itself (same seed, same data). Prints `DAPPLE_RESULT <
 --case=clip       `global_clipnorm=0.1`, 2:1 plan, 3 SGD steps: weights against plain steps.
 --case=mixed      mixed_float16, 2:1 plan, M = 4, 12 steps with an overflow in step 5:
                   loss scale and weights against plain `train_on_batch`.
+--case=keras3_mixed  the same with Keras 3 (`import keras`): its LossScaleOptimizer around an
+                  SGD with `global_clipnorm=0.1` (clipped after unscaling, over the whole model).
 --case=noweights  a last stage without trainable variables (a softmax), Adam, 3 steps: weights
                   and the optimizer's iteration count on every rank against plain steps.
 """
@@ -111,6 +113,37 @@ elif args.case == "mixed":
     # np.allclose(rtol=1e-3, atol=1e-3) holds when this is at most 1
     report["weight_closeness"] = max(float(np.max(np.abs(a - b) / (1e-3 + 1e-3 * np.abs(b))))
                                      for a, b in zip(model.get_weights(), reference.get_weights()))
+elif args.case == "keras3_mixed":
+    import keras
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    k3_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def k3_lso():
+        return keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.5, global_clipnorm=0.1), dynamic_growth_steps=3)
+    model = models.float32_logits_mlp(keras=keras)
+    reference = models.float32_logits_mlp(keras=keras)
+    pm = dapple.PipelinedModel(model, straight_plan([2], 4, 4, 16, replicas=[2, 1]))
+    pm.compile(optimizer=k3_lso(), loss=k3_loss)
+    reference.compile(k3_lso(), k3_loss, jit_compile=False)
+    rng = np.random.RandomState(0)
+    scales = []
+    for step in range(12):
+        x = rng.randn(16, 6).astype("float32")
+        if step == 5:
+            x[3] = 1e6          # one slice, on replica 0's rank only
+        y = rng.randint(0, 4, 16).astype("int32")
+        pm.train_step(x, y)
+        reference.train_on_batch(x, y)
+        scales.append([float(pm.optimizer.dynamic_scale),
+                       float(reference.optimizer.dynamic_scale)])
+    pm.gather_weights()
+    report["scales"] = scales
+    report["weight_closeness"] = max(float(np.max(np.abs(a - b) / (1e-3 + 1e-3 * np.abs(b))))
+                                     for a, b in zip(model.get_weights(), reference.get_weights()))
+    # the same run clipped per rank's share would differ by more than fp16's tolerance
+    report["moved"] = diff(models.float32_logits_mlp(keras=keras).get_weights(),
+                           reference.get_weights())
 elif args.case == "noweights":
     def softmax_last(seed=0):
         tf.keras.utils.set_random_seed(seed)
