@@ -1,8 +1,9 @@
 """The collectives in a traced train step under horovodrun (issue #28): a replicated stage's
 gradients are summed in one `hvd.grouped_allreduce` (not one allreduce per variable), the loss
 of a data-parallel plan rides in it (no collective of its own), and no collective sits in the
-data-parallel lane's loop over micro-batches. Counted in the step's graph and its function
-library (scripts/step_graph_rank.py), after two steps ran."""
+data-parallel lane's loop over micro-batches; a pipeline's loss allreduce is on no update's
+critical path. Counted in the step's graph and its function library, and in what the
+optimizer's updates depend on (scripts/step_graph_rank.py), after two steps ran."""
 import json
 
 import pytest
@@ -28,14 +29,21 @@ def test_data_parallel_step_is_one_grouped_allreduce(micro_batches):
         assert rep["ops"] == {GROUPED: 1}, rep      # gradients and loss, one collective
         assert rep["loops"] == (1 if micro_batches > 1 else 0), rep
         assert rep["loop_ops"] == {}, rep
+        assert rep["gating"] == {GROUPED: 1}, rep   # the update waits for it, nothing else
         assert rep["losses"] == found[0]["losses"], (rank, rep)
 
 
 @pytest.mark.horovod
-def test_replicated_stage_of_a_pipeline_is_one_grouped_allreduce():
-    found = reports(3, ["--cuts=2", "--replicas=2,1", "--micro_batches=2"])
+@pytest.mark.parametrize("replicas", [(2, 1), (1, 2)], ids=["2:1", "1:2"])
+def test_replicated_stage_of_a_pipeline_is_one_grouped_allreduce(replicas):
+    found = reports(3, ["--cuts=2", f"--replicas={replicas[0]},{replicas[1]}",
+                        "--micro_batches=2"])
     for rank, rep in found.items():
-        grouped = 1 if rep["stage"] == 0 else 0     # stage 0 has 2 replicas, stage 1 one
+        grouped = 1 if replicas[rep["stage"]] == 2 else 0
         assert rep["ops"].get(GROUPED, 0) == grouped, rep
         assert rep["ops"].get(SINGLE, 0) == 1, rep  # the global loss
+        # The update waits for the replicas' sum and the boundary transfers, not the loss.
+        assert rep["gating"].get(GROUPED, 0) == grouped, rep
+        assert SINGLE not in rep["gating"], rep
+        assert rep["gating"].get("HorovodAlltoall", 0) > 0, rep
         assert rep["losses"] == found[0]["losses"], (rank, rep)
