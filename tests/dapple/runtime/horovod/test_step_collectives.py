@@ -1,6 +1,7 @@
 """The collectives in a traced train step under horovodrun (issue #28): a replicated stage's
-gradients are summed in one `hvd.grouped_allreduce` (not one allreduce per variable), the loss
-of a data-parallel plan rides in it (no collective of its own), and no collective sits in the
+gradients are summed in one `hvd.grouped_allreduce` (not one allreduce per variable; a
+data-parallel plan's in a few, `GRADIENT_GROUPS`, the same at every M), the loss of a
+data-parallel plan rides in them (no collective of its own), and no collective sits in the
 data-parallel lane's loop over micro-batches; a pipeline's loss allreduce is on no update's
 critical path. Counted in the step's graph and its function library, and in what the
 optimizer's updates depend on (scripts/step_graph_rank.py), after two steps ran."""
@@ -9,6 +10,8 @@ import json
 import pytest
 
 from hvdrun import horovodrun
+
+GROUPS = 4      # dapple.runtime.horovod.transport.GRADIENT_GROUPS (not imported: Horovod)
 
 GROUPED, SINGLE = "HorovodGroupedAllreduce", "HorovodAllreduce"
 
@@ -23,13 +26,15 @@ def reports(ranks, argv):
 
 @pytest.mark.horovod
 @pytest.mark.parametrize("micro_batches", [1, 4])
-def test_data_parallel_step_is_one_grouped_allreduce(micro_batches):
+def test_data_parallel_step_is_a_few_grouped_allreduces(micro_batches):
     found = reports(2, ["--replicas=2", f"--micro_batches={micro_batches}"])
     for rank, rep in found.items():
-        assert rep["ops"] == {GROUPED: 1}, rep      # gradients and loss, one collective
+        assert rep["ops"] == {GROUPED: GROUPS}, rep     # gradients and loss, nothing else
         assert rep["loops"] == (1 if micro_batches > 1 else 0), rep
         assert rep["loop_ops"] == {}, rep
-        assert rep["gating"] == {GROUPED: 1}, rep   # the update waits for it, nothing else
+        assert rep["gating"] == {GROUPED: GROUPS}, rep  # the update waits for them only
+        # M = 1: the stage's calls inlined (its gradients appear one by one); M > 1: the loop
+        assert rep["noinline_calls"] == (1 if micro_batches > 1 else 0), rep
         assert rep["losses"] == found[0]["losses"], (rank, rep)
 
 
@@ -46,4 +51,5 @@ def test_replicated_stage_of_a_pipeline_is_one_grouped_allreduce(replicas):
         assert rep["gating"].get(GROUPED, 0) == grouped, rep
         assert SINGLE not in rep["gating"], rep
         assert rep["gating"].get("HorovodAlltoall", 0) > 0, rep
+        assert rep["noinline_calls"] > 0, rep      # a pipeline's stage calls stay whole
         assert rep["losses"] == found[0]["losses"], (rank, rep)

@@ -99,7 +99,12 @@ assert updates, "no variable update found in the train step's graph"
 before_update = ancestors(graph.node, updates)
 gating = collections.Counter(n.op for n in graph.node
                              if n.op.startswith("Horovod") and n.name in before_update)
+# Calls in the step's own graph of functions that must not be inlined (stage calls, the lane's
+# loop): such a call's outputs all appear when it ends.
+noinline_calls = sum(1 for name in called(graph.node)
+                     if name in functions and functions[name].attr["_noinline"].b)
 print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.runtime.stage, "ops": dict(in_step),
     "loop_ops": dict(in_loops), "loops": len(loop_bodies), "gating": dict(gating),
+    "noinline_calls": noinline_calls,
     "losses": losses}), flush=True)
