@@ -17,14 +17,15 @@ add, then a 10-way classifier), sparse categorical cross-entropy, SGD. For each 
 
 Every rank has one intra-op thread, `HOROVOD_CYCLE_TIME=0.1` (what `dapple launch` sets); the
 median of `--steps` steps after 3 warm-up steps, kinds alternating, `--repeats` rounds, median
-kept. Prints ms per step, dapple / horovod, and each kind's ratio to its own M = 1, with the
-load average (the machine is shared). `--timeline_dir` also writes a Horovod timeline of the
+kept. Prints, in wall time and in rank 0's CPU time (all its threads; it moves less than wall
+time when other jobs share the cores), ms per step, dapple / horovod, plain Keras's
+accumulation factor (keras at M / keras at M = 1) and the issue's check: dapple / (horovod at
+M = 1 x that factor), bound 1.1; with the load average (the machine is shared). `--timeline_dir` also writes a Horovod timeline of the
 dapple and horovod runs of the first round (HOROVOD_TIMELINE), one file per kind and M.
 """
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -37,8 +38,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks.step_timing import (median_step_ms, one_thread_env, read_step_ms,  # noqa: E402
-                                    report, run_checked, venv_bin)
+from benchmarks.step_timing import (median_step_times, one_thread_env,  # noqa: E402
+                                    read_step_cpu_ms, read_step_ms, report, run_checked,
+                                    venv_bin)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("width", 1024, "units of every Dense layer")
@@ -112,12 +114,12 @@ def worker() -> None:
         pm = dapple.PipelinedModel(model, plan)
         pm.compile(tf.keras.optimizers.SGD(0.01),
                    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return report(pm, median_step_ms(pm, x, y, FLAGS.steps))
+        return report(pm, *median_step_times(pm, x, y, FLAGS.steps))
     half = FLAGS.batch // 2
     if kind == "keras":
         step = plain_step(model, x[:half], y[:half], M, None)
-        return report(types.SimpleNamespace(rank=0), median_step_ms(step, x[:half], y[:half],
-                                                                    FLAGS.steps))
+        return report(types.SimpleNamespace(rank=0), *median_step_times(step, x[:half], y[:half],
+                                                                        FLAGS.steps))
     import horovod.tensorflow as hvd
     hvd.init()
     hvd.broadcast_variables(model.variables, root_rank=0)
@@ -125,7 +127,7 @@ def worker() -> None:
     reduce = types.SimpleNamespace(tape=hvd.DistributedGradientTape, allreduce=hvd.allreduce)
     step = plain_step(model, x[mine], y[mine], M, reduce)
     report(types.SimpleNamespace(rank=hvd.rank()),
-           median_step_ms(step, x[mine], y[mine], FLAGS.steps))
+           *median_step_times(step, x[mine], y[mine], FLAGS.steps))
 
 
 # ---- the parent ----------------------------------------------------------------------------------
@@ -133,14 +135,16 @@ def env(**extra) -> dict:
     return one_thread_env(REPO, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **extra)
 
 
-def measure(kind: str, M: int, timeline: str = "") -> float:
+def measure(kind: str, M: int, timeline: str = ""):
+    """(wall ms, CPU ms) of one step of `kind` at `M` (rank 0's, for the 2-rank kinds)."""
     argv = [sys.executable, os.path.abspath(__file__), f"--worker={kind}", f"--worker_m={M}",
             f"--width={FLAGS.width}", f"--blocks={FLAGS.blocks}", f"--batch={FLAGS.batch}",
             f"--steps={FLAGS.steps}"]
     if kind != "keras":
         argv = [venv_bin("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + argv
     extra = {"HOROVOD_TIMELINE": timeline} if timeline else {}
-    return read_step_ms(run_checked(argv, env(**extra), REPO))
+    out = run_checked(argv, env(**extra), REPO)
+    return read_step_ms(out), read_step_cpu_ms(out)
 
 
 def main(argv):
@@ -165,20 +169,24 @@ def main(argv):
                                             f"{kind}_M{M}.json")
                 loads.append(os.getloadavg()[0])
                 measured[(kind, M)].append(measure(kind, M, timeline))
-    med = {key: statistics.median(v) for key, v in measured.items()}
     print(f"\nresidual MLP, {FLAGS.blocks} blocks x 2 Dense({FLAGS.width}), global batch "
           f"{FLAGS.batch}; dapple and horovod: 2 ranks (horovodrun --gloo), keras: one process "
           f"on one rank's half; 1 intra-op thread each; load average "
           f"{min(loads):.1f}..{max(loads):.1f}")
-    print(f"{'M':>3}{'dapple ms':>11}{'horovod ms':>12}{'keras ms':>10}{'dapple/hvd':>12}"
-          f"{'dapple/M1':>11}{'hvd/M1':>8}{'keras/M1':>10}")
-    for M in Ms:
-        d, h, k = (med[(kind, M)] for kind in KINDS)
-        d1, h1, k1 = (med[(kind, Ms[0])] for kind in KINDS)
-        print(f"{M:>3}{d:>11.1f}{h:>12.1f}{k:>10.1f}{d / h:>12.3f}{d / d1:>11.3f}"
-              f"{h / h1:>8.3f}{k / k1:>10.3f}")
-    print("per round (ms): " + "; ".join(
-        f"{kind} M={M} " + ", ".join(f"{t:.0f}" for t in measured[(kind, M)])
+    for i, what in enumerate(("wall", "CPU")):
+        med = {key: statistics.median(t[i] for t in v) for key, v in measured.items()}
+        print(f"\n{what} ms per step (rank 0's), median of {FLAGS.repeats} rounds; accumulation "
+              f"= keras at M / keras at M={Ms[0]}; check = dapple / (horovod at M={Ms[0]} x "
+              f"accumulation), the issue's bound 1.1")
+        print(f"{'M':>3}{'dapple':>9}{'horovod':>9}{'keras':>9}{'dapple/hvd':>12}"
+              f"{'accumulation':>14}{'check':>8}")
+        for M in Ms:
+            d, h, k = (med[(kind, M)] for kind in KINDS)
+            factor = k / med[("keras", Ms[0])]
+            check = d / (med[("horovod", Ms[0])] * factor)
+            print(f"{M:>3}{d:>9.1f}{h:>9.1f}{k:>9.1f}{d / h:>12.3f}{factor:>14.3f}{check:>8.3f}")
+    print("\nper round (wall/CPU ms): " + "; ".join(
+        f"{kind} M={M} " + ", ".join(f"{w:.0f}/{c:.0f}" for w, c in measured[(kind, M)])
         for M in Ms for kind in KINDS))
 
 

@@ -10,24 +10,43 @@ import sys
 import time
 
 RESULT = "DAPPLE_STEP_MS "
+CPU_RESULT = "DAPPLE_STEP_CPU_MS "
+
+
+def median_step_times(pipelined_model, x, y, steps: int, warmup: int = 3):
+    """(wall ms, CPU ms) of `steps` timed `train_step` calls (each up to `.numpy()`), after
+    `warmup`, each the median. CPU time is this process's, all its threads (TensorFlow's and
+    Horovod's): it moves less than wall time when other processes share the cores."""
+    for _ in range(warmup):
+        pipelined_model.train_step(x, y).numpy()
+    wall, cpu = [], []
+    for _ in range(steps):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        pipelined_model.train_step(x, y).numpy()
+        wall.append(1e3 * (time.perf_counter() - start))
+        cpu.append(1e3 * (time.process_time() - start_cpu))
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def median_step_ms(pipelined_model, x, y, steps: int, warmup: int = 3) -> float:
     """Median of `steps` timed `train_step` calls (each up to `.numpy()`), after `warmup`."""
-    for _ in range(warmup):
-        pipelined_model.train_step(x, y).numpy()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        pipelined_model.train_step(x, y).numpy()
-        times.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(times)
+    return median_step_times(pipelined_model, x, y, steps, warmup)[0]
 
 
-def report(pipelined_model, step_ms: float) -> None:
-    """Rank 0 prints the figure on a line `read_step_ms` finds in the job's output."""
+def report(pipelined_model, step_ms: float, cpu_ms: float = None) -> None:
+    """Rank 0 prints the figure (and the CPU time, if given) on lines `read_step_ms` (and
+    `read_step_cpu_ms`) find in the job's output."""
     if pipelined_model.rank == 0:
         print(RESULT + json.dumps(step_ms), flush=True)
+        if cpu_ms is not None:
+            print(CPU_RESULT + json.dumps(cpu_ms), flush=True)
+
+
+def read_step_cpu_ms(output: str) -> float:
+    for line in output.splitlines():
+        if CPU_RESULT in line:
+            return float(json.loads(line.split(CPU_RESULT, 1)[1]))
+    raise RuntimeError(f"no step CPU time in the job's output:\n{output[-3000:]}")
 
 
 def read_step_ms(output: str) -> float:

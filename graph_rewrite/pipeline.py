@@ -88,10 +88,11 @@ class PipelineStep:
     def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                  devices: Sequence[str], transport=None,
                  stages: Optional[List[StageGraph]] = None, micro_batch_loop: bool = False,
-                 pipeline_loop: bool = False):
+                 pipeline_loop: bool = False, inline_stage_calls: bool = False):
         """`stages`: the model cut by the plan (`model_graph.cut_model`), if already cut;
         `micro_batch_loop`: a data-parallel plan's lanes as loops (`micro_batch_loop`);
-        `pipeline_loop`: a pipeline's steady periods as one (`schedule_loop`)."""
+        `pipeline_loop`: a pipeline's steady periods as one (`schedule_loop`);
+        `inline_stage_calls`: stage calls inlined into the step (`StageFunction`'s `inlined`)."""
         self.model = model
         self.plan = plan
         self.loss = loss
@@ -107,7 +108,7 @@ class PipelineStep:
         self.output_ids = model_output_ids(model)
         self.weight_penalties = weight_penalties_by_stage(self.stages)
         self.functions = [StageFunction(g, loss, self.output_ids, g is self.stages[-1],
-                                        bool(self.weight_penalties[s]))
+                                        bool(self.weight_penalties[s]), inline_stage_calls)
                           for s, g in enumerate(self.stages)]
         self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
         self.stage_splits: Dict[tuple, object] = {}   # `schedule_loop`'s, made once per signature

@@ -37,7 +37,10 @@ Statistics = Dict[str, Tuple[tf.Tensor, tf.Tensor]]     # node key -> (mean, m2)
 
 class StageFunction:
     def __init__(self, graph: StageGraph, loss: Optional[PipelineLoss],
-                 output_ids: Sequence[str], last: bool, penalized: bool = False):
+                 output_ids: Sequence[str], last: bool, penalized: bool = False,
+                 inlined: bool = False):
+        """`inlined`: calls may be inlined into the caller's graph (for a stage called once a
+        step: its gradients then appear one by one during the backward, not all at its end)."""
         self.graph = graph
         self.loss = loss
         self.output_ids = list(output_ids)
@@ -47,7 +50,8 @@ class StageFunction:
         self.scratch = bstats.ScratchStatistics(bstats.normalization_layers(graph.nodes))
         # Made per device only when a runtime asks (`graph_rewrite.working_copies`).
         self.copies = WorkingCopies(graph.called_layers, graph.trainable_variables, penalized)
-        self._function = tf.function(self._forward, experimental_attributes={"_noinline": True})
+        self._function = tf.function(self._forward, experimental_attributes=(
+            {} if inlined else {"_noinline": True}))
 
     def __call__(self, inputs: Tensors, training: bool, labels=None, weights=None,
                  rows: int = 0, global_rows: int = 0, scratch=()

@@ -123,9 +123,10 @@ class HorovodRuntime(Runtime):
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int) -> HorovodPipelineStep:
+        # A relaxed run calls the stage once per batch: not inlined, or each call is a copy.
         return relaxed(HorovodPipelineStep)(model, plan, loss, self.device, self.process_sets,
                                             self.layout, stages=self.stages,
-                                            max_batches=max_batches)
+                                            max_batches=max_batches, inline_stage_calls=False)
 
     def compiled(self, what: str, fn):
         """Run the compiled `fn` under the watchdog (the first call also traces)."""

@@ -10,8 +10,11 @@ builds only this rank's unit and moves boundary tensors and gradients with Horov
   send_splits`): split, concat or both when replica counts differ. Gradients go back the same
   way, one collective per micro-batch.
 * Replicas of a stage: one `hvd.grouped_allreduce(op=Sum)` of all the stage's accumulated
-  gradients in the stage's process set (the global set for a data-parallel-only plan): one
-  negotiation and one pass through the fusion buffer, not one allreduce per variable.
+  gradients in the stage's process set: one negotiation and one pass through the fusion
+  buffer, not one allreduce per variable. A data-parallel-only plan's go in
+  `GRADIENT_GROUPS` grouped allreduces, last layers first, and at M = 1 the rank's stage call
+  is inlined, so the first groups are reduced while the backward goes on (as plain Horovod's
+  allreduces are); ready together, Horovod fuses them into one.
 * The step's loss is summed over all ranks (only last-stage ranks hold loss terms). In a
   data-parallel plan it rides in the gradients' grouped allreduce (no collective of its own);
   in a pipeline it is one global allreduce made after the rank's gradients, which nothing but
@@ -241,22 +244,36 @@ class HorovodTransport:
 
     # ---- replicas ---------------------------------------------------------------------------
     def sum_replicas(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
-                     device: str, tag: str = "ar") -> List[tf.Tensor]:
-        """Allreduce (sum) in the stage's process set, all tensors in one grouped collective
-        (one negotiation, one pass through the fusion buffer per dtype); `tag` names it."""
+                     device: str, tag: str = "ar", groups: int = 1) -> List[tf.Tensor]:
+        """Allreduce (sum) in the stage's process set, all tensors in `groups` grouped
+        collectives (`grouped_sum`); `tag` names them."""
         grads = grads_by_replica[self.replica]
         if len(self.layout.stage_ranks(stage)) == 1 or not grads:
             return grads
         ps = self.sets[tuple(sorted(self.layout.stage_ranks(stage)))]
         with tf.name_scope(f"stage{stage}/{tag}"):
-            return self.grouped_sum(grads, f"dapple.{tag}{stage}", ps)
+            return self.grouped_sum(grads, f"dapple.{tag}{stage}", ps, groups)
 
-    def grouped_sum(self, tensors: List[tf.Tensor], name: str, process_set) -> List[tf.Tensor]:
-        """One `hvd.grouped_allreduce(op=Sum)` of `tensors`. Only the smallest input carries
-        the salt that keeps the op distinct and non-constant (see the module docstring): one
-        distinct input makes the whole op distinct, and an add over every gradient cost a pass
-        over megabytes on the rank's one thread."""
+    def grouped_sum(self, tensors: List[tf.Tensor], name: str, process_set,
+                    groups: int = 1) -> List[tf.Tensor]:
+        """`hvd.grouped_allreduce(op=Sum)` of `tensors`, in up to `groups` collectives of about
+        equal bytes, the last tensors first (a backward makes the last layers' gradients
+        first). Groups ready together Horovod negotiates in one cycle and fuses into one
+        allreduce; groups ready apart start while the backward goes on."""
         tensors = list(tensors)
+        out: List[Optional[tf.Tensor]] = [None] * len(tensors)
+        for g, members in enumerate(byte_groups(tensors, groups)):
+            part = self._one_group([tensors[i] for i in members],
+                                   name if groups == 1 else f"{name}.{g}", process_set)
+            for i, t in zip(members, part):
+                out[i] = t
+        return out
+
+    def _one_group(self, tensors: List[tf.Tensor], name: str, process_set) -> List[tf.Tensor]:
+        """One `hvd.grouped_allreduce`. Only the smallest input carries the salt that keeps
+        the op distinct and non-constant (see the module docstring): one distinct input makes
+        the whole op distinct, and an add over every gradient cost a pass over megabytes on
+        the rank's one thread."""
         small = min(range(len(tensors)), key=lambda i: tensors[i].shape.num_elements() or 0)
         tensors[small] = self.distinct(tensors[small])
         return list(hvd.grouped_allreduce(tensors, op=hvd.Sum, process_set=process_set,
@@ -267,6 +284,13 @@ class HorovodTransport:
         ps = hvd.global_process_set if ranks is None else self.sets[tuple(sorted(ranks))]
         return hvd.allreduce(self.distinct(tensor), op=hvd.Sum, process_set=ps,
                              name=f"dapple.{name}", ignore_name_scope=True)
+
+
+# A data-parallel step's gradients go in this many grouped allreduces, last layers first: ready
+# together (the lane's loop ends, or a backward that is not inlined) Horovod fuses them into
+# one; ready apart (an inlined backward) the first start while the backward goes on. Four: a
+# trial on the residual MLP of benchmarks/dp_step_horovod.py (docs/cluster.md, "Speed").
+GRADIENT_GROUPS = 4
 
 
 class HorovodPipelineStep(PipelineStep):
@@ -283,6 +307,11 @@ class HorovodPipelineStep(PipelineStep):
                  **kwargs):
         self.layout = layout
         self.process_sets = process_sets
+        # Data parallelism without micro-batches: the rank's one forward and backward call
+        # inlined, so the gradients' groups can start during the backward (one call site: no
+        # copy of the stage per micro-batch to optimize).
+        kwargs.setdefault("inline_stage_calls",
+                          len(plan.stages) == 1 and plan.micro_batches == 1)
         super().__init__(model, plan, loss, [device] * layout.size,
                          transport=HorovodTransport(layout, process_sets), **kwargs)
         check_shared_across_processes(self.stages)
@@ -318,8 +347,8 @@ class HorovodPipelineStep(PipelineStep):
             return
         local = tf.add_n(state.loss_terms)
         grads = {r: list(state.accumulated[(stage, r)]) + [local] for r in replicas}
-        *state.reduced[stage], loss = self.transport.sum_replicas(stage, grads,
-                                                                  self.device(stage, 0))
+        *state.reduced[stage], loss = self.transport.sum_replicas(
+            stage, grads, self.device(stage, 0), groups=GRADIENT_GROUPS)
         self._rider = (state, len(state.loss_terms), loss)
 
     def run(self, x, y=None, training: bool = True, **kwargs) -> StepResult:
@@ -386,6 +415,20 @@ class HorovodPipelineStep(PipelineStep):
             outs.append(tf.concat([by_replica[r][m] for m in range(M) for r in range(R)],
                                   axis=0))
         return outs
+
+
+def byte_groups(tensors: Sequence[tf.Tensor], groups: int) -> List[List[int]]:
+    """Indices of `tensors`, last first, cut into at most `groups` runs of about equal bytes
+    (none empty)."""
+    sizes = [(t.shape.num_elements() or 0) * t.dtype.size for t in tensors]
+    total, out, run, done = sum(sizes), [], [], 0
+    for i in reversed(range(len(tensors))):
+        run.append(i)
+        done += sizes[i]
+        if len(out) < groups - 1 and done * groups >= total * (len(out) + 1):
+            out.append(run)
+            run = []
+    return out + ([run] if run else [])
 
 
 def _float_ids(crossing: Crossing) -> List[str]:

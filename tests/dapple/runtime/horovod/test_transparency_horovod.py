@@ -24,6 +24,8 @@ CASES = [
     ("1:2", 3, ["--cuts=3", "--replicas=1,2", "--micro_batches=4", "--schedule=gpipe"]),
     ("2:2", 4, ["--cuts=2", "--replicas=2,2", "--micro_batches=2", "--schedule=A"]),
     ("dp2", 2, ["--cuts=", "--replicas=2", "--micro_batches=2"]),
+    # one micro-batch: the stage's call inlined, its gradients in groups
+    ("dp2-M1", 2, ["--cuts=", "--replicas=2", "--micro_batches=1"]),
     ("dp4", 4, ["--cuts=", "--replicas=4", "--micro_batches=2"]),
     # a hand-made plan listing devices out of replica order: rows reordered on both sides
     ("2:1-devices-2,0/1", 3, ["--cuts=2", "--replicas=2,1", "--micro_batches=2",

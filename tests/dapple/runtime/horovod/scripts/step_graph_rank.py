@@ -4,7 +4,8 @@ Builds `dapple.PipelinedModel(model, plan)` (tests.models.mlp_with_skip, Adam), 
 (the step runs, so the graph counted is one that works), then reads the train step's graph and
 its function library and prints one `DAPPLE_RESULT <json>` line: the Horovod op types by count
 over the whole step, and those found in functions a while loop's body reaches (the
-data-parallel lane's loop over micro-batches), with the rank's stage.
+data-parallel lane's loop over micro-batches), those an update of a variable depends on (what
+sits on the update's critical path), with the rank's stage.
 """
 import argparse
 import collections
@@ -76,6 +77,34 @@ for name in everything:
 in_loops = collections.Counter()
 for name in reachable(loop_bodies):
     in_loops.update(n.op for n in functions[name].node_def if n.op.startswith("Horovod"))
+UPDATES = ("AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp")
+
+
+def ancestors(nodes, targets):
+    """Names of the nodes `targets` depend on, through data and control inputs."""
+    inputs = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in nodes}
+    seen, todo = set(), [t.name for t in targets]
+    while todo:
+        for parent in inputs.get(todo.pop(), []):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+# The optimizer's updates are in the step's own graph (Keras 2's optimizers, no jit_compile);
+# so are the transport's collectives, which the step calls directly.
+updates = [n for n in graph.node if n.op.startswith(("ResourceApply",) + UPDATES)]
+assert updates, "no variable update found in the train step's graph"
+before_update = ancestors(graph.node, updates)
+gating = collections.Counter(n.op for n in graph.node
+                             if n.op.startswith("Horovod") and n.name in before_update)
+# Calls in the step's own graph of functions that must not be inlined (stage calls, the lane's
+# loop): such a call's outputs all appear when it ends.
+noinline_calls = sum(1 for name in called(graph.node)
+                     if name in functions and functions[name].attr["_noinline"].b)
 print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.runtime.stage, "ops": dict(in_step),
-    "loop_ops": dict(in_loops), "loops": len(loop_bodies), "losses": losses}), flush=True)
+    "loop_ops": dict(in_loops), "loops": len(loop_bodies), "gating": dict(gating),
+    "noinline_calls": noinline_calls,
+    "losses": losses}), flush=True)
