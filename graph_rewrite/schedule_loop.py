@@ -330,7 +330,8 @@ class ScheduleLoop:
         self.lanes = sorted({step.lane(*u) for u in self.units})
         self.splits = {unit: self._split(unit) for unit in self.units}
         # d(loss)/d(term), the same for every micro-batch: made once, outside the loop.
-        self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
+        with tf.device(step.device(self.S - 1, 0)):
+            self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
         self.by_micro_batch = {unit: self._micro_batch_arrays(unit) for unit in self.units}
 
     # ---- what every unit reads ----------------------------------------------------------------
@@ -475,15 +476,16 @@ class ScheduleLoop:
         state, step = self.state, self.step
         values: dict = {"readers": {}}
         self.collections: Dict[tuple, Tuple[int, List[tf.TensorArray]]] = {}
-        carry = {"token": {lane: tf.zeros([]) for lane in self.lanes},
+        carry = {"token": {lane: self._zeros(self.step.device(*lane), []) for lane in self.lanes},
                  "sums": {u: None for u in self.units}, "loss": [], "predictions": {},
                  "statistics": {}}
         for part in self.plan.segments:
             if isinstance(part, Loop):
                 for unit in self.units:     # a unit with no backward yet starts from zero
                     if carry["sums"][unit] is None:
-                        carry["sums"][unit] = [tf.zeros(v.shape, v.dtype)
-                                               for v in step.stages[unit[0]].trainable_variables]
+                        carry["sums"][unit] = [
+                            self._zeros(step.device(*unit), v.shape, v.dtype)
+                            for v in step.stages[unit[0]].trainable_variables]
                 self._loop(part, values, carry)
                 continue
             for task in part:
@@ -497,6 +499,14 @@ class ScheduleLoop:
                 state.loss_terms.append(term)
                 sums = [a + g for a, g in zip(sums, grads)]
             state.accumulated[unit] = sums
+
+    @staticmethod
+    def _zeros(device: Optional[str], shape, dtype=tf.float32) -> tf.Tensor:
+        """Zeros on `device`. A loop variable's Enter, Merge, Switch and NextIteration go where
+        its first value was made: made on the default device, a stage's gradient sums crossed
+        devices twice every iteration."""
+        with tf.device(device):
+            return tf.zeros(shape, dtype)
 
     def _record(self, carry) -> None:
         """Move what unrolled tasks left in `carry` into the step's state."""
@@ -529,7 +539,8 @@ class ScheduleLoop:
                         for spec in specs]
 
         start = {
-            "t": tf.constant(0), "loss": tf.zeros([]), "token": dict(carry["token"]),
+            "t": tf.constant(0), "token": dict(carry["token"]),
+            "loss": self._zeros(step.device(*last[0]) if last else None, []),
             "sums": dict(carry["sums"]),
             "values": {k: values.pop(k) for k in loop.carried},
             "collected": {k: arrays(k[1:3], self.splits[k[1:3]].residual_specs, iterations)
@@ -556,7 +567,10 @@ class ScheduleLoop:
                     collected[k] = [a.write(t, v) for a, v in zip(written, values.pop(k))]
             shifted = {(k[0], k[1], k[2], k[3] - stride): v for k, v in values.items()
                        if k != "readers"}
-            loss = now["loss"] + tf.add_n(inner["loss"]) if inner["loss"] else now["loss"]
+            loss = now["loss"]
+            if inner["loss"]:
+                with tf.device(step.device(*last[0])):
+                    loss = loss + tf.add_n(inner["loss"])
             predictions = {}
             for u, written in now["predictions"].items():
                 for i, (_, outs) in enumerate(inner["predictions"][u[1]]):

@@ -183,6 +183,23 @@ def test_zb_h1_input_and_weight_functions_do_the_backwards_work_once():
         assert weight_products and not weight_products & set(compute_ops(split.input_function))
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_loop_variables_start_on_their_units_devices(schedule):
+    """A lowered loop variable's Enter, Merge, Switch and NextIteration go where its first
+    value was made: one made on the default device would cross devices every iteration."""
+    model = mlp_with_skip()
+    pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, 16, schedule=schedule),
+                               pipeline_loop=True)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    x, y = data_for(model, 16, seed=0)
+    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
+    graph = fn.get_concrete_function(x, y).graph
+    (loop,) = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    floats = [t for t in loop.inputs if t.dtype.is_floating]
+    assert all(t.op.device for t in floats), [t.op.name for t in floats if not t.op.device]
+    assert len({t.op.device for t in floats}) == 2      # both stages' sums, tokens, values
+
+
 def test_pipelines_run_unrolled_unless_asked():
     """Opt-in until the looped steady step is shown as fast as the unrolled one's."""
     model = mlp_with_skip()
