@@ -55,7 +55,6 @@ from planner.schedules.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT,
 
 OUTPUTS, RESIDUALS, GRADIENTS, PENDING = "outputs", "residuals", "gradients", "pending"
 Key = Tuple[str, int, int, int]      # (what, stage, replica, micro-batch)
-Listed = Tuple[str, int, int]        # a list's compute action: (kind, stage, micro-batch)
 
 
 @dataclass(frozen=True)
