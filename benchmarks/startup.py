@@ -26,7 +26,8 @@ current / baseline <= 1.05 per config. Wall-clock timings on a shared machine: r
 
 `--pipeline`, the case of issue #28: `--model` (Keras MobileNetV2 or ResNet50, weights=None,
 32x32x3, 10 classes) cut in two at the layer nearest the middle where one tensor crosses, one
-stage per logical CPU device, for each of `--schedules`; global batch rows_per_unit x M. Each
+stage per logical CPU device, for each of `--schedules` (interleaved: cut in four chunks, two per
+device, chunk c on device c % 2); global batch rows_per_unit x M. Each
 (schedule, M) is measured in fresh processes, the tree's default (loops where the schedule
 allows them) and unrolled (`micro_batch_loop=False`) alternating, first call in wall and CPU
 seconds (the process's; on a shared machine the steadier of the two); then one process per
@@ -141,16 +142,25 @@ def pipeline_model(schedule: str, M: int, unrolled: bool):
     from dapple.pipelined_model import PipelinedModel
     from graph_rewrite.model_graph import cut_model, layer_order
     from planner.formats.plan import straight_plan
+    from planner.search.chunking import interleaved_plan
     tf.get_logger().setLevel("ERROR")
     tf.keras.utils.set_random_seed(0)
     build = dict(mobilenetv2=tf.keras.applications.MobileNetV2,
                  resnet50=tf.keras.applications.ResNet50)[FLAGS.model]
     model = build(weights=None, input_shape=(32, 32, 3), classes=10)
     n = len(layer_order(model))
-    cut = next(c for d in range(n) for c in (n // 2 - d, n // 2 + d) if 0 < c < n and len(
-        cut_model(model, [(0, c - 1), (c, n - 1)])[1].input_ids) == 1)
+    chunks = 4 if schedule == "interleaved" else 2
+
+    def single_crossing(c):     # one tensor crosses a cut before layer c
+        return 0 < c < n and len(cut_model(model, [(0, c - 1), (c, n - 1)])[1].input_ids) == 1
+
+    cuts = [next(c for d in range(n) for c in (k * n // chunks - d, k * n // chunks + d)
+                 if single_crossing(c)) for k in range(1, chunks)]
     batch = FLAGS.rows_per_unit * M
-    plan = straight_plan([cut], n, M, batch, schedule=schedule)
+    if schedule == "interleaved":
+        plan = interleaved_plan(cuts, n, M, 2, batch)
+    else:
+        plan = straight_plan(cuts, n, M, batch, schedule=schedule)
     pm = PipelinedModel(model, plan, micro_batch_loop=not unrolled, pipeline_loop=not unrolled)
     pm.compile(tf.keras.optimizers.SGD(0.01), tf.keras.losses.SparseCategoricalCrossentropy())
     rng = np.random.RandomState(0)

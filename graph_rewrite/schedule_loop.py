@@ -3,35 +3,39 @@
 Unrolled, a step holds a call of a stage's forward and one of its backward per micro-batch, and
 TensorFlow's graph passes process every call site again: the first call grows with M
 (docs/runtime.md, "Start-up"). But every device's list settles into periods whose micro-batches
-advance by one per period, so the step runs, for every unit (stage, replica) of this process:
+advance by the same count each period, so the step runs, for every unit (stage, replica) of this
+process:
 
 * 1F1B: warm-up (unrolled), one `tf.while_loop` whose iteration t runs period t of every unit
   (one forward and one backward: on stage 0 of two F(t+1) B(t), on stage 1 F(t) B(t)), then
   cool-down (unrolled). Warm-up and cool-down depend on the stage count, not on M.
 * GPipe: a loop of forwards (iteration t: F(t) of every unit), then a loop of backwards.
+* zb-h1: as 1F1B, with a forward, an I and a W per period (stage s's W s micro-batches behind
+  its I: what I leaves for W is carried).
+* Interleaved: a device runs several stages (chunks); a period is a forward and a backward of
+  each of its chunks for every micro-batch of a group, and advances a group (`Loop.stride`).
 
 Forwards and backwards are the stage's split functions (`graph_rewrite.stage_split`), so a
 forward's residuals, like the boundary tensors and the gradients going back, are plain tensors
 a loop can carry. What is live between actions is keyed (what, stage, replica, micro-batch): a
 forward's outputs awaiting the next stage, its residuals awaiting its backward, a backward's
-input gradients awaiting the previous stage. Inside a loop a key's micro-batch is relative to
-t; the body must leave the keys it found, one micro-batch on (carried), except residuals it
-never reads, which it collects into arrays (an element per micro-batch, read in place) for a
-later loop or unrolled part (GPipe's forwards, whose backwards all come after them).
-`plan_loop` checks all this on the keys alone, before any op is built; lists it cannot fit run
-unrolled.
+input gradients awaiting the previous stage, an I's leftovers awaiting its W. Inside a loop a
+key's micro-batch is relative to t; the body must leave the keys it found, one period on
+(carried), except residuals it never reads, which it collects into arrays (an element per
+micro-batch, read in place) for a later loop or unrolled part (GPipe's forwards, whose backwards
+all come after them). `plan_loop` checks all this on the keys alone, before any op is built;
+lists it cannot fit run unrolled.
 
-A loop also carries each unit's gradient sums, the loss, one order token per unit (every
-action of a unit waits for its previous one, across iterations too) and arrays of the last
-stage's predictions and of every forward's BatchNormalization statistics, which the step reads
-afterwards as the unrolled actions would have left them: the moving statistics are then updated
-once per step, from all of them (`batch_statistics`).
+A loop also carries each unit's gradient sums, the loss, one order token per lane (device:
+every action of a lane waits for its previous one, across iterations too, whichever chunk it
+computes) and arrays of the last stage's predictions and of every forward's BatchNormalization
+statistics, which the step reads afterwards as the unrolled actions would have left them: the
+moving statistics are then updated once per step, from all of them (`batch_statistics`).
 
 Rows: micro-batch m of every unit is a slice of rows m * n + [lo, hi) (n = global batch / M),
 so a unit's inputs are taken as [M, rows, ...] and indexed by m, a tensor in the loop.
 Only this process's units on local devices (`LocalTransport`), without working copies, in
-training, with a full backward per micro-batch and no recomputation, are looped; interleaved
-and zb-h1 lists, relaxed schedules and Horovod ranks run unrolled.
+training, with no recomputation, are looped; relaxed schedules and Horovod ranks run unrolled.
 """
 from __future__ import annotations
 
@@ -47,9 +51,9 @@ from graph_rewrite.micro_batch_loop import weight_penalty
 from graph_rewrite.stage_gradients import scaled_one
 from graph_rewrite.stage_split import StageSplit, split_stage
 from graph_rewrite.step_state import StepState
-from planner.schedules.actions import BACKWARD, FORWARD
+from planner.schedules.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 
-OUTPUTS, RESIDUALS, GRADIENTS = "outputs", "residuals", "gradients"
+OUTPUTS, RESIDUALS, GRADIENTS, PENDING = "outputs", "residuals", "gradients", "pending"
 Key = Tuple[str, int, int, int]      # (what, stage, replica, micro-batch)
 
 
@@ -64,11 +68,12 @@ class Task:
 
 @dataclass
 class Loop:
-    """One `tf.while_loop`: iteration t runs `body` with every micro-batch + t."""
+    """One `tf.while_loop`: iteration t runs `body` with every micro-batch + t * stride."""
     body: List[Task]           # iteration 0's tasks, in an order that respects the data
     iterations: int
-    carried: List[Key]         # live when the loop starts, left again one micro-batch on
+    carried: List[Key]         # live when the loop starts, left again `stride` micro-batches on
     collected: List[Key]       # residuals the body leaves for after the loop
+    stride: int = 1            # micro-batches a period advances (interleaved: a group's)
 
 
 @dataclass
@@ -81,15 +86,15 @@ class LoopPlan:
         return [part for part in self.segments if isinstance(part, Loop)]
 
 
-def periodic(actions: Sequence[Tuple[str, int]], period: int) -> Tuple[int, int]:
+def periodic(actions: Sequence[tuple], period: int, stride: int = 1) -> Tuple[int, int]:
     """(start, n): the longest run of n periods from `start` in which period i repeats period 0
-    with every micro-batch + i."""
+    with every micro-batch (an action's last field) + i * stride."""
     best = (0, 0)
     for start in range(len(actions)):
         n = 0
         while start + (n + 1) * period <= len(actions) and all(
-                actions[start + n * period + j] == (actions[start + j][0],
-                                                    actions[start + j][1] + n)
+                actions[start + n * period + j] == (*actions[start + j][:-1],
+                                                    actions[start + j][-1] + n * stride)
                 for j in range(period)):
             n += 1
         if n > best[1]:
@@ -97,12 +102,13 @@ def periodic(actions: Sequence[Tuple[str, int]], period: int) -> Tuple[int, int]
     return best
 
 
-def periodic_runs(actions: Sequence[Tuple[str, int]], period: int) -> List[Tuple[int, int]]:
+def periodic_runs(actions: Sequence[tuple], period: int, stride: int = 1
+                  ) -> List[Tuple[int, int]]:
     """(start, n) of each run of two or more periods, in list order: the longest first, then
     the longest after it, and so on."""
     runs, offset = [], 0
     while offset < len(actions):
-        start, n = periodic(actions[offset:], period)
+        start, n = periodic(actions[offset:], period, stride)
         if n < 2:               # one period is no loop (and any actions look periodic once)
             break
         runs.append((offset + start, n))
@@ -120,6 +126,8 @@ class KeyBook:
         s, r, m = task.stage, task.replica, task.micro_batch
         if task.kind == FORWARD:
             return [(OUTPUTS, s - 1, q, m) for q in range(self.replicas[s - 1])] if s else []
+        if task.kind == BACKWARD_WEIGHT:
+            return [(PENDING, s, r, m)]
         out = [(RESIDUALS, s, r, m)]
         if s + 1 < len(self.replicas):
             out += [(GRADIENTS, s + 1, q, m) for q in range(self.replicas[s + 1])]
@@ -132,7 +140,12 @@ class KeyBook:
             if s + 1 < len(self.replicas):
                 out[(OUTPUTS, s, r, m)] = self.replicas[s + 1]
             return out
-        return {(GRADIENTS, s, r, m): self.replicas[s - 1]} if s else {}
+        if task.kind == BACKWARD_WEIGHT:
+            return {}
+        out = {(GRADIENTS, s, r, m): self.replicas[s - 1]} if s else {}
+        if task.kind == BACKWARD_INPUT:
+            out[(PENDING, s, r, m)] = 1
+        return out
 
     def read(self, live: Dict[Key, int], task: Task) -> None:
         for key in self.needs(task):
@@ -141,9 +154,9 @@ class KeyBook:
                 del live[key]
 
     def order(self, queues: Dict[Unit, List[Task]], live: Dict[Key, int]) -> Optional[List[Task]]:
-        """The tasks of every unit's queue, each unit's in order, each after what it reads
-        (later stages first: a backward frees memory sooner); None if they deadlock. Updates
-        `live`."""
+        """The tasks of every lane's queue (a device's: (position, replica)), each lane's in
+        order, each after what it reads (later positions first: a backward frees memory
+        sooner); None if they deadlock. Updates `live`."""
         queues = {u: list(q) for u, q in queues.items()}
         done: List[Task] = []
         while any(queues.values()):
@@ -166,8 +179,8 @@ def _shifted(keys: Dict[Key, int], by: int) -> Dict[Key, int]:
 
 
 def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: int,
-                   live: Dict[Key, int], collections: Dict[tuple, Tuple[int, int]]
-                   ) -> Optional[Loop]:
+                   live: Dict[Key, int], collections: Dict[tuple, Tuple[int, int]],
+                   stride: int = 1) -> Optional[Loop]:
     """The loop of `queues` (iteration 0's tasks) over `iterations`, from `live` (absolute
     keys; updated to what is live after it), or None if one loop cannot run them. What the
     body leaves of a kind it also reads is carried; residuals it leaves and never reads are
@@ -185,6 +198,8 @@ def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: in
         if kind not in collections or min(reads) < first or (
                 max(reads) + iterations > first + count):
             return None         # read but never made in the body, nor collected
+        if stride != 1:
+            return None         # collections hold one micro-batch per iteration
         for m in reads:         # every iteration reads its own
             for t in range(iterations):
                 if kind + (m + t,) not in live:
@@ -197,45 +212,64 @@ def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: in
     carried_kinds = {k[:3] for k in entry}
     collected = {k: n for k, n in after.items() if k[:3] not in carried_kinds}
     if any(k[0] != RESIDUALS for k in collected) or any(
-            k[:3] in {c[:3] for c in collected} for t in body for k in book.needs(t)):
+            k[:3] in {c[:3] for c in collected} for t in body for k in book.needs(t)) or (
+            collected and stride != 1):
         return None
-    if _shifted({k: n for k, n in after.items() if k not in collected}, -1) != entry:
-        return None             # the body does not leave what it found, one micro-batch on
+    if _shifted({k: n for k, n in after.items() if k not in collected}, -stride) != entry:
+        return None             # the body does not leave what it found, one period on
     for k in entry:
         del live[k]
-    live.update(_shifted({k: n for k, n in after.items() if k not in collected}, iterations - 1))
+    live.update(_shifted({k: n for k, n in after.items() if k not in collected},
+                         (iterations - 1) * stride))
     for (w, s, r, m), n in collected.items():
         collections[(w, s, r)] = (m, iterations)
         live.update({(w, s, r, m + t): n for t in range(iterations)})
-    return Loop(body, iterations, sorted(entry), sorted(collected))
+    return Loop(body, iterations, sorted(entry), sorted(collected), stride)
 
 
-def plan_loop(lists: Sequence[Sequence[Tuple[str, int]]], replicas: Sequence[int]
-              ) -> Optional[LoopPlan]:
-    """Unrolled segments and loops for every unit, from per-stage lists of (kind, m), or None
-    when the lists have no common periodic runs one loop each can run. Periods of a forward
-    and a backward (1F1B: one loop) are tried first, then of one action (GPipe: a loop of
-    forwards, then one of backwards)."""
-    for period in (2, 1):
-        plan = _plan_with_period(lists, replicas, period)
+def plan_loop(lists: Sequence[Sequence[tuple]], replicas: Sequence[int],
+              placement: Optional[Sequence[int]] = None) -> Optional[LoopPlan]:
+    """Unrolled segments and loops for every unit, from per-position lists of compute actions,
+    or None when the lists have no common periodic runs one loop each can run. An action is
+    (kind, stage, m), or (kind, m) where position s runs stage s; `replicas` is per stage,
+    `placement` the position of every stage (default: stage s on position s).
+
+    Periods tried, first fit wins: a forward and a backward (1F1B: one loop), F, I and W
+    (zb-h1), one action (GPipe: a loop of forwards, then one of backwards); with several
+    stages per position, a forward and a backward of each stage for every micro-batch of a
+    group of g (interleaved: a period advances g micro-batches)."""
+    lists = [[a if len(a) == 3 else (a[0], p, a[1]) for a in lst] for p, lst in enumerate(lists)]
+    placement = list(placement) if placement is not None else list(range(len(lists)))
+    per_position = len(placement) // len(lists)
+    shapes = [(2, 1), (3, 1), (1, 1)]
+    if per_position > 1:
+        longest = max(len(lst) for lst in lists)
+        shapes = [(2 * per_position * g, g) for g in range(1, longest // (4 * per_position) + 1)]
+    for period, stride in shapes:
+        plan = _plan_with_period(lists, replicas, placement, period, stride)
         if plan is not None:
             return plan
     return None
 
 
-def _plan_with_period(lists, replicas, period: int) -> Optional[LoopPlan]:
-    runs = [periodic_runs(lst, period) for lst in lists]
+def _plan_with_period(lists, replicas, placement, period: int, stride: int
+                      ) -> Optional[LoopPlan]:
+    lane_replicas = {}
+    for s, p in enumerate(placement):
+        if lane_replicas.setdefault(p, replicas[s]) != replicas[s]:
+            return None         # a position's stages on different device counts
+    runs = [periodic_runs(lst, period, stride) for lst in lists]
     if not runs[0] or any(len(r) != len(runs[0]) for r in runs):
         return None
     book = KeyBook(replicas)
     live: Dict[Key, int] = {}
     collections: Dict[tuple, Tuple[int, int]] = {}
     segments: List[Union[List[Task], Loop]] = []
-    done = [0] * len(lists)     # per stage, how much of its list is placed
+    done = [0] * len(lists)     # per position, how much of its list is placed
 
-    def queues(cut):            # per unit, the tasks of each stage's slice of its list
-        return {(s, r): [Task(kind, s, r, m) for kind, m in lst[done[s]:cut(s)]]
-                for s, lst in enumerate(lists) for r in range(replicas[s])}
+    def queues(cut):            # per lane, the tasks of its position's slice of its list
+        return {(p, r): [Task(kind, s, r, m) for kind, s, m in lst[done[p]:cut(p)]]
+                for p, lst in enumerate(lists) for r in range(lane_replicas[p])}
 
     for j in range(len(runs[0])):
         iterations = min(r[j][1] for r in runs)
@@ -243,7 +277,7 @@ def _plan_with_period(lists, replicas, period: int) -> Optional[LoopPlan]:
         for s in range(len(lists)):
             done[s] = runs[s][j][0]
         loop = _plan_one_loop(book, queues(lambda s: done[s] + period), iterations, live,
-                              collections) if unrolled is not None else None
+                              collections, stride) if unrolled is not None else None
         if loop is None:
             return None
         segments += [unrolled, loop]
@@ -260,10 +294,10 @@ def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
     schedule = step.schedule
     S, M = len(step.stages), schedule.micro_batches
     if (not step.pipeline_loop or S < 2 or not state.backward or step.plan.recompute
-            or not isinstance(step.transport, LocalTransport)
-            or schedule.placement != tuple(range(S)) or schedule.split_chunks):
+            or not isinstance(step.transport, LocalTransport)):
         return None
-    if any(a.kind not in (FORWARD, BACKWARD) for lst in schedule.lists for a in lst):
+    if any(a.kind not in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+           for lst in schedule.lists for a in lst):
         return None             # updates in the list (relaxed schedules)
     units = step.transport.local_units()
     if any(step.functions[s].copies.on(step.device(s, r)) for s, r in units):
@@ -278,8 +312,8 @@ def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
             if any(step.rows(s, r, m, state.global_batch) != (m * n + lo, m * n + hi)
                    for m in range(M)):
                 return None     # not the [micro-batch, rows] layout the loop indexes
-    return plan_loop([[(a.kind, a.micro_batch) for a in lst] for lst in schedule.lists],
-                     step.replicas)
+    return plan_loop([[(a.kind, a.chunk, a.micro_batch) for a in lst] for lst in schedule.lists],
+                     step.replicas, schedule.placement)
 
 
 class ScheduleLoop:
@@ -292,9 +326,11 @@ class ScheduleLoop:
         self.book = KeyBook(step.replicas)
         self.S, self.M = len(step.stages), step.schedule.micro_batches
         self.units = [(s, r) for s, R in enumerate(step.replicas) for r in range(R)]
+        self.lanes = sorted({step.lane(*u) for u in self.units})
         self.splits = {unit: self._split(unit) for unit in self.units}
         # d(loss)/d(term), the same for every micro-batch: made once, outside the loop.
-        self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
+        with tf.device(step.device(self.S - 1, 0)):
+            self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
         self.by_micro_batch = {unit: self._micro_batch_arrays(unit) for unit in self.units}
 
     # ---- what every unit reads ----------------------------------------------------------------
@@ -347,7 +383,7 @@ class ScheduleLoop:
             with ThreadPoolExecutor(1) as thread:
                 step.stage_splits[key] = thread.submit(
                     split_stage, function, stage, rows, state.global_batch, function.on(device),
-                    specs, labels, weights).result()
+                    specs, labels, weights, stage in step.schedule.split_chunks).result()
         return step.stage_splits[key]
 
     # ---- tasks --------------------------------------------------------------------------------
@@ -357,15 +393,17 @@ class ScheduleLoop:
 
     def _run(self, task: Task, m, values: dict, carry: dict) -> None:
         """Build `task` for micro-batch index `m` (an int, or a tensor in the loop), reading
-        and leaving `values` by key; `carry` holds the sums, loss, tokens and the arrays."""
+        and leaving `values` by key; `carry` holds the sums, loss, tokens (one per lane: a
+        device's tasks run in list order, whichever stage they compute) and the arrays."""
         unit = (task.stage, task.replica)
         s, r = unit
+        lane = self.step.lane(*unit)
         split = self.splits[unit]
         inputs_of, labels_of, weights_of = self.by_micro_batch[unit]
         read = {k: self._take(values, k, m) for k in self.book.needs(task)}
         with tf.device(self.step.device(*unit)), \
                 tf.name_scope(f"stage{s}/replica{r}/{task.kind}"), \
-                tf.control_dependencies([carry["token"][unit]]):
+                tf.control_dependencies([carry["token"][lane]]):
             if task.kind == FORWARD:
                 if s == 0:
                     inputs = {tid: t[m] for tid, t in inputs_of.items()}
@@ -387,6 +425,11 @@ class ScheduleLoop:
                         (task.micro_batch, [outputs[t] for t in self.step.output_ids]))
                 carry["statistics"].setdefault(unit, []).append(statistics)
                 produced = list(outputs.values()) + residuals
+            elif task.kind == BACKWARD_WEIGHT:
+                grads = split.backward_weight(read[(PENDING, s, r, task.micro_batch)])
+                left = {}
+                carry["sums"][unit] = self.step._accumulate(carry["sums"][unit], grads)
+                produced = grads
             else:
                 residuals = read[(RESIDUALS, s, r, task.micro_batch)]
                 if s == self.S - 1:
@@ -397,12 +440,19 @@ class ScheduleLoop:
                     dys = self.step.transport.receive_gradients(
                         self._crossing(s), r, sent, split.differentiated_outputs)
                     dys = [dys[tid] for tid in split.differentiated_outputs]
-                grads_in, grads = split.backward(residuals, dys)
-                left = {(GRADIENTS, s, r, task.micro_batch): grads_in} if s else {}
-                carry["sums"][unit] = self.step._accumulate(carry["sums"][unit], grads)
-                produced = list(grads_in.values()) + grads
+                left = {}
+                if task.kind == BACKWARD_INPUT:
+                    grads_in, pending = split.backward_input(residuals, dys)
+                    left[(PENDING, s, r, task.micro_batch)] = pending
+                    produced = list(grads_in.values()) + pending
+                else:
+                    grads_in, grads = split.backward(residuals, dys)
+                    carry["sums"][unit] = self.step._accumulate(carry["sums"][unit], grads)
+                    produced = list(grads_in.values()) + grads
+                if s:
+                    left[(GRADIENTS, s, r, task.micro_batch)] = grads_in
             with tf.control_dependencies(produced):
-                carry["token"][unit] = tf.identity(carry["token"][unit])
+                carry["token"][lane] = tf.identity(carry["token"][lane])
         for k, v in left.items():
             values[k] = v
             values.setdefault("readers", {})[k] = self.book.leaves(task)[k]
@@ -425,15 +475,16 @@ class ScheduleLoop:
         state, step = self.state, self.step
         values: dict = {"readers": {}}
         self.collections: Dict[tuple, Tuple[int, List[tf.TensorArray]]] = {}
-        carry = {"token": {u: tf.zeros([]) for u in self.units},
+        carry = {"token": {lane: self._zeros(self.step.device(*lane), []) for lane in self.lanes},
                  "sums": {u: None for u in self.units}, "loss": [], "predictions": {},
                  "statistics": {}}
         for part in self.plan.segments:
             if isinstance(part, Loop):
                 for unit in self.units:     # a unit with no backward yet starts from zero
                     if carry["sums"][unit] is None:
-                        carry["sums"][unit] = [tf.zeros(v.shape, v.dtype)
-                                               for v in step.stages[unit[0]].trainable_variables]
+                        carry["sums"][unit] = [
+                            self._zeros(step.device(*unit), v.shape, v.dtype)
+                            for v in step.stages[unit[0]].trainable_variables]
                 self._loop(part, values, carry)
                 continue
             for task in part:
@@ -447,6 +498,14 @@ class ScheduleLoop:
                 state.loss_terms.append(term)
                 sums = [a + g for a, g in zip(sums, grads)]
             state.accumulated[unit] = sums
+
+    @staticmethod
+    def _zeros(device: Optional[str], shape, dtype=tf.float32) -> tf.Tensor:
+        """Zeros on `device`. A loop variable's Enter, Merge, Switch and NextIteration go where
+        its first value was made: made on the default device, a stage's gradient sums crossed
+        devices twice every iteration."""
+        with tf.device(device):
+            return tf.zeros(shape, dtype)
 
     def _record(self, carry) -> None:
         """Move what unrolled tasks left in `carry` into the step's state."""
@@ -465,7 +524,7 @@ class ScheduleLoop:
     def _loop(self, loop: Loop, values: dict, carry: dict) -> None:
         """Build `loop`; `values` (absolute keys) then holds what is live after it, and
         `self.collections` what it collected."""
-        step, iterations = self.step, loop.iterations
+        step, iterations, stride = self.step, loop.iterations, loop.stride
         readers = {k: values["readers"].pop(k) for k in loop.carried}
         forwards = {}                       # unit -> its forwards per period, in body order
         for task in loop.body:
@@ -479,7 +538,8 @@ class ScheduleLoop:
                         for spec in specs]
 
         start = {
-            "t": tf.constant(0), "loss": tf.zeros([]), "token": dict(carry["token"]),
+            "t": tf.constant(0), "token": dict(carry["token"]),
+            "loss": self._zeros(step.device(*last[0]) if last else None, []),
             "sums": dict(carry["sums"]),
             "values": {k: values.pop(k) for k in loop.carried},
             "collected": {k: arrays(k[1:3], self.splits[k[1:3]].residual_specs, iterations)
@@ -499,14 +559,17 @@ class ScheduleLoop:
             inner = {"token": dict(now["token"]), "sums": dict(now["sums"]), "loss": [],
                      "predictions": {}, "statistics": {}}
             for task in loop.body:
-                self._run(task, t + task.micro_batch, values, inner)
+                self._run(task, t * stride + task.micro_batch, values, inner)
             collected = {}
             for k, written in now["collected"].items():
                 with tf.device(step.device(*k[1:3])):
                     collected[k] = [a.write(t, v) for a, v in zip(written, values.pop(k))]
-            shifted = {(k[0], k[1], k[2], k[3] - 1): v for k, v in values.items()
+            shifted = {(k[0], k[1], k[2], k[3] - stride): v for k, v in values.items()
                        if k != "readers"}
-            loss = now["loss"] + tf.add_n(inner["loss"]) if inner["loss"] else now["loss"]
+            loss = now["loss"]
+            if inner["loss"]:
+                with tf.device(step.device(*last[0])):
+                    loss = loss + tf.add_n(inner["loss"])
             predictions = {}
             for u, written in now["predictions"].items():
                 for i, (_, outs) in enumerate(inner["predictions"][u[1]]):
@@ -534,14 +597,15 @@ class ScheduleLoop:
             stacked = [a.stack() for a in written]
             for t in range(iterations):
                 for i, c in enumerate(forwards[u]):
-                    self.state.predictions[(t + c, u[1])] = [
+                    self.state.predictions[(t * stride + c, u[1])] = [
                         p[t * len(forwards[u]) + i] for p in stacked]
         for u, (means, m2s) in end["statistics"].items():
             self._record_loop_statistics(u, means.stack(), m2s.stack())
         for k, written in end["collected"].items():    # read in place, element by element
             self.collections[k[:3]] = (k[3], written)
-        values.update({(w, s, r, m + iterations): v for (w, s, r, m), v in end["values"].items()})
-        values["readers"].update({(w, s, r, m + iterations): n
+        advance = iterations * stride
+        values.update({(w, s, r, m + advance): v for (w, s, r, m), v in end["values"].items()})
+        values["readers"].update({(w, s, r, m + advance): n
                                   for (w, s, r, m), n in readers.items()})
 
     # ---- shapes of what the loop collects -----------------------------------------------------

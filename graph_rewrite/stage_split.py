@@ -24,6 +24,13 @@ a multi-output op that is not a residual (FusedBatchNormV3's first output when o
 statistics are residuals); feeding every output of every residual's producer first, then only
 the residuals, copies exactly the backward.
 
+Zero-bubble schedules cut the backward once more (`split_weights`), from the same graph: I is
+what the input gradients need of the backward ops (with the output gradients it receives), W
+the rest of what the weight gradients need (MatMul's and Conv2DBackpropFilter's weight products,
+bias sums). W reads forward residuals, which I hands on, and tensors of I (the gradients of the
+layers' outputs), which I returns; an op both need is I's. Each backward op lands in one of
+them. (The unrolled step splits with a persistent tape instead: `graph_rewrite.split_backward`.)
+
 Keras's own moving-statistics updates (writes to the device's scratch variables,
 `batch_statistics.ScratchStatistics`) are left out: the step applies its own once per step.
 """
@@ -55,6 +62,10 @@ class StageSplit:
     statistics_keys: List[str]          # BatchNormalization calls, as `StageFunction` keys
     residual_specs: List[tf.TensorSpec]
     gradient_shapes: List[tf.TensorShape]   # of the differentiated inputs, then of the weights
+    # With `split_weights`: the backward again as I (input gradients) then W (weight gradients).
+    input_function: object = None       # (*residuals, *dys) -> [input gradients, W's from I]
+    weight_function: object = None      # (*W's from the forward, *W's from I) -> weight grads
+    weight_residuals: List[int] = None  # the residuals W reads, by index
 
     def forward(self, inputs: Tensors, labels=None, weights=None):
         """(outputs by id, loss term or None, {key: (mean, m2)}, residuals)."""
@@ -77,14 +88,33 @@ class StageSplit:
         n = len(self.differentiated_inputs)
         return dict(zip(self.differentiated_inputs, flat[:n])), list(flat[n:])
 
+    def backward_input(self, residuals: Sequence[tf.Tensor],
+                       output_gradients: Sequence[tf.Tensor]):
+        """I: (gradients of the differentiated inputs by id, what W reads)."""
+        flat = self.input_function(*residuals, *output_gradients)
+        n = len(self.differentiated_inputs)
+        for g, shape in zip(flat[:n], self.gradient_shapes):
+            g.set_shape(shape)
+        pending = [residuals[i] for i in self.weight_residuals] + list(flat[n:])
+        return dict(zip(self.differentiated_inputs, flat[:n])), pending
+
+    def backward_weight(self, pending: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        """W: the gradients of the stage's weights from what I left."""
+        flat = self.weight_function(*pending)
+        for g, shape in zip(flat, self.gradient_shapes[len(self.differentiated_inputs):]):
+            g.set_shape(shape)
+        return list(flat)
+
 
 def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int,
                 scratch, input_specs: Dict[str, tf.TensorSpec],
                 label_specs: Optional[List[tf.TensorSpec]] = None,
-                weight_specs: Optional[List[Optional[tf.TensorSpec]]] = None) -> StageSplit:
+                weight_specs: Optional[List[Optional[tf.TensorSpec]]] = None,
+                split_weights: bool = False) -> StageSplit:
     """Split `function` (stage `stage`) for slices of `rows` rows in training mode; `scratch`
     is the calling device's `function.on(device)`; the specs give the slice's inputs (by id),
-    labels and sample weights (last stage, None where a weight is absent)."""
+    labels and sample weights (last stage, None where a weight is absent). `split_weights`:
+    also cut the backward into I and W (zero-bubble schedules)."""
     graph = function.graph
     input_ids = list(graph.input_ids)
     label_specs = list(label_specs or [])
@@ -133,17 +163,88 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
     gradients = found["gradients"]
     residuals = _residuals(wrapped.graph, dys, gradients)
     forward = wrapped.prune(xs + extra, [list(wrapped.outputs) + residuals, []])
-    producers = list(dict.fromkeys(t.op for t in residuals))
+    backward = _prune_exactly(wrapped, residuals + dys, gradients)
+    split = StageSplit(forward, backward, input_ids, list(graph.output_ids), found["float_in"],
+                       dy_ids, found["term"], found["keys"],
+                       [tf.TensorSpec(t.shape, t.dtype) for t in residuals],
+                       [g.shape for g in gradients])
+    if split_weights:
+        n = len(found["float_in"])
+        from_forward, from_input = _weight_residuals(wrapped.graph, dys, gradients[:n],
+                                                     gradients[n:], residuals)
+        split.input_function = _prune_exactly(wrapped, residuals + dys,
+                                              gradients[:n] + from_input)
+        split.weight_function = _prune_exactly(wrapped, from_forward + from_input, gradients[n:])
+        index = {t.ref(): i for i, t in enumerate(residuals)}
+        split.weight_residuals = [index[t.ref()] for t in from_forward]
+    return split
+
+
+def _prune_exactly(wrapped, feeds: Sequence[tf.Tensor], fetches: Sequence[tf.Tensor]):
+    """`wrapped` pruned to compute `fetches` from `feeds`, copying none of the ops above them
+    (see the module docstring): first from every output of the feeds' producers, then from
+    the feeds alone."""
+    producers = list(dict.fromkeys(t.op for t in feeds))
     every_output = [o for op in producers for o in op.outputs]
-    first = wrapped.prune(every_output + dys, gradients)
+    first = wrapped.prune(every_output, list(fetches))
     position = {o.ref(): i for i, o in enumerate(every_output)}
-    keep = [first.inputs[position[t.ref()]] for t in residuals] + list(
-        first.inputs[len(every_output):len(every_output) + ny])
-    backward = first.prune(keep, first.outputs)
-    return StageSplit(forward, backward, input_ids, list(graph.output_ids), found["float_in"],
-                      dy_ids, found["term"], found["keys"],
-                      [tf.TensorSpec(t.shape, t.dtype) for t in residuals],
-                      [g.shape for g in gradients])
+    return first.prune([first.inputs[position[t.ref()]] for t in feeds], first.outputs)
+
+
+def _after(graph, dys: Sequence[tf.Tensor]) -> set:
+    """The ops that depend on `dys` over data and control edges."""
+    control_users: Dict[tf.Operation, List[tf.Operation]] = {}
+    for op in graph.get_operations():
+        for c in op.control_inputs:
+            control_users.setdefault(c, []).append(op)
+    after, todo = set(), [d.op for d in dys]
+    while todo:
+        op = todo.pop()
+        if op in after:
+            continue
+        after.add(op)
+        for t in op.outputs:
+            todo.extend(t.consumers())
+        todo.extend(control_users.get(op, []))
+    return after
+
+
+def _before(tensors: Sequence[tf.Tensor], within: set) -> set:
+    """The ops of `within` that `tensors` depend on (data and control edges)."""
+    found, todo = set(), [t.op for t in tensors if t.op in within]
+    while todo:
+        op = todo.pop()
+        if op in found:
+            continue
+        found.add(op)
+        todo.extend(t.op for t in op.inputs if t.op in within)
+        todo.extend(c for c in op.control_inputs if c in within)
+    return found
+
+
+def _weight_residuals(graph, dys, input_gradients, weight_gradients, residuals):
+    """(the forward's residuals W reads, the tensors of I that W reads): I is what the input
+    gradients need of the backward, W the rest of what the weight gradients need."""
+    backward = _after(graph, dys)
+    input_ops = _before(input_gradients, backward) | {d.op for d in dys}   # I receives dys
+    weight_ops = _before(weight_gradients, backward) - input_ops
+    forward = {t.ref() for t in residuals}
+    from_forward, from_input = {}, {}
+    needed = [t for op in weight_ops for t in op.inputs] + [
+        t for t in weight_gradients if t.op not in weight_ops]
+    for t in needed:
+        if t.op in weight_ops:
+            continue
+        if t.op in input_ops:
+            from_input.setdefault(t.ref(), t)
+        elif t.ref() in forward:
+            from_forward.setdefault(t.ref(), t)
+    for op in weight_ops:
+        for c in op.control_inputs:
+            if c in input_ops:
+                raise ValueError(f"control edge {c.name} -> {op.name} crosses the I/W split")
+    by_name = lambda ts: sorted(ts.values(), key=lambda t: t.name)     # noqa: E731
+    return by_name(from_forward), by_name(from_input)
 
 
 def _residuals(graph, dys: Sequence[tf.Tensor], fetched: Sequence[tf.Tensor]) -> List[tf.Tensor]:

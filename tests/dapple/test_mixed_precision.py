@@ -42,7 +42,8 @@ def batches(seed=0):
                                                          ([2], [2, 1], "1f1b", False),
                                                          ([2], [2, 1], "zb-h1", False),
                                                          ([], [2], "1f1b", True),
-                                                         ([2], [2, 1], "1f1b", True)])
+                                                         ([2], [2, 1], "1f1b", True),
+                                                         ([2], [2, 1], "zb-h1", True)])
 def test_loss_scale_and_weights_follow_plain_keras_over_20_steps(policy, cuts, replicas,
                                                                  schedule, loop):
     """zb-h1: W reaches the float32 weights through their reads' float16 casts."""

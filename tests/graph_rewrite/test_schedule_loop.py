@@ -13,6 +13,7 @@ import tensorflow as tf
 from graph_rewrite.model_graph import layer_order
 from graph_rewrite.schedule_loop import plan_loop
 from planner.formats.plan import straight_plan
+from planner.search.chunking import interleaved_plan
 from planner.schedules.by_name import plan_schedule
 from tests.models import (assert_trains_like_plain_model, conv_batchnorm, data_for,
                           dense_batchnorm, losses_for, mlp_with_skip, plain_loss_and_grads,
@@ -32,6 +33,21 @@ def assert_looped(pm, looped=True):
 def lists_of(cuts, m, schedule, replicas):
     plan = straight_plan(cuts, 5, m, 8 * m, replicas=replicas, schedule=schedule)
     return [[(a.kind, a.micro_batch) for a in lst] for lst in plan_schedule(plan).lists]
+
+
+def plan_of(cuts, m, schedule, replicas, layers=5, batch=None):
+    """A straight plan, or with schedule "interleaved" two chunks per device group (`cuts`
+    then cut chunks, `replicas` is per device group); global batch 8 M unless given."""
+    batch = batch or 8 * m
+    if schedule == "interleaved":
+        return interleaved_plan(cuts, layers, m, 2, batch, replicas)
+    return straight_plan(cuts, layers, m, batch, replicas=replicas, schedule=schedule)
+
+
+def loop_plan_of(plan):
+    schedule = plan_schedule(plan)
+    return plan_loop([[(a.kind, a.chunk, a.micro_batch) for a in lst] for lst in schedule.lists],
+                     [s.replicas for s in plan.stages], schedule.placement)
 
 
 @pytest.mark.parametrize("schedule", ["A", "B"])
@@ -56,6 +72,35 @@ def test_gpipe_runs_a_loop_of_forwards_then_one_of_backwards():
     assert forwards.carried == backwards.carried == backwards.collected == []
 
 
+@pytest.mark.parametrize("cuts,replicas", [([2], [1, 1]), ([1, 3], [1, 2, 1])])
+def test_zb_h1_loops_forward_input_and_weight_gradients(cuts, replicas):
+    plans = [loop_plan_of(plan_of(cuts, m, "zb-h1", replicas)) for m in (8, 32)]
+    assert all(plans) and [len(p.loops) for p in plans] == [1, 1]
+    warm_up, loop, cool_down = zip(*[p.segments for p in plans])
+    assert len(warm_up[0]) == len(warm_up[1]) and len(cool_down[0]) == len(cool_down[1])
+    # a period: one F, one I and one W of every unit
+    assert collections.Counter(t.kind for t in loop[0].body) == {
+        k: sum(replicas) for k in "FIW"}
+    assert loop[1].iterations - loop[0].iterations == 24
+    # stage s's W runs s micro-batches behind its I: what I left for it is carried
+    assert {k for k in loop[0].carried if k[0] == "pending"} == {
+        ("pending", s, r, m) for s in range(len(replicas)) for r in range(replicas[s])
+        for m in range(min(t.micro_batch for t in loop[0].body if t.kind == "W" and t.stage == s),
+                       min(t.micro_batch for t in loop[0].body if t.kind == "I" and t.stage == s))}
+
+
+def test_interleaved_loops_a_group_of_micro_batches_per_period():
+    plans = [loop_plan_of(plan_of([1, 2, 3], m, "interleaved", [1, 1])) for m in (8, 32)]
+    assert all(plans) and [len(p.loops) for p in plans] == [1, 1]
+    warm_up, loop, cool_down = zip(*[p.segments for p in plans])
+    assert len(warm_up[0]) == len(warm_up[1]) and len(cool_down[0]) == len(cool_down[1])
+    # M / S = groups of 2: every chunk's forward and backward of 2 micro-batches per period
+    assert loop[0].stride == loop[1].stride == 2
+    assert collections.Counter((t.kind, t.stage) for t in loop[0].body) == {
+        (k, c): 2 for k in "FB" for c in range(4)}
+    assert 2 * (loop[1].iterations - loop[0].iterations) == 24
+
+
 def test_lists_no_loop_can_express_are_left_unrolled():
     assert plan_loop(lists_of([2], 2, "A", [1, 1]), [1, 1]) is None      # one period
     assert plan_loop([[("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)],
@@ -75,6 +120,16 @@ CASES = [
     (mlp_with_skip, [1, 3], [1, 1, 1], 4, "gpipe"),
     (mlp_with_skip, [2], [2, 3], 8, "gpipe"),
     (two_in_two_out, [1, 4], [1, 2, 1], 4, "gpipe"),
+    (mlp_with_skip, [2], [1, 1], 4, "zb-h1"),
+    (mlp_with_skip, [1, 3], [1, 1, 1], 8, "zb-h1"),
+    (mlp_with_skip, [2], [2, 3], 8, "zb-h1"),
+    (two_in_two_out, [1, 4], [1, 2, 1], 8, "zb-h1"),
+    (small_conv, [2], [1, 1], 6, "zb-h1"),
+    # interleaved: cuts of 4 chunks, replicas per device group; groups of M / 2 micro-batches
+    (mlp_with_skip, [1, 2, 3], [1, 1], 6, "interleaved"),      # skip relayed through chunk 1
+    (mlp_with_skip, [1, 2, 3], [2, 1], 8, "interleaved"),      # 2:1, then 1:2 back to group 0
+    (mlp_with_skip, [1, 2, 3], [1, 2], 8, "interleaved"),
+    (two_in_two_out, [1, 2, 3], [1, 1], 6, "interleaved"),
 ]
 
 
@@ -83,8 +138,7 @@ CASES = [
 def test_looped_gradients_equal_the_plain_model(case):
     builder, cuts, replicas, m, schedule = case
     model, reference = builder(), builder()
-    plan = straight_plan(cuts, len(layer_order(model)), m, GLOBAL_BATCH, replicas=replicas,
-                         schedule=schedule)
+    plan = plan_of(cuts, m, schedule, replicas, len(layer_order(model)), GLOBAL_BATCH)
     loss = losses_for(model)
     pm = dapple.PipelinedModel(model, plan, pipeline_loop=True)
     pm.compile(optimizer="sgd", loss=loss)
@@ -96,14 +150,54 @@ def test_looped_gradients_equal_the_plain_model(case):
     assert_looped(pm)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_looped_training_gives_the_plain_model_weights(schedule):
+@pytest.mark.parametrize("schedule,cuts,m", [("1f1b", [2], 4), ("gpipe", [2], 4),
+                                             ("zb-h1", [2], 4), ("interleaved", [1, 2, 3], 6)])
+def test_looped_training_gives_the_plain_model_weights(schedule, cuts, m):
     model, reference = mlp_with_skip(), mlp_with_skip()
-    plan = straight_plan([2], 5, 4, GLOBAL_BATCH, replicas=[2, 1], schedule=schedule)
+    plan = plan_of(cuts, m, schedule, [2, 1], batch=GLOBAL_BATCH)
     pm = dapple.PipelinedModel(model, plan, pipeline_loop=True)
     assert_trains_like_plain_model(pm, model, reference, losses_for(model),
                                    lambda: tf.keras.optimizers.Adam(0.01), GLOBAL_BATCH)
     assert_looped(pm)
+
+
+def compute_ops(function):
+    """Op types of a split function's graph, without its arguments and pass-throughs."""
+    return collections.Counter(op.type for op in function.graph.get_operations()
+                               if op.type not in ("Placeholder", "Identity", "NoOp"))
+
+
+def test_zb_h1_input_and_weight_functions_do_the_backwards_work_once():
+    model = small_conv()
+    plan = straight_plan([2], len(layer_order(model)), 4, GLOBAL_BATCH, schedule="zb-h1")
+    pm = dapple.PipelinedModel(model, plan, pipeline_loop=True)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    pm.gradients(*data_for(model, GLOBAL_BATCH, seed=7))
+    splits = list(pm.pipeline_step.stage_splits.values())
+    assert len(splits) == 2
+    for split in splits:
+        fused = compute_ops(split.backward_function)
+        assert compute_ops(split.input_function) + compute_ops(split.weight_function) == fused
+        # the weight products are W's: none in I
+        weight_products = {"Conv2DBackpropFilter", "BiasAddGrad"} & set(fused)
+        assert weight_products and not weight_products & set(compute_ops(split.input_function))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_loop_variables_start_on_their_units_devices(schedule):
+    """A lowered loop variable's Enter, Merge, Switch and NextIteration go where its first
+    value was made: one made on the default device would cross devices every iteration."""
+    model = mlp_with_skip()
+    pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, 16, schedule=schedule),
+                               pipeline_loop=True)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    x, y = data_for(model, 16, seed=0)
+    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
+    graph = fn.get_concrete_function(x, y).graph
+    (loop,) = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    floats = [t for t in loop.inputs if t.dtype.is_floating]
+    assert all(t.op.device for t in floats), [t.op.name for t in floats if not t.op.device]
+    assert len({t.op.device for t in floats}) == 2      # both stages' sums, tokens, values
 
 
 def test_pipelines_run_unrolled_unless_asked():
@@ -131,13 +225,17 @@ def test_looped_fit_evaluate_with_sample_weights_two_outputs_equal_plain_keras()
 @pytest.mark.parametrize("builder,cuts,replicas,m,schedule",
                          [(dense_batchnorm, [2], [2, 1], 4, "1f1b"),
                           (conv_batchnorm, [3], [1, 2], 8, "1f1b"),
-                          (conv_batchnorm, [3], [2, 1], 4, "gpipe")],
-                         ids=["dense-2:1-M4-1f1b", "conv-1:2-M8-1f1b", "conv-2:1-M4-gpipe"])
+                          (conv_batchnorm, [3], [2, 1], 4, "gpipe"),
+                          (dense_batchnorm, [2], [2, 1], 4, "zb-h1"),
+                          (conv_batchnorm, [3], [1, 2], 8, "zb-h1"),
+                          (conv_batchnorm, [2, 4, 6], [1, 1], 8, "interleaved")],
+                         ids=["dense-2:1-M4-1f1b", "conv-1:2-M8-1f1b", "conv-2:1-M4-gpipe",
+                              "dense-2:1-M4-zb-h1", "conv-1:2-M8-zb-h1",
+                              "conv-1:1-M8-interleaved"])
 def test_looped_moving_statistics_after_three_steps_equal_plain_keras(builder, cuts, replicas, m,
                                                                       schedule):
     model, reference = builder(), builder()
-    plan = straight_plan(cuts, len(layer_order(model)), m, 16, replicas=replicas,
-                         schedule=schedule)
+    plan = plan_of(cuts, m, schedule, replicas, len(layer_order(model)), 16)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     pm = dapple.PipelinedModel(model, plan, pipeline_loop=True)
     # No weight update: plain Keras normalizes the whole batch, the pipeline each slice, so
@@ -163,7 +261,8 @@ def test_looped_moving_statistics_after_three_steps_equal_plain_keras(builder, c
 def step_calls(m, loop=True, schedule="A"):
     """Function-call ops of the traced step's own graph (a loop's body is one While op)."""
     model = mlp_with_skip()
-    plan = straight_plan([2], 5, m, 4 * m, replicas=[1, 1], schedule=schedule)
+    plan = plan_of([1, 2, 3] if schedule == "interleaved" else [2], m, schedule, [1, 1],
+                   batch=4 * m)
     pm = dapple.PipelinedModel(model, plan, pipeline_loop=loop)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, 4 * m, seed=0)
@@ -173,14 +272,16 @@ def step_calls(m, loop=True, schedule="A"):
     return sum(ops[c] for c in CALLS), ops["While"]
 
 
-@pytest.mark.parametrize("schedule,loops", [("1f1b", 1), ("gpipe", 2)])
-def test_the_steps_calls_do_not_grow_with_the_micro_batches(schedule, loops):
-    (calls4, loops4), (calls16, loops16) = step_calls(4, True, schedule), step_calls(16, True,
+@pytest.mark.parametrize("schedule,loops,m", [("1f1b", 1, 4), ("gpipe", 2, 4), ("zb-h1", 1, 4),
+                                              ("interleaved", 1, 8)])
+def test_the_steps_calls_do_not_grow_with_the_micro_batches(schedule, loops, m):
+    """Interleaved from M = 8: at M = 4 its steady part (groups of 2) is a single period."""
+    (calls4, loops4), (calls16, loops16) = step_calls(m, True, schedule), step_calls(16, True,
                                                                                       schedule)
     assert loops4 == loops16 == loops
     assert calls4 == calls16        # warm-up and cool-down (GPipe's loops leave none)
     # Unrolled, the same count grows with M: the test would see a step that does not loop.
-    (unrolled4, none4), (unrolled16, none16) = (step_calls(4, False, schedule),
+    (unrolled4, none4), (unrolled16, none16) = (step_calls(m, False, schedule),
                                                 step_calls(16, False, schedule))
     assert none4 == none16 == 0
     assert unrolled16 > unrolled4

@@ -23,7 +23,7 @@ SCOPE = re.compile(r"stage(\d+)/replica(\d+)/([FB])(\d+)/")
 def traced_graph(plan):
     model = mlp_with_skip()
     # Unrolled: every action in a name scope of its own (a looped pipeline runs its steady
-    # periods in a loop body, `graph_rewrite.schedule_loop`, ordered by tokens per unit).
+    # periods in a loop body, `graph_rewrite.schedule_loop`, ordered by tokens per lane).
     pm = dapple.PipelinedModel(model, plan, micro_batch_loop=False)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, plan.global_batch_size, seed=0)
