@@ -359,6 +359,12 @@ class PipelinedModel:
         self.runtime.model_may_have_changed()
         refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
         verbose = 1 if verbose == "auto" else verbose
+        if self._keras3 and self._relaxed:
+            raise NotImplementedError(
+                f"fit of a Keras 3 model on the {self.plan.schedule.name} schedule is not "
+                f"supported yet (Keras 3's fit runs one global batch a step; a relaxed run "
+                f"takes steps_per_execution of them): call train_step(x, y) in a loop, x "
+                f"holding steps_per_execution global batches (docs/keras3.md)")
         if self._keras3:
             return self._keras3_fit(x, y, batch_size, epochs, verbose, list(callbacks or []),
                                     validation_data, validation_split, validation_freq,
