@@ -85,7 +85,7 @@ def _shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
     G, N = topology.num_devices, profile.num_layers
     made = _shapes_made.get(profile, (topology,))
     if made is None:
-        made = {}           # replicas -> uniform pipeline; "pipedream" -> [shape] or []
+        made = {}           # replicas -> uniform pipeline; "partition" -> [PipeDream's] or []
         _shapes_made.put(profile, (topology,), made)
     shapes = []
     for r in range(1, G + 1):
@@ -93,12 +93,12 @@ def _shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
             if r not in made:
                 made[r] = [(a, b, r) for a, b in balanced_cuts(profile, G // r)]
             shapes.append(made[r])
-    if "pipedream" not in made:
+    if "partition" not in made:
         try:
-            made["pipedream"] = [pipedream_partition(profile, topology)]
+            made["partition"] = [pipedream_partition(profile, topology)]
         except PlanError:
-            made["pipedream"] = []
-    shapes += made["pipedream"]
+            made["partition"] = []
+    shapes += made["partition"]
     pairs = [r for r in range(1, G)
              if stage_sizes is None or (r in stage_sizes and G - r in stage_sizes)]
     return shapes, pairs
