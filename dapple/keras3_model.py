@@ -76,13 +76,13 @@ class PipelineTrainer(keras.Model):
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         loss, y_pred = self._dapple.pipelined.pipelined_train(
-            x, y, sample_weight, predictions=self._compile_metrics is not None)
+            x, y, sample_weight, predictions=self._needs_predictions)
         return self._logs(x, y, y_pred, sample_weight, loss)
 
     def test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         loss, y_pred = self._dapple.pipelined.pipelined_evaluate(
-            x, y, sample_weight, predictions=self._compile_metrics is not None)
+            x, y, sample_weight, predictions=self._needs_predictions)
         return self._logs(x, y, y_pred, sample_weight, loss)
 
     def predict_step(self, data):
@@ -110,12 +110,22 @@ class PipelineTrainer(keras.Model):
                                                            self.predict_function)
         return self.predict_function
 
+    @property
+    def _needs_predictions(self) -> bool:
+        return self._compile_metrics is not None or self._compile_loss is not None
+
     def _logs(self, x, y, y_pred, sample_weight, loss):
         # As Keras's own steps: the loss weighed by the batch's rows, then the compiled metrics.
         self._loss_tracker.update_state(loss, sample_weight=_rows(x))
         if y_pred is None:
             return self.get_metrics_result()
-        return self.compute_metrics(x, y, _one_or_all(y_pred), sample_weight=sample_weight)
+        y_pred = _one_or_all(y_pred)
+        if self._compile_loss is not None:
+            # Keras's own CompileLoss on the global batch's predictions updates its Mean per
+            # output (`<output>_loss`, unweighted), as in Keras's step; its total is the
+            # pipelined step's loss, already counted above.
+            self._compile_loss(y, y_pred, sample_weight)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     # ---- files: the plain model's, written once --------------------------------------------
     @property

@@ -82,6 +82,7 @@ class PipelinedModel:
         self._metrics_built = False
         self._trainer = None            # Keras 3: the keras.Model that fit/evaluate/predict run
         self._compiled_metrics_args = (None, None)
+        self._compiled_loss_args = (None, None)
 
     # ---- Keras-style API ---------------------------------------------------------------------
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
@@ -113,6 +114,7 @@ class PipelinedModel:
         self._metrics_built = False
         self._trainer = None
         self._compiled_metrics_args = (metrics, weighted_metrics)
+        self._compiled_loss_args = (loss, loss_weights)
 
     def _keras3_trainer(self):
         """Keras 3: the `keras.Model` whose steps are this pipeline (`dapple.keras3_model`),
@@ -128,8 +130,14 @@ class PipelinedModel:
                 # rank's stage's), before Keras would build them for every variable.
                 self.runtime.prepare_optimizer(self._step, self.optimizer)
                 metrics, weighted_metrics = self._compiled_metrics_args
-                trainer.compile(optimizer=self.optimizer, metrics=metrics,
-                                weighted_metrics=weighted_metrics, jit_compile=False)
+                loss, loss_weights = self._compiled_loss_args
+                if len(for_model(self.model).output_names(self.model)) < 2:
+                    loss = loss_weights = None  # Keras logs no per-output loss for one output
+                # The loss only for Keras's per-output logs (`<output>_loss`): the pipelined
+                # step computes the loss that is trained and logged as `loss`.
+                trainer.compile(optimizer=self.optimizer, loss=loss, loss_weights=loss_weights,
+                                metrics=metrics, weighted_metrics=weighted_metrics,
+                                jit_compile=False)
             self._trainer = trainer
         return self._trainer
 
