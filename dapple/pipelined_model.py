@@ -143,11 +143,16 @@ class PipelinedModel:
 
     # ---- the pipelined steps as graph code (Keras 3's `PipelineTrainer` runs them) ------------
     def pipelined_train(self, x, y, sample_weight, predictions: bool):
-        """One step and its optimizer update on a global batch: (loss, every output's
-        predictions or None)."""
-        result = self._train_result(x, y, sample_weight)
-        return result.loss, (self.runtime.predictions(self._step, result) if predictions
-                             else None)
+        """One step and its optimizer update on a global batch (relaxed plans: one run of the
+        global batches `x` holds): (loss, every output's predictions or None, y, sample_weight),
+        y and sample_weight in the predictions' row order (AvgPipe's run reorders its rows)."""
+        if self._relaxed:
+            result, y, sample_weight = self._relaxed.run(x, y, sample_weight)
+            step = self._relaxed.step
+        else:
+            result, step = self._train_result(x, y, sample_weight), self._step
+        return (result.loss, self.runtime.predictions(step, result) if predictions else None,
+                y, sample_weight)
 
     def pipelined_evaluate(self, x, y, sample_weight, predictions: bool):
         """The loss of a global batch, without a backward: (loss, predictions or None)."""
@@ -367,12 +372,6 @@ class PipelinedModel:
         self.runtime.model_may_have_changed()
         refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
         verbose = 1 if verbose == "auto" else verbose
-        if self._keras3 and self._relaxed:
-            raise NotImplementedError(
-                f"fit of a Keras 3 model on the {self.plan.schedule.name} schedule is not "
-                f"supported yet (Keras 3's fit runs one global batch a step; a relaxed run "
-                f"takes steps_per_execution of them): call train_step(x, y) in a loop, x "
-                f"holding steps_per_execution global batches (docs/keras3.md)")
         if self._keras3:
             return self._keras3_fit(x, y, batch_size, epochs, verbose, list(callbacks or []),
                                     validation_data, validation_split, validation_freq,
@@ -449,6 +448,8 @@ class PipelinedModel:
             vx, vy, vsw = unpack_validation_data(validation_data)
             self._check_rows(vx, "validation_data")
             validation = self._dataset(vx, vy, None, False, "validation_data", vsw)
+        if self._relaxed:                   # one run a Keras step
+            ds, steps_per_epoch = self._relaxed.runs_dataset(ds, steps_per_epoch)
         steps = steps_per_epoch
         if steps is None:
             card = int(ds.cardinality())
@@ -565,8 +566,12 @@ class PipelinedModel:
 
     def load_weights(self, path: str):
         """Keras's `load_weights` into the plain model (so any plan's checkpoint loads)."""
-        if self._relaxed:
-            self._relaxed.fresh = True      # a relaxed rule starts afresh from these weights
+        self.weights_loaded()
         return self.runtime.load_weights(self.model, path)
+
+    def weights_loaded(self) -> None:
+        """The model's weights were replaced: a relaxed rule starts afresh from them."""
+        if self._relaxed:
+            self._relaxed.fresh = True
 
 
