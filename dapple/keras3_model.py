@@ -93,7 +93,7 @@ class PipelineTrainer(keras.Model):
     # runtime's `compiled` wraps each call (under horovodrun: its watchdog).
     def make_train_function(self, force=False):
         if self.train_function is None or force:
-            relaxed = self._dapple.pipelined._relaxed
+            relaxed = self._dapple.pipelined.relaxed_training
             if relaxed is None:
                 super().make_train_function(force=True)
                 self.train_function = self._runtime.compiled("train step", self.train_function)

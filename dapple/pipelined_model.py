@@ -569,6 +569,11 @@ class PipelinedModel:
         self.weights_loaded()
         return self.runtime.load_weights(self.model, path)
 
+    @property
+    def relaxed_training(self) -> Optional[RelaxedTraining]:
+        """A relaxed plan's training once compiled (`dapple.relaxed_training`), else None."""
+        return self._relaxed
+
     def weights_loaded(self) -> None:
         """The model's weights were replaced: a relaxed rule starts afresh from them."""
         if self._relaxed:
