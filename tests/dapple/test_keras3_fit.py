@@ -14,28 +14,16 @@ import pytest
 import tensorflow as tf
 
 from planner.formats.plan import straight_plan
-from tests import models
+from tests.keras3_models import (data as rows_of_data, keras, loss_fn, mlp_with_skip as mlp,
+                                 two_in_two_out)
 
-keras = pytest.importorskip("keras")
-if keras.__version__.startswith(("1.", "2.")):
-    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
 
 GLOBAL_BATCH = 24
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 
-def mlp(seed=0):
-    return models.mlp_with_skip(seed, keras=keras)
-
-
-def loss_fn():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
 def data(batches, seed=11):
-    rng = np.random.RandomState(seed)
-    x = rng.randn(batches * GLOBAL_BATCH, 6).astype("float32")
-    return x, rng.randint(0, 5, size=batches * GLOBAL_BATCH).astype("int32")
+    return rows_of_data(batches * GLOBAL_BATCH, seed)
 
 
 def pair(optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.9), seed=0, metrics=True):
@@ -222,8 +210,7 @@ def test_two_outputs_log_each_outputs_loss_as_plain_keras3():
     """Dict inputs, two outputs with loss_weights (3 stages, 1:2:1): fit's History and
     evaluate's dict carry plain Keras 3's `<output>_loss` (each output's unweighted loss mean),
     `loss`, a metric per output and their `val_`, with its values."""
-    model = models.two_in_two_out(keras=keras)
-    reference = models.two_in_two_out(keras=keras)
+    model, reference = two_in_two_out(), two_in_two_out()
     from graph_rewrite.model_graph import layer_order
     plan = straight_plan([1, 4], len(layer_order(model)), 4, GLOBAL_BATCH, replicas=[1, 2, 1])
     pm = dapple.PipelinedModel(model, plan)

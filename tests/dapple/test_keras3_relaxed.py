@@ -10,12 +10,10 @@ import pytest
 
 from dapple.pipelined_model import PipelinedModel
 from planner.formats.plan import straight_plan
-from tests import models
+from tests import keras3_models
+from tests.keras3_models import keras, loss_fn
 from tests import relaxed_rules as rules
 
-keras = pytest.importorskip("keras")
-if keras.__version__.startswith(("1.", "2.")):
-    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
 
 B, M, LR, STEPS = 16, 4, 0.5, 5
 TOLERANCE = 1e-5
@@ -24,17 +22,11 @@ LAYERS = ["d1", "d2", "add", "d3", "out"]
 
 
 def mlp_with_skip(seed=3):
-    return models.mlp_with_skip(seed, keras=keras)
-
-
-def loss_fn():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return keras3_models.mlp_with_skip(seed)
 
 
 def data(rows, seed=1):
-    rng = np.random.RandomState(seed)
-    return (rng.randn(rows, 6).astype("float32"),
-            rng.randint(0, 5, size=rows).astype("int32"))
+    return keras3_models.data(rows, seed)
 
 
 def make_plan(schedule, cuts, replicas, settings=None):
