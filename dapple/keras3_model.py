@@ -75,14 +75,14 @@ class PipelineTrainer(keras.Model):
     # ---- steps -----------------------------------------------------------------------------
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        loss, y_pred = self._dapple.pipelined.pipelined_train(
-            x, y, sample_weight, predictions=self._compile_metrics is not None)
+        loss, y_pred, y, sample_weight = self._dapple.pipelined.pipelined_train(
+            x, y, sample_weight, predictions=self._needs_predictions)
         return self._logs(x, y, y_pred, sample_weight, loss)
 
     def test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         loss, y_pred = self._dapple.pipelined.pipelined_evaluate(
-            x, y, sample_weight, predictions=self._compile_metrics is not None)
+            x, y, sample_weight, predictions=self._needs_predictions)
         return self._logs(x, y, y_pred, sample_weight, loss)
 
     def predict_step(self, data):
@@ -93,9 +93,25 @@ class PipelineTrainer(keras.Model):
     # runtime's `compiled` wraps each call (under horovodrun: its watchdog).
     def make_train_function(self, force=False):
         if self.train_function is None or force:
-            super().make_train_function(force=True)
-            self.train_function = self._runtime.compiled("train step", self.train_function)
+            relaxed = self._dapple.pipelined.relaxed_training
+            if relaxed is None:
+                super().make_train_function(force=True)
+                self.train_function = self._runtime.compiled("train step", self.train_function)
+            else:
+                self.train_function = self._runs_function(relaxed)
         return self.train_function
+
+    def _runs_function(self, relaxed):
+        """A relaxed plan's train function: one run a dataset element, traced for the run's
+        number of global batches (a shorter last run once more), which its schedule is built
+        for; Keras's own would trace once with the rows unknown."""
+        step = self._runtime.compiled("relaxed train step", tf.function(self.train_step))
+
+        def function(iterator):
+            data = next(iterator)
+            relaxed.prepare()           # eagerly: optimizers built, the rule afresh when due
+            return step(data)
+        return function
 
     def make_test_function(self, force=False):
         if self.test_function is None or force:
@@ -110,12 +126,22 @@ class PipelineTrainer(keras.Model):
                                                            self.predict_function)
         return self.predict_function
 
+    @property
+    def _needs_predictions(self) -> bool:
+        return self._compile_metrics is not None or self._compile_loss is not None
+
     def _logs(self, x, y, y_pred, sample_weight, loss):
         # As Keras's own steps: the loss weighed by the batch's rows, then the compiled metrics.
         self._loss_tracker.update_state(loss, sample_weight=_rows(x))
         if y_pred is None:
             return self.get_metrics_result()
-        return self.compute_metrics(x, y, _one_or_all(y_pred), sample_weight=sample_weight)
+        y_pred = _one_or_all(y_pred)
+        if self._compile_loss is not None:
+            # Keras's own CompileLoss on the global batch's predictions updates its Mean per
+            # output (`<output>_loss`, unweighted), as in Keras's step; its total is the
+            # pipelined step's loss, already counted above.
+            self._compile_loss(y, y_pred, sample_weight)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     # ---- files: the plain model's, written once --------------------------------------------
     @property
@@ -132,6 +158,7 @@ class PipelineTrainer(keras.Model):
 
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
         filepath = os.fspath(filepath)
+        self._dapple.pipelined.weights_loaded()
         if os.path.abspath(filepath) in self._own_files:
             return self.plain.load_weights(filepath)
         return self._runtime.load_weights(self.plain, filepath)

@@ -82,6 +82,7 @@ class PipelinedModel:
         self._metrics_built = False
         self._trainer = None            # Keras 3: the keras.Model that fit/evaluate/predict run
         self._compiled_metrics_args = (None, None)
+        self._compiled_loss_args = (None, None)
 
     # ---- Keras-style API ---------------------------------------------------------------------
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
@@ -113,6 +114,7 @@ class PipelinedModel:
         self._metrics_built = False
         self._trainer = None
         self._compiled_metrics_args = (metrics, weighted_metrics)
+        self._compiled_loss_args = (loss, loss_weights)
 
     def _keras3_trainer(self):
         """Keras 3: the `keras.Model` whose steps are this pipeline (`dapple.keras3_model`),
@@ -128,18 +130,29 @@ class PipelinedModel:
                 # rank's stage's), before Keras would build them for every variable.
                 self.runtime.prepare_optimizer(self._step, self.optimizer)
                 metrics, weighted_metrics = self._compiled_metrics_args
-                trainer.compile(optimizer=self.optimizer, metrics=metrics,
-                                weighted_metrics=weighted_metrics, jit_compile=False)
+                loss, loss_weights = self._compiled_loss_args
+                if len(for_model(self.model).output_names(self.model)) < 2:
+                    loss = loss_weights = None  # Keras logs no per-output loss for one output
+                # The loss only for Keras's per-output logs (`<output>_loss`): the pipelined
+                # step computes the loss that is trained and logged as `loss`.
+                trainer.compile(optimizer=self.optimizer, loss=loss, loss_weights=loss_weights,
+                                metrics=metrics, weighted_metrics=weighted_metrics,
+                                jit_compile=False)
             self._trainer = trainer
         return self._trainer
 
     # ---- the pipelined steps as graph code (Keras 3's `PipelineTrainer` runs them) ------------
     def pipelined_train(self, x, y, sample_weight, predictions: bool):
-        """One step and its optimizer update on a global batch: (loss, every output's
-        predictions or None)."""
-        result = self._train_result(x, y, sample_weight)
-        return result.loss, (self.runtime.predictions(self._step, result) if predictions
-                             else None)
+        """One step and its optimizer update on a global batch (relaxed plans: one run of the
+        global batches `x` holds): (loss, every output's predictions or None, y, sample_weight),
+        y and sample_weight in the predictions' row order (AvgPipe's run reorders its rows)."""
+        if self._relaxed:
+            result, y, sample_weight = self._relaxed.run(x, y, sample_weight)
+            step = self._relaxed.step
+        else:
+            result, step = self._train_result(x, y, sample_weight), self._step
+        return (result.loss, self.runtime.predictions(step, result) if predictions else None,
+                y, sample_weight)
 
     def pipelined_evaluate(self, x, y, sample_weight, predictions: bool):
         """The loss of a global batch, without a backward: (loss, predictions or None)."""
@@ -359,12 +372,6 @@ class PipelinedModel:
         self.runtime.model_may_have_changed()
         refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
         verbose = 1 if verbose == "auto" else verbose
-        if self._keras3 and self._relaxed:
-            raise NotImplementedError(
-                f"fit of a Keras 3 model on the {self.plan.schedule.name} schedule is not "
-                f"supported yet (Keras 3's fit runs one global batch a step; a relaxed run "
-                f"takes steps_per_execution of them): call train_step(x, y) in a loop, x "
-                f"holding steps_per_execution global batches (docs/keras3.md)")
         if self._keras3:
             return self._keras3_fit(x, y, batch_size, epochs, verbose, list(callbacks or []),
                                     validation_data, validation_split, validation_freq,
@@ -441,6 +448,8 @@ class PipelinedModel:
             vx, vy, vsw = unpack_validation_data(validation_data)
             self._check_rows(vx, "validation_data")
             validation = self._dataset(vx, vy, None, False, "validation_data", vsw)
+        if self._relaxed:                   # one run a Keras step
+            ds, steps_per_epoch = self._relaxed.runs_dataset(ds, steps_per_epoch)
         steps = steps_per_epoch
         if steps is None:
             card = int(ds.cardinality())
@@ -557,8 +566,17 @@ class PipelinedModel:
 
     def load_weights(self, path: str):
         """Keras's `load_weights` into the plain model (so any plan's checkpoint loads)."""
-        if self._relaxed:
-            self._relaxed.fresh = True      # a relaxed rule starts afresh from these weights
+        self.weights_loaded()
         return self.runtime.load_weights(self.model, path)
+
+    @property
+    def relaxed_training(self) -> Optional[RelaxedTraining]:
+        """A relaxed plan's training once compiled (`dapple.relaxed_training`), else None."""
+        return self._relaxed
+
+    def weights_loaded(self) -> None:
+        """The model's weights were replaced: a relaxed rule starts afresh from them."""
+        if self._relaxed:
+            self._relaxed.fresh = True
 
 
