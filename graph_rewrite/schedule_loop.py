@@ -29,7 +29,9 @@ lists it cannot fit run unrolled.
 A loop adds each unit's gradients in place into variables of its own, on its device
 (`GradientAccumulators`): carried as loop variables, every gradient's Enter, Merge, Switch and
 NextIteration ran each iteration, which cost more than the adds (0.4 ms an iteration for a
-2-stage MLP of 34 small variables, measured in CPU time). A loop carries the loss, one order token per lane (device:
+2-stage MLP of 34 small variables, measured in CPU time). For the same reason the small tensors
+a loop carries or collects travel packed, one tensor per dtype (`PackedElements`). A loop
+carries the loss, one order token per lane (device:
 every action of a lane waits for its previous one, across iterations too, whichever chunk it
 computes) and arrays of the last stage's predictions and of every forward's BatchNormalization
 statistics, which the step reads afterwards as the unrolled actions would have left them: the
@@ -57,6 +59,10 @@ from graph_rewrite.step_state import StepState
 from planner.schedules.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 
 OUTPUTS, RESIDUALS, GRADIENTS, PENDING = "outputs", "residuals", "gradients", "pending"
+# Tensors up to this many elements (64 KiB of float32) are packed into one loop variable per
+# dtype: each loop variable costs a few executor nodes per iteration (tens of microseconds),
+# about what copying 64 KiB costs.
+PACKED_ELEMENTS = 1 << 14
 Key = Tuple[str, int, int, int]      # (what, stage, replica, micro-batch)
 
 
@@ -475,12 +481,18 @@ class ScheduleLoop:
                     self.step.stages[unit[0]].trainable_variables, unit)
         return self.step.loop_accumulators[unit]
 
+    def _packing(self, key: Key) -> "PackedElements":
+        """How a collected residual's tensors are packed (by kind, stage, replica)."""
+        if key[:3] not in self.packing:
+            self.packing[key[:3]] = PackedElements(self.splits[key[1:3]].residual_specs)
+        return self.packing[key[:3]]
+
     def _take(self, values: dict, key: Key, m):
         """The value of `key` for micro-batch index `m`: a live one (dropped after its last
         reader), or its element of an earlier loop's collection."""
         if key not in values:
             first, arrays = self.collections[key[:3]]
-            return [a.read(m - first) for a in arrays]
+            return self.packing[key[:3]].read(arrays, m - first)
         value = values[key]
         readers = values["readers"]
         readers[key] -= 1
@@ -493,6 +505,7 @@ class ScheduleLoop:
         state, step = self.state, self.step
         values: dict = {"readers": {}}
         self.collections: Dict[tuple, Tuple[int, List[tf.TensorArray]]] = {}
+        self.packing: Dict[tuple, PackedElements] = {}
         carry = {"token": {lane: self._zeros(self.step.device(*lane), []) for lane in self.lanes},
                  "sums": {u: None for u in self.units}, "loss": [], "predictions": {},
                  "statistics": {}}
@@ -561,11 +574,12 @@ class ScheduleLoop:
                 return [tf.TensorArray(spec.dtype, size=size, element_shape=spec.shape)
                         for spec in specs]
 
+        carried = {k: CarriedValue(values[k], step.device(*k[1:3])) for k in loop.carried}
         start = {
             "t": tf.constant(0), "token": dict(carry["token"]),
             "loss": self._zeros(step.device(*last[0]) if last else None, []),
-            "values": {k: values.pop(k) for k in loop.carried},
-            "collected": {k: arrays(k[1:3], self.splits[k[1:3]].residual_specs, iterations)
+            "values": {k: carried[k].pack_value(values.pop(k)) for k in loop.carried},
+            "collected": {k: self._packing(k).arrays(step.device(*k[1:3]), iterations)
                           for k in loop.collected},
             "predictions": {u: arrays(u, [self._prediction_spec(u, k)
                                           for k in range(len(step.output_ids))],
@@ -577,7 +591,7 @@ class ScheduleLoop:
 
         def body(now):
             t = now["t"]
-            values = dict(now["values"])
+            values = {k: carried[k].unpack_value(v) for k, v in now["values"].items()}
             values["readers"] = dict(readers)
             inner = {"token": dict(now["token"]), "sums": dict(sums), "loss": [],
                      "predictions": {}, "statistics": {}}
@@ -586,7 +600,7 @@ class ScheduleLoop:
             collected = {}
             for k, written in now["collected"].items():
                 with tf.device(step.device(*k[1:3])):
-                    collected[k] = [a.write(t, v) for a, v in zip(written, values.pop(k))]
+                    collected[k] = self.packing[k[:3]].write(written, t, values.pop(k))
             shifted = {(k[0], k[1], k[2], k[3] - stride): v for k, v in values.items()
                        if k != "readers"}
             loss = now["loss"]
@@ -608,7 +622,8 @@ class ScheduleLoop:
                     m2s = m2s.write(index, _joined([calls[k][1] for k in keys]))
                 statistics[u] = [means, m2s]
             return [{"t": t + 1, "loss": loss, "token": inner["token"],
-                     "values": {k: shifted[k] for k in loop.carried}, "collected": collected,
+                     "values": {k: carried[k].pack_value(shifted[k]) for k in loop.carried},
+                     "collected": collected,
                      "predictions": predictions, "statistics": statistics}]
 
         (end,) = tf.while_loop(lambda now: now["t"] < iterations, body, [start],
@@ -630,7 +645,8 @@ class ScheduleLoop:
         for k, written in end["collected"].items():    # read in place, element by element
             self.collections[k[:3]] = (k[3], written)
         advance = iterations * stride
-        values.update({(w, s, r, m + advance): v for (w, s, r, m), v in end["values"].items()})
+        values.update({(w, s, r, m + advance): carried[(w, s, r, m)].unpack_value(v)
+                       for (w, s, r, m), v in end["values"].items()})
         values["readers"].update({(w, s, r, m + advance): n
                                   for (w, s, r, m), n in readers.items()})
 
@@ -665,6 +681,80 @@ class ScheduleLoop:
             self.state.statistics[unit].by_node.setdefault(id(function.nodes[key]), []).append(
                 bstats.SliceStatistics(rows[key] * forwards, tf.reshape(mean, shape),
                                        tf.reshape(m2, shape)))
+
+
+class PackedElements:
+    """A collection's element (one micro-batch's residuals) as one flat tensor per dtype, so a
+    loop writes and carries one array per dtype, not one per residual: each array is a loop
+    variable whose control nodes run every iteration. Only small tensors are packed (up to
+    `PACKED_ELEMENTS`), where those nodes cost more than copying them; larger ones and those of
+    a shape not fully known keep an array of their own."""
+
+    def __init__(self, specs: Sequence[tf.TensorSpec]):
+        self.specs = list(specs)
+        groups: Dict[object, List[int]] = {}
+        self.groups: List[List[int]] = []
+        for i, spec in enumerate(self.specs):
+            if spec.shape.is_fully_defined() and spec.shape.num_elements() <= PACKED_ELEMENTS:
+                if spec.dtype not in groups:
+                    groups[spec.dtype] = []
+                    self.groups.append(groups[spec.dtype])
+                groups[spec.dtype].append(i)
+            else:
+                self.groups.append([i])
+
+    def _packed(self, group: List[int]) -> bool:
+        shape = self.specs[group[0]].shape
+        return shape.is_fully_defined() and shape.num_elements() <= PACKED_ELEMENTS
+
+    def arrays(self, device: Optional[str], size: int) -> List[tf.TensorArray]:
+        with tf.device(device):
+            return [tf.TensorArray(self.specs[g[0]].dtype, size=size,
+                                   element_shape=[sum(self.specs[i].shape.num_elements()
+                                                      for i in g)] if self._packed(g)
+                                   else self.specs[g[0]].shape) for g in self.groups]
+
+    def pack(self, values: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        """One tensor per group: the group's tensors flattened and joined."""
+        return [tf.concat([tf.reshape(values[i], [-1]) for i in g], 0) if self._packed(g)
+                else values[g[0]] for g in self.groups]
+
+    def unpack(self, packed: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        out: List[Optional[tf.Tensor]] = [None] * len(self.specs)
+        for element, g in zip(packed, self.groups):
+            if not self._packed(g):
+                out[g[0]] = element
+                continue
+            parts = tf.split(element, [self.specs[i].shape.num_elements() for i in g])
+            for i, part in zip(g, parts):
+                out[i] = tf.reshape(part, self.specs[i].shape)
+        return out
+
+    def write(self, arrays: List[tf.TensorArray], index, values: Sequence[tf.Tensor]
+              ) -> List[tf.TensorArray]:
+        return [a.write(index, p) for a, p in zip(arrays, self.pack(values))]
+
+    def read(self, arrays: List[tf.TensorArray], index) -> List[tf.Tensor]:
+        return self.unpack([a.read(index) for a in arrays])
+
+
+class CarriedValue:
+    """A value a loop carries from one period to the next (a forward's outputs or residuals, a
+    backward's input gradients, an I's leftovers), packed as `PackedElements` on its unit's
+    device: one loop variable per dtype instead of one per tensor."""
+
+    def __init__(self, value, device: Optional[str]):
+        self.structure, self.device = value, device
+        self.packing = PackedElements([tf.TensorSpec(t.shape, t.dtype)
+                                       for t in tf.nest.flatten(value)])
+
+    def pack_value(self, value) -> List[tf.Tensor]:
+        with tf.device(self.device):
+            return self.packing.pack(tf.nest.flatten(value))
+
+    def unpack_value(self, packed: Sequence[tf.Tensor]):
+        with tf.device(self.device):
+            return tf.nest.pack_sequence_as(self.structure, self.packing.unpack(packed))
 
 
 class GradientAccumulators:

@@ -200,6 +200,38 @@ def test_loop_variables_start_on_their_units_devices(schedule):
     assert len({t.op.device for t in floats}) == 2      # both stages' sums, tokens, values
 
 
+def deep_mlp(depth):
+    """`depth` Dense(8) layers and a classifier: a variable pair and residuals per layer."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((6,))
+    h = x
+    for _ in range(depth):
+        h = tf.keras.layers.Dense(8, activation="relu")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(5)(h))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_loop_variables_do_not_grow_with_the_stages_depth(schedule):
+    """Every loop variable runs executor nodes each iteration, so a loop adds gradients into
+    variables (no sums carried) and packs small carried or collected tensors by dtype: the
+    loops' tensors in and out do not grow from 2 to 8 layers a stage (resources, the
+    accumulators' handles, pass through)."""
+    counts = []
+    for depth in (4, 16):
+        model = deep_mlp(depth)
+        n = len(layer_order(model))
+        pm = dapple.PipelinedModel(model, straight_plan([n // 2], n, 4, 16, schedule=schedule),
+                                   pipeline_loop=True)
+        pm.compile(optimizer="sgd", loss=losses_for(model))
+        x, y = data_for(model, 16, seed=0)
+        fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
+        graph = fn.get_concrete_function(x, y).graph
+        loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+        assert loops
+        counts.append(sum(t.dtype != tf.resource for op in loops for t in op.inputs))
+    assert counts[0] == counts[1], counts
+
+
 def test_pipelines_run_unrolled_unless_asked():
     """Opt-in until the looped steady step is shown as fast as the unrolled one's."""
     model = mlp_with_skip()
