@@ -39,14 +39,21 @@ def batches(seed=0):
     return models.overflowing_batches(STEPS, BATCH, BAD_STEP, seed)
 
 
-@pytest.mark.parametrize("cuts,replicas,loop", [([2], [1, 1], False),
-                                                ([2], [2, 1], False),
-                                                ([], [2], True)])
-def test_loss_scale_and_weights_follow_plain_keras3(mixed_float16, cuts, replicas, loop):
+@pytest.mark.parametrize("cuts,replicas,loop,stage_weights", [([2], [1, 1], False, False),
+                                                              ([2], [2, 1], False, False),
+                                                              ([], [2], True, False),
+                                                              ([2], [2, 1], False, True)])
+def test_loss_scale_and_weights_follow_plain_keras3(mixed_float16, cuts, replicas, loop,
+                                                    stage_weights):
+    """`stage_weights`: each stage's weights kept and trained on its own device, as the
+    TensorFlow-cluster runtime keeps them (`StageWeightsRuntime`, on this process's devices)."""
     plain, model = (models.float32_logits_mlp(keras=keras) for _ in range(2))
     plain.compile(optimizer(), loss_fn(), jit_compile=False)
-    pm = dapple.PipelinedModel(model, straight_plan(cuts, 4, 4, BATCH, replicas=replicas),
-                               micro_batch_loop=loop, pipeline_loop=loop)
+    plan = straight_plan(cuts, 4, 4, BATCH, replicas=replicas)
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop, pipeline_loop=loop)
+    if stage_weights:
+        from dapple.runtime.tf_cluster.stage_weights import StageWeightsRuntime
+        pm.runtime = StageWeightsRuntime(plan)
     pm.compile(optimizer(), loss_fn())
     assert isinstance(pm.optimizer, keras.optimizers.LossScaleOptimizer)
     assert model.get_layer("d1").compute_dtype == "float16"
@@ -59,6 +66,7 @@ def test_loss_scale_and_weights_follow_plain_keras3(mixed_float16, cuts, replica
     assert wanted[BAD_STEP] == wanted[BAD_STEP - 1] / 2     # halved at the skipped step
     assert max(wanted[:BAD_STEP]) > wanted[0]               # and grew before it
     assert int(pm.optimizer.iterations) == int(plain.optimizer.iterations)
+    pm.gather_weights()
     for a, b, s in zip(model.get_weights(), plain.get_weights(), start):
         assert np.max(np.abs(b - s)) > 1e-2            # the weights did train
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
