@@ -262,7 +262,8 @@ def cut_model(model: tf.keras.Model, ranges: Sequence[Tuple[int, int]]) -> List[
             crossing_out = [tid for tid in output_ids_model]
         for tid in crossing_out if s < S - 1 else []:
             if keras.mask(keras_tensor[tid]) is not None:
-                raise CutError(f"the output of layer {keras_tensor[tid].node.layer.name!r} carries a "
+                layer = keras_tensor[tid]._keras_history[0]     # either Keras's producer
+                raise CutError(f"the output of layer {layer.name!r} carries a "
                                f"Keras mask and would cross the cut after stage {s}; masks are not "
                                f"transferred between stages: move the cut")
         stages.append(StageGraph(

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests.models import (assert_ran_as_loops, assert_trains_like_plain_model, data_for,
                           losses_for, mlp_with_skip, plain_loss_and_grads, small_conv,
@@ -123,6 +124,48 @@ def test_weight_regularizers_count_once_per_step(cuts, reps, m, recompute, loop)
     assert max_abs_diff(pm.gradients(x, y), want) < 1e-5
     assert abs(float(pm.train_step(x, y)) - float(want_loss)) < 1e-5
     assert_ran_as_loops(pm, loop)
+
+
+def masked_lstm():
+    """Embedding(mask_zero) -> LSTM -> Dense -> Dense: the mask lives from the embedding to the
+    LSTM, which consumes it."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((7,), dtype="int32")
+    h = tf.keras.layers.Embedding(20, 8, mask_zero=True, name="embedding")(x)
+    h = tf.keras.layers.LSTM(6, name="lstm")(h)
+    h = tf.keras.layers.Dense(6, activation="relu", name="hidden")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
+
+
+def padded_tokens(rows, seed):
+    rng = np.random.RandomState(seed)
+    x = rng.randint(1, 20, (rows, 7)).astype("int32")
+    x[::2, 4:] = 0                          # every other row padded: the mask matters
+    return x, rng.randint(0, 3, rows).astype("int32")
+
+
+def test_a_mask_inside_a_stage_is_kept_and_one_crossing_a_cut_is_refused_by_name():
+    model = masked_lstm()
+    n = len(layer_order(model))
+    with pytest.raises(ValueError, match="'embedding' carries a Keras mask"):
+        dapple.PipelinedModel(model, straight_plan([1], n, 2, 8))      # after the embedding
+    pm = dapple.PipelinedModel(model, straight_plan([2], n, 2, 8))     # after the LSTM
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    pm.compile(tf.keras.optimizers.SGD(0.1), loss)
+    x, y = padded_tokens(8, seed=1)
+    with tf.GradientTape() as tape:       # the plain model, micro-batch by micro-batch
+        want_loss = (loss(y[:4], model(x[:4], training=True))
+                     + loss(y[4:], model(x[4:], training=True))) / 2
+    want = [tf.convert_to_tensor(g)      # the embedding's: IndexedSlices
+            for g in tape.gradient(want_loss, model.trainable_variables)]
+    assert max_abs_diff([tf.convert_to_tensor(g) for g in pm.gradients(x, y)], want) < 1e-5
+    unmasked = masked_lstm()
+    unmasked.get_layer("embedding").supports_masking = False
+    unmasked.get_layer("embedding").mask_zero = False
+    with tf.GradientTape() as tape:       # not vacuous: without the mask the loss differs
+        other = (loss(y[:4], unmasked(x[:4], training=True))
+                 + loss(y[4:], unmasked(x[4:], training=True))) / 2
+    assert abs(float(other) - float(want_loss)) > 1e-4
 
 
 def test_activity_regularizers_are_refused_with_the_reason():
