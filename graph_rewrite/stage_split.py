@@ -29,7 +29,7 @@ what the input gradients need of the backward ops (with the output gradients it 
 the rest of what the weight gradients need (MatMul's and Conv2DBackpropFilter's weight products,
 bias sums). W reads forward residuals, which I hands on, and tensors of I (the gradients of the
 layers' outputs), which I returns; an op both need is I's. Each backward op lands in one of
-them. (The unrolled step splits with a persistent tape instead: `graph_rewrite.split_backward`.)
+them. The unrolled step calls the same functions, one call op per action (`pipeline.py`).
 
 Keras's own moving-statistics updates (writes to the device's scratch variables,
 `batch_statistics.ScratchStatistics`) are left out: the step applies its own once per step.
@@ -110,11 +110,14 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
                 scratch, input_specs: Dict[str, tf.TensorSpec],
                 label_specs: Optional[List[tf.TensorSpec]] = None,
                 weight_specs: Optional[List[Optional[tf.TensorSpec]]] = None,
-                split_weights: bool = False) -> StageSplit:
+                split_weights: bool = False,
+                variables: Optional[Sequence[tf.Variable]] = None) -> StageSplit:
     """Split `function` (stage `stage`) for slices of `rows` rows in training mode; `scratch`
     is the calling device's `function.on(device)`; the specs give the slice's inputs (by id),
     labels and sample weights (last stage, None where a weight is absent). `split_weights`:
-    also cut the backward into I and W (zero-bubble schedules)."""
+    also cut the backward into I and W (zero-bubble schedules); `variables`: what the weight
+    gradients are taken for (default the stage's trainable variables; the device's working
+    copies where its calls read them)."""
     graph = function.graph
     input_ids = list(graph.input_ids)
     label_specs = list(label_specs or [])
@@ -130,7 +133,7 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
         dy_specs = [tf.TensorSpec([rows] + graph.specs[t].shape[1:].as_list(),
                                   graph.specs[t].dtype) for t in dy_ids]
     nx, ny = len(x_specs), len(dy_specs)
-    variables = graph.trainable_variables
+    variables = list(graph.trainable_variables if variables is None else variables)
     found = {}
 
     def fused(*args):

@@ -107,9 +107,9 @@ def assert_trains_like_plain_model(pm, model, reference, loss, make_optimizer, b
 def assert_ran_as_loops(pm, loop=True):
     """`pm`'s step built its lanes (`graph_rewrite.micro_batch_loop`) or its pipeline's periods
     (`graph_rewrite.schedule_loop`) as loops iff `loop`: the lane loop's function was traced,
-    or the stages were split. Keeps a looped case from passing on the unrolled path."""
+    or the steady periods were. Keeps a looped case from passing on the unrolled path."""
     step = pm.pipeline_step
-    traced = step.lane_loops[0].traces > 0 or bool(step.stage_splits)
+    traced = step.lane_loops[0].traces > 0 or step.schedule_loops > 0
     assert traced == loop, f"lanes {'not ' if loop else ''}built as loops"
 
 
