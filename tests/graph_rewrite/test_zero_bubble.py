@@ -17,6 +17,7 @@ from tests.models import (assert_trains_like_plain_model, data_for, dense_batchn
 from tests.graph_rewrite.test_schedule_lowering import descendants
 
 GLOBAL_BATCH = 48
+CALLS = ("StatefulPartitionedCall", "PartitionedCall")
 
 CASES = [
     # (builder, cut positions, replicas, M, recompute)
@@ -70,7 +71,8 @@ def test_weights_and_batch_statistics_after_three_steps_equal_plain_model():
 
 def step_graph(builder, schedule, m):
     """(nodes of the traced unrolled step's own graph, nodes with its library functions,
-    its gradients) for `builder`'s model cut in two at M = m."""
+    its call ops the optimizer may not inline, its gradients, the model) for `builder`'s
+    model cut in two at M = m."""
     model = builder()
     plan = straight_plan([2], len(layer_order(model)), m, GLOBAL_BATCH, schedule=schedule)
     pm = dapple.PipelinedModel(model, plan)
@@ -80,16 +82,20 @@ def step_graph(builder, schedule, m):
     traced = step.get_concrete_function(x, y)
     graph_def = traced.graph.as_graph_def()
     every = len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
-    return len(graph_def.node), every, traced(x, y), model
+    kept = {f.signature.name for f in graph_def.library.function if f.attr["_noinline"].b}
+    calls = sum(n.op in CALLS and n.attr["f"].func.name in kept for n in graph_def.node)
+    return len(graph_def.node), every, calls, traced(x, y), model
 
 
 @pytest.mark.parametrize("builder", [mlp_with_skip, small_conv])
 def test_unrolled_step_is_about_the_size_of_1f1b_and_trains_like_the_plain_model(builder):
     """Three calls per micro-batch (F, I, W) against 1F1B's two: the inline split this
-    replaced built 5.7x 1F1B's step graph at M = 8 (903 against 159 nodes)."""
-    nodes_1f1b, every_1f1b, _, _ = step_graph(builder, "1f1b", 8)
-    nodes_zb, every_zb, got, model = step_graph(builder, "zb-h1", 8)
+    replaced built 5.7x 1F1B's step graph at M = 8 (903 against 159 nodes). The calls stay
+    calls: inlined, the optimizer would rewrite a copy of the stage per call."""
+    nodes_1f1b, every_1f1b, _, _, _ = step_graph(builder, "1f1b", 8)
+    nodes_zb, every_zb, calls, got, model = step_graph(builder, "zb-h1", 8)
     assert nodes_zb <= 1.5 * nodes_1f1b and every_zb <= 1.5 * every_1f1b
+    assert calls >= 3 * 8 * 2            # F, I and W of 8 micro-batches on 2 stages
     reference = builder()
     reference.set_weights(model.get_weights())
     x, y = data_for(model, GLOBAL_BATCH, seed=7)
