@@ -138,19 +138,19 @@ rows = {FLAGS.batch // FLAGS.micro_batches}
 x = tf.constant(np.random.RandomState(0).randn(rows, {FLAGS.width}).astype("float32"))
 stage = cut_model(model, [(0, len(layer_order(model)) - 1)])[0]
 # A middle stage (index 1): the input gets its gradient, as the runtime's would.
-split = split_stage(StageFunction(stage, None, stage.output_ids, last=False), 1, rows, rows,
-                    (), dict(stage.specs), split_weights=True)
+halves = split_stage(StageFunction(stage, None, stage.output_ids, last=False), 1, rows, rows,
+                     (), dict(stage.specs), split_weights=True)
 (x_id,) = stage.input_ids
 def make(split_backward):
     @tf.function
     def step(x):
-        outputs, _, _, residuals = split.forward({{x_id: x}})
-        dys = [2 * outputs[t] for t in split.differentiated_outputs]   # of sum(out ** 2)
+        outputs, _, _, residuals = halves.forward({{x_id: x}})
+        dys = [2 * outputs[t] for t in halves.differentiated_outputs]   # of sum(out ** 2)
         if not split_backward:
-            grads_in, grads = split.backward(residuals, dys)
+            grads_in, grads = halves.backward(residuals, dys)
         else:
-            grads_in, pending = split.backward_input(residuals, dys)
-            grads = split.backward_weight(pending)
+            grads_in, pending = halves.backward_input(residuals, dys)
+            grads = halves.backward_weight(pending)
         return list(grads_in.values()) + grads
     return step
 out = []
