@@ -246,9 +246,10 @@ class PipelineStep:
 
     # ---- actions ----------------------------------------------------------------------------
     def _call_stage(self, state: StepState, unit: Unit, m: int, inputs: Tensors,
-                    inline: bool = False):
+                    inline: bool = False, penalties: bool = True):
         """The stage function on the unit's rows of micro-batch m: (outputs, term, statistics),
-        with the weight penalties added to the term by the step's first unit."""
+        with the weight penalties added to the term by the step's first unit (unless
+        `penalties` is False: the caller adds them)."""
         stage, replica = unit
         lo, hi = self.rows(stage, replica, m, state.global_batch)
         labels, weights = self._labels(state, unit, m)
@@ -257,7 +258,7 @@ class PipelineStep:
         loss_rows, penalized = self.loss_share(state, unit, m)
         outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
                                          loss_rows, function.on(self.device(*unit)))
-        if state.labels is not None and penalized:
+        if state.labels is not None and penalized and penalties:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).
             penalties = [tf.cast(c(), tf.float32) for c in self.weight_penalties[stage]]
@@ -351,17 +352,18 @@ class PipelineStep:
         inputs, I running the split forward again. Weight penalties are differentiated apart
         (the split's forward has none) and their gradients added at once."""
         if self.plan.recompute:
-            outputs, term, statistics = self._call_stage(state, unit, m, inputs)
+            outputs, term, statistics = self._call_stage(state, unit, m, inputs,
+                                                         penalties=False)
             residuals = None
         else:
             outputs, term, statistics, residuals = self._split(state, unit, m).forward(
                 inputs, *self._labels(state, unit, m))
-            penalty = (weight_penalty(self, state, unit, self.unit_variables(unit))
-                       if self.loss_share(state, unit, m)[1] else None)
-            if penalty is not None:
-                penalty_term, grads = penalty
-                term = penalty_term if term is None else term + penalty_term
-                state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), grads)
+        penalty = (weight_penalty(self, state, unit, self.unit_variables(unit))
+                   if self.loss_share(state, unit, m)[1] else None)
+        if penalty is not None:
+            penalty_term, grads = penalty
+            term = penalty_term if term is None else term + penalty_term
+            state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), grads)
         self._record_statistics(state, unit, statistics)
         return Stashed(inputs, outputs, None, term, [], residuals)
 
