@@ -246,19 +246,18 @@ class PipelineStep:
 
     # ---- actions ----------------------------------------------------------------------------
     def _call_stage(self, state: StepState, unit: Unit, m: int, inputs: Tensors,
-                    inline: bool = False, penalties: bool = True):
+                    add_penalties: bool = True):
         """The stage function on the unit's rows of micro-batch m: (outputs, term, statistics),
         with the weight penalties added to the term by the step's first unit (unless
-        `penalties` is False: the caller adds them)."""
+        `add_penalties` is False: the caller adds them)."""
         stage, replica = unit
         lo, hi = self.rows(stage, replica, m, state.global_batch)
         labels, weights = self._labels(state, unit, m)
         function = self.functions[stage]
-        call = function.inline if inline else function
         loss_rows, penalized = self.loss_share(state, unit, m)
-        outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
-                                         loss_rows, function.on(self.device(*unit)))
-        if state.labels is not None and penalized and penalties:
+        outputs, term, statistics = function(inputs, state.training, labels, weights, hi - lo,
+                                             loss_rows, function.on(self.device(*unit)))
+        if state.labels is not None and penalized and add_penalties:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).
             penalties = [tf.cast(c(), tf.float32) for c in self.weight_penalties[stage]]
@@ -353,7 +352,7 @@ class PipelineStep:
         (the split's forward has none) and their gradients added at once."""
         if self.plan.recompute:
             outputs, term, statistics = self._call_stage(state, unit, m, inputs,
-                                                         penalties=False)
+                                                         add_penalties=False)
             residuals = None
         else:
             outputs, term, statistics, residuals = self._split(state, unit, m).forward(
