@@ -19,8 +19,9 @@ dispatch does not dominate. In one run:
 4. measure each plan under `horovodrun -np 2 -H localhost:2 --gloo`, one intra-op thread per
    rank, `HOROVOD_CYCLE_TIME=0.1` (what `dapple launch` sets): median of `--steps` steps after
    3 warm-up steps, plans alternating, `--repeats` rounds, median kept;
-5. time the whole model's backward fused (one tape gradient) and split (I, then W: the
-   runtime's `graph_rewrite.split_backward`), one process, one thread.
+5. time the whole model's forward and backward, fused (the split's backward function) and
+   split (its I, then its W: the runtime's `graph_rewrite.stage_split`), one process, one
+   thread.
 
 Prints the figures and the ratios to 1f1b, predicted and measured side by side. The machine is
 shared: read the load average printed with them.
@@ -129,24 +130,28 @@ import os, json, statistics, time
 os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
 import numpy as np, tensorflow as tf
 from benchmarks.predicted_vs_measured import build
-from graph_rewrite.split_backward import find_weight_uses, input_pass, weight_pass
+from graph_rewrite.model_graph import cut_model, layer_order
+from graph_rewrite.stage_function import StageFunction
+from graph_rewrite.stage_split import split_stage
 model = build(**{model_args()!r})
-x = tf.constant(np.random.RandomState(0).randn({FLAGS.batch // FLAGS.micro_batches},
-                                               {FLAGS.width}).astype("float32"))
-V = model.trainable_variables
-def make(split):
+rows = {FLAGS.batch // FLAGS.micro_batches}
+x = tf.constant(np.random.RandomState(0).randn(rows, {FLAGS.width}).astype("float32"))
+stage = cut_model(model, [(0, len(layer_order(model)) - 1)])[0]
+# A middle stage (index 1): the input gets its gradient, as the runtime's would.
+halves = split_stage(StageFunction(stage, None, stage.output_ids, last=False), 1, rows, rows,
+                     (), dict(stage.specs), split_weights=True)
+(x_id,) = stage.input_ids
+def make(split_backward):
     @tf.function
     def step(x):
-        graph = tf.compat.v1.get_default_graph()
-        with tf.GradientTape(persistent=split) as tape:
-            tape.watch(x)
-            first = len(graph.get_operations())
-            loss = tf.reduce_sum(model(x, training=True) ** 2)
-        if not split:
-            return tape.gradient(loss, [x] + V)
-        uses = find_weight_uses(graph.get_operations()[first:], V, graph)
-        dx, pending = input_pass(tape, [loss], None, [x], uses)
-        return dx + weight_pass(tape, uses, pending, V)
+        outputs, _, _, residuals = halves.forward({{x_id: x}})
+        dys = [2 * outputs[t] for t in halves.differentiated_outputs]   # of sum(out ** 2)
+        if not split_backward:
+            grads_in, grads = halves.backward(residuals, dys)
+        else:
+            grads_in, pending = halves.backward_input(residuals, dys)
+            grads = halves.backward_weight(pending)
+        return list(grads_in.values()) + grads
     return step
 out = []
 for split in (False, True):

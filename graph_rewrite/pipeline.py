@@ -13,7 +13,9 @@ simulator replays):
   asks that tape for the gradients of the stage's outputs (weighted by the gradients that came
   back from stage s+1) with respect to its inputs and the stage's variables. With `recompute`,
   the forward keeps only its inputs and the backward calls the function again under a tape.
-  A split backward (zb-h1's I and W) runs its stage inline: `graph_rewrite.split_backward`.
+* Split backward (zb-h1's I and W): the stage's split functions (`graph_rewrite.stage_split`,
+  the ones `schedule_loop` runs): the forward returns its residuals, I reads them and hands
+  W what it needs; three call ops per micro-batch, as 1F1B's forward and backward are two.
 * Boundaries. A `Transport` moves boundary tensors forward and their gradients backward: the
   local one (`graph_rewrite.local_transport`) slices and concatenates row ranges on the
   receiving device; `dapple.runtime.horovod.transport` moves them between processes.
@@ -41,6 +43,7 @@ weights; losses from activations (`add_loss`) are refused by `dapple.PipelinedMo
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -49,13 +52,12 @@ import tensorflow as tf
 from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
-from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane
+from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane, weight_penalty
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
 from graph_rewrite.schedule_loop import loop_plan, run_schedule_loop
 from graph_rewrite.stage_function import StageFunction
-from graph_rewrite.split_backward import find_weight_uses, weight_pass
-from graph_rewrite.stage_gradients import (is_float, stage_gradients, stage_input_gradients,
-                                           watch_inputs)
+from graph_rewrite.stage_gradients import is_float, scaled_one, stage_gradients, watch_inputs
+from graph_rewrite.stage_split import StageSplit, split_stage
 from graph_rewrite.step_state import Stashed, StepState
 from planner.schedules.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD,
                              RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Action)
@@ -111,7 +113,8 @@ class PipelineStep:
                                         bool(self.weight_penalties[s]), inline_stage_calls)
                           for s, g in enumerate(self.stages)]
         self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
-        self.stage_splits: Dict[tuple, object] = {}   # `schedule_loop`'s, made once per signature
+        self.stage_splits: Dict[tuple, StageSplit] = {}   # made once per signature
+        self.schedule_loops = 0     # traces that built a pipeline's steady periods as loops
         self.loop_accumulators: Dict[tuple, object] = {}   # `schedule_loop`'s, by unit
         self._accumulate = Accumulator()
         self._combine_statistics = bstats.CallCombiner()
@@ -211,6 +214,7 @@ class PipelineStep:
         if periods is not None:             # a pipeline's steady periods as one loop
             with tf.name_scope("schedule_loop"):
                 run_schedule_loop(self, state, periods)
+            self.schedule_loops += 1
             looped = True
         for _, action in self.order:
             stage = action.chunk
@@ -243,28 +247,60 @@ class PipelineStep:
 
     # ---- actions ----------------------------------------------------------------------------
     def _call_stage(self, state: StepState, unit: Unit, m: int, inputs: Tensors,
-                    inline: bool = False):
+                    add_penalties: bool = True):
         """The stage function on the unit's rows of micro-batch m: (outputs, term, statistics),
-        with the weight penalties added to the term by the step's first unit."""
+        with the weight penalties added to the term by the step's first unit (unless
+        `add_penalties` is False: the caller adds them)."""
         stage, replica = unit
-        last = stage == len(self.stages) - 1
         lo, hi = self.rows(stage, replica, m, state.global_batch)
-        labels = weights = None
-        if last and state.labels is not None:
-            labels = [y[lo:hi] for y in state.labels]
-            weights = [None if w is None else w[lo:hi] for w in state.sample_weights]
+        labels, weights = self._labels(state, unit, m)
         function = self.functions[stage]
-        call = function.inline if inline else function
         loss_rows, penalized = self.loss_share(state, unit, m)
-        outputs, term, statistics = call(inputs, state.training, labels, weights, hi - lo,
-                                         loss_rows, function.on(self.device(*unit)))
-        if state.labels is not None and penalized:
+        outputs, term, statistics = function(inputs, state.training, labels, weights, hi - lo,
+                                             loss_rows, function.on(self.device(*unit)))
+        if state.labels is not None and penalized and add_penalties:
             # Weight regularizers count once per step, like Keras: in the first unit of the
             # first stage that uses the weights (evaluated here, so the tape sees them).
             penalties = [tf.cast(c(), tf.float32) for c in self.weight_penalties[stage]]
             if penalties:
                 term = tf.add_n(penalties + ([term] if term is not None else []))
         return outputs, term, statistics
+
+    def _labels(self, state: StepState, unit: Unit, m: int):
+        """(labels, sample weights) of the unit's rows of micro-batch m: the last stage's."""
+        if unit[0] != len(self.stages) - 1 or state.labels is None:
+            return None, None
+        lo, hi = self.rows(*unit, m, state.global_batch)
+        return ([y[lo:hi] for y in state.labels],
+                [None if w is None else w[lo:hi] for w in state.sample_weights])
+
+    def stage_split(self, state: StepState, unit: Unit, rows: int, global_rows: int
+                    ) -> StageSplit:
+        """The unit's stage split (`stage_split.split_stage`) for slices of `rows` rows whose
+        loss terms average over `global_rows`, made once per signature."""
+        stage = unit[0]
+        last = stage == len(self.stages) - 1
+        specs = dict(self.stages[stage].specs)
+        if stage == 0:
+            specs.update({tid: tf.TensorSpec(t.shape, t.dtype) for tid, t in state.inputs.items()})
+        labels = [tf.TensorSpec([rows] + y.shape[1:].as_list(), y.dtype)
+                  for y in state.labels] if last else None
+        weights = [None if w is None else tf.TensorSpec([rows] + w.shape[1:].as_list(), w.dtype)
+                   for w in state.sample_weights] if last else None
+        device = self.device(*unit)
+        key = (unit, rows, global_rows, str(labels), str(weights),
+               tuple((tid, str(s)) for tid, s in sorted(specs.items())))
+        if key not in self.stage_splits:
+            function = self.functions[stage]
+            # Traced outside the step's graph, so it captures the variables themselves and
+            # serves every retrace; not under `tf.init_scope`, which stops every tape: in a
+            # thread of its own, whose graph and tape stacks are empty.
+            with ThreadPoolExecutor(1) as thread:
+                self.stage_splits[key] = thread.submit(
+                    split_stage, function, stage, rows, global_rows, function.on(device),
+                    specs, labels, weights, stage in self.schedule.split_chunks,
+                    self.unit_variables(unit)).result()
+        return self.stage_splits[key]
 
     def loss_share(self, state: StepState, unit: Unit, m: int) -> Tuple[int, bool]:
         """(rows a loss term averages over, adds the weight penalties) for `unit`'s m-th."""
@@ -278,7 +314,9 @@ class PipelineStep:
             inputs = {tid: state.inputs[tid][lo:hi] for tid in self.stages[0].input_ids}
         else:
             inputs = self._from_previous_chunk(state, unit, m)
-        if state.backward and not self.plan.recompute:
+        if state.backward and stage in self.schedule.split_chunks:
+            stashed = self._split_forward(state, unit, m, inputs)
+        elif state.backward and not self.plan.recompute:
             stashed = self._taped_forward(state, unit, m, inputs)
         else:
             outputs, term, statistics = self._call_stage(state, unit, m, inputs)
@@ -294,24 +332,40 @@ class PipelineStep:
 
     def _taped_forward(self, state: StepState, unit: Unit, m: int, inputs: Tensors,
                        record: bool = True) -> Stashed:
-        """The stage on `inputs` under a tape (persistent, and inlined to find its weight uses,
-        when its backward is split); records its BatchNormalization statistics unless it is
-        a recomputation (`record` False)."""
+        """The stage on `inputs` under a tape; records its BatchNormalization statistics
+        unless it is a recomputation (`record` False)."""
         stage = unit[0]
-        split = stage in self.schedule.split_chunks
-        graph = tf.compat.v1.get_default_graph()
-        first = len(graph.get_operations()) if split else 0   # a list of all ops: only if used
-        with tf.GradientTape(persistent=split) as tape:
+        with tf.GradientTape() as tape:
             watch_inputs(tape, inputs, stage)
-            outputs, term, statistics = self._call_stage(state, unit, m, inputs, inline=split)
-        uses = []
-        if split:
-            uses = find_weight_uses(graph.get_operations()[first:], self.unit_variables(unit),
-                                    graph)
+            outputs, term, statistics = self._call_stage(state, unit, m, inputs)
         if record:
             self._record_statistics(state, unit, statistics)
-        return Stashed(inputs, outputs, tape, term, self._untargeted(stage, outputs, statistics),
-                       uses)
+        return Stashed(inputs, outputs, tape, term, self._untargeted(stage, outputs, statistics))
+
+    def _split(self, state: StepState, unit: Unit, m: int) -> StageSplit:
+        lo, hi = self.rows(*unit, m, state.global_batch)
+        split = self.stage_split(state, unit, hi - lo, self.loss_share(state, unit, m)[0])
+        return split.called()
+
+    def _split_forward(self, state: StepState, unit: Unit, m: int, inputs: Tensors) -> Stashed:
+        """The forward of a split stage: its residuals kept for I, or (recomputation) only its
+        inputs, I running the split forward again. Weight penalties are differentiated apart
+        (the split's forward has none) and their gradients added at once."""
+        if self.plan.recompute:
+            outputs, term, statistics = self._call_stage(state, unit, m, inputs,
+                                                         add_penalties=False)
+            residuals = None
+        else:
+            outputs, term, statistics, residuals = self._split(state, unit, m).forward(
+                inputs, *self._labels(state, unit, m))
+        penalty = (weight_penalty(self, state, unit, self.unit_variables(unit))
+                   if self.loss_share(state, unit, m)[1] else None)
+        if penalty is not None:
+            penalty_term, grads = penalty
+            term = penalty_term if term is None else term + penalty_term
+            state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), grads)
+        self._record_statistics(state, unit, statistics)
+        return Stashed(inputs, outputs, None, term, [], residuals)
 
     def _record_statistics(self, state: StepState, unit: Unit, statistics) -> None:
         if state.training:
@@ -322,30 +376,41 @@ class PipelineStep:
         """B, or I of a split backward (which leaves W what it needs)."""
         stage, m = unit[0], action.micro_batch
         stashed = state.stash.pop((unit, m))
-        if stashed.tape is None:   # recomputation: run the forward again under a tape
-            stashed = self._taped_forward(state, unit, m, stashed.inputs, record=False)
         upstream = None
         if stage < len(self.stages) - 1:
             upstream = self._from_next_chunk(state, unit, m)
-        args = (self.stages[stage], stashed.tape, stashed.inputs, stashed.outputs, stashed.term,
-                upstream)
-        extra = dict(loss_scale=state.loss_scale, one=state.one, zero=state.zeros_like,
-                     untargeted=stashed.untargeted)
         if action.kind == BACKWARD_INPUT:
-            grads_in, pending = stage_input_gradients(*args, stashed.uses, **extra)
-            state.awaiting_weight[(unit, m)] = (stashed.tape, stashed.uses, pending)
-            state.input_gradients[(unit, m)] = grads_in
-            return list(grads_in.values()) + pending
-        grads_in, var_grads = stage_gradients(*args, **extra,
-                                              variables=self.unit_variables(unit))
+            return self._backward_input(state, unit, m, stashed, upstream)
+        if stashed.tape is None:   # recomputation: run the forward again under a tape
+            stashed = self._taped_forward(state, unit, m, stashed.inputs, record=False)
+        grads_in, var_grads = stage_gradients(
+            self.stages[stage], stashed.tape, stashed.inputs, stashed.outputs, stashed.term,
+            upstream, loss_scale=state.loss_scale, one=state.one, zero=state.zeros_like,
+            untargeted=stashed.untargeted, variables=self.unit_variables(unit))
         state.input_gradients[(unit, m)] = grads_in
         state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
         return [g for g in list(grads_in.values()) + var_grads if g is not None]
 
+    def _backward_input(self, state: StepState, unit: Unit, m: int, stashed: Stashed,
+                        upstream: Optional[Tensors]) -> List[tf.Tensor]:
+        """I: the split's input gradients; what W reads is left in `awaiting_weight`."""
+        split = self._split(state, unit, m)
+        residuals = stashed.residuals
+        if residuals is None:      # recomputation: the split forward again
+            residuals = split.forward(stashed.inputs, *self._labels(state, unit, m))[3]
+        if upstream is None:
+            dys = [scaled_one(tf.zeros([]), state.one, state.loss_scale)]
+        else:
+            dys = [upstream[tid] for tid in split.differentiated_outputs]
+        grads_in, pending = split.backward_input(residuals, dys)
+        state.awaiting_weight[(unit, m)] = (split, pending)
+        state.input_gradients[(unit, m)] = grads_in
+        return list(grads_in.values()) + list(pending)
+
     def _backward_weight(self, state: StepState, unit: Unit, action: Action) -> List[tf.Tensor]:
         """W of a split backward: the weight gradients from what its I left."""
-        tape, uses, pending = state.awaiting_weight.pop((unit, action.micro_batch))
-        var_grads = weight_pass(tape, uses, pending, self.unit_variables(unit))
+        split, pending = state.awaiting_weight.pop((unit, action.micro_batch))
+        var_grads = split.backward_weight(pending)
         state.accumulated[unit] = self._accumulate(state.accumulated.get(unit), var_grads)
         return var_grads
 

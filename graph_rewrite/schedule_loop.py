@@ -44,7 +44,6 @@ training, with no recomputation, are looped; relaxed schedules and Horovod ranks
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -54,7 +53,7 @@ from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.local_transport import Crossing, LocalTransport, Unit
 from graph_rewrite.micro_batch_loop import weight_penalty
 from graph_rewrite.stage_gradients import scaled_one
-from graph_rewrite.stage_split import StageSplit, split_stage
+from graph_rewrite.stage_split import StageSplit
 from graph_rewrite.step_state import StepState
 from planner.schedules.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 
@@ -370,30 +369,8 @@ class ScheduleLoop:
 
     def _split(self, unit: Unit) -> StageSplit:
         """The unit's stage split for its rows, made once per signature."""
-        stage, state, step = unit[0], self.state, self.step
         lo, hi = self._rows(unit)
-        rows = hi - lo
-        last = stage == self.S - 1
-        specs = dict(step.stages[stage].specs)
-        if stage == 0:
-            specs.update({tid: tf.TensorSpec(t.shape, t.dtype) for tid, t in state.inputs.items()})
-        labels = [tf.TensorSpec([rows] + y.shape[1:].as_list(), y.dtype)
-                  for y in state.labels] if last else None
-        weights = [None if w is None else tf.TensorSpec([rows] + w.shape[1:].as_list(), w.dtype)
-                   for w in state.sample_weights] if last else None
-        device = step.device(*unit)
-        key = (unit, rows, state.global_batch, str(labels), str(weights),
-               tuple((tid, str(s)) for tid, s in sorted(specs.items())))
-        if key not in step.stage_splits:
-            function = step.functions[stage]
-            # Traced outside the step's graph, so it captures the variables themselves and
-            # serves every retrace; not under `tf.init_scope`, which stops every tape: in a
-            # thread of its own, whose graph and tape stacks are empty.
-            with ThreadPoolExecutor(1) as thread:
-                step.stage_splits[key] = thread.submit(
-                    split_stage, function, stage, rows, state.global_batch, function.on(device),
-                    specs, labels, weights, stage in step.schedule.split_chunks).result()
-        return step.stage_splits[key]
+        return self.step.stage_split(self.state, unit, hi - lo, self.state.global_batch)
 
     # ---- tasks --------------------------------------------------------------------------------
     def _crossing(self, boundary: int) -> Crossing:

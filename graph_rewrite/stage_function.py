@@ -69,8 +69,8 @@ class StageFunction:
     def inline(self, inputs: Tensors, training: bool, labels=None, weights=None, rows: int = 0,
                global_rows: int = 0, scratch=()
                ) -> Tuple[Tensors, Optional[tf.Tensor], Statistics]:
-        """The same, with the stage's ops built into the calling graph (a split backward needs
-        to see them: `graph_rewrite.split_backward`)."""
+        """The same, with the stage's ops built into the calling graph (`stage_split` cuts
+        them into forward, backward, I and W)."""
         return self._forward(inputs, training, labels, weights, rows, global_rows, scratch)
 
     def _forward(self, inputs, training, labels, weights, rows, global_rows, scratch):

@@ -1,5 +1,4 @@
-"""A unit's backward: the gradients a stage's tape gives for its inputs and variables, whole
-or split into I and W (`graph_rewrite.split_backward`)."""
+"""A unit's backward: the gradients a stage's tape gives for its inputs and variables."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -8,7 +7,6 @@ import tensorflow as tf
 
 from graph_rewrite.local_transport import Tensors
 from graph_rewrite.model_graph import StageGraph
-from graph_rewrite.split_backward import input_pass
 
 
 def is_float(t) -> bool:
@@ -47,19 +45,6 @@ def stage_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, 
     grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     grads_in = dict(zip(float_in, grads[:len(float_in)]))
     return grads_in, list(grads[len(float_in):])
-
-
-def stage_input_gradients(graph: StageGraph, tape, inputs: Tensors, outputs: Tensors, term,
-                          upstream: Optional[Tensors], uses, loss_scale=None, one=None,
-                          zero=None, untargeted: Sequence[tf.Tensor] = ()):
-    """I of a split backward (`graph_rewrite.split_backward`): (gradients of the float inputs
-    by id, gradients of the weight uses' targets, which W reads). Arguments as
-    `stage_gradients`'s; `uses` from `split_backward.find_weight_uses`."""
-    targets, output_gradients, float_in = backward_targets(
-        graph, inputs, outputs, term, upstream, loss_scale, one, zero, untargeted)
-    grads_in, pending = input_pass(tape, targets, output_gradients,
-                                   [inputs[tid] for tid in float_in], uses)
-    return dict(zip(float_in, grads_in)), pending
 
 
 def backward_targets(graph: StageGraph, inputs: Tensors, outputs: Tensors, term, upstream,

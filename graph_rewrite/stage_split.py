@@ -29,13 +29,15 @@ what the input gradients need of the backward ops (with the output gradients it 
 the rest of what the weight gradients need (MatMul's and Conv2DBackpropFilter's weight products,
 bias sums). W reads forward residuals, which I hands on, and tensors of I (the gradients of the
 layers' outputs), which I returns; an op both need is I's. Each backward op lands in one of
-them. (The unrolled step splits with a persistent tape instead: `graph_rewrite.split_backward`.)
+them. The unrolled step calls the same functions, one call op per action (`pipeline.py`),
+kept a call when the step is optimized (`StageSplit.called`).
 
 Keras's own moving-statistics updates (writes to the device's scratch variables,
 `batch_statistics.ScratchStatistics`) are left out: the step applies its own once per step.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -66,6 +68,7 @@ class StageSplit:
     input_function: object = None       # (*residuals, *dys) -> [input gradients, W's from I]
     weight_function: object = None      # (*W's from the forward, *W's from I) -> weight grads
     weight_residuals: List[int] = None  # the residuals W reads, by index
+    _called: Optional["StageSplit"] = dataclasses.field(default=None, repr=False, compare=False)
 
     def forward(self, inputs: Tensors, labels=None, weights=None):
         """(outputs by id, loss term or None, {key: (mean, m2)}, residuals)."""
@@ -98,6 +101,17 @@ class StageSplit:
         pending = [residuals[i] for i in self.weight_residuals] + list(flat[n:])
         return dict(zip(self.differentiated_inputs, flat[:n])), pending
 
+    def called(self) -> "StageSplit":
+        """The same split whose functions stay call ops when the step is optimized (an
+        unrolled step calls them once per micro-batch: inlined, the optimizer would rewrite a
+        copy of each per call, as `StageFunction` says). A loop calls them once in its body."""
+        if self._called is None:
+            self._called = dataclasses.replace(self, **{
+                name: _not_inlined(getattr(self, name)) for name in (
+                    "forward_function", "backward_function", "input_function",
+                    "weight_function") if getattr(self, name) is not None})
+        return self._called
+
     def backward_weight(self, pending: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         """W: the gradients of the stage's weights from what I left."""
         flat = self.weight_function(*pending)
@@ -110,11 +124,14 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
                 scratch, input_specs: Dict[str, tf.TensorSpec],
                 label_specs: Optional[List[tf.TensorSpec]] = None,
                 weight_specs: Optional[List[Optional[tf.TensorSpec]]] = None,
-                split_weights: bool = False) -> StageSplit:
+                split_weights: bool = False,
+                variables: Optional[Sequence[tf.Variable]] = None) -> StageSplit:
     """Split `function` (stage `stage`) for slices of `rows` rows in training mode; `scratch`
     is the calling device's `function.on(device)`; the specs give the slice's inputs (by id),
     labels and sample weights (last stage, None where a weight is absent). `split_weights`:
-    also cut the backward into I and W (zero-bubble schedules)."""
+    also cut the backward into I and W (zero-bubble schedules); `variables`: what the weight
+    gradients are taken for (default the stage's trainable variables; the device's working
+    copies where its calls read them)."""
     graph = function.graph
     input_ids = list(graph.input_ids)
     label_specs = list(label_specs or [])
@@ -130,7 +147,7 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
         dy_specs = [tf.TensorSpec([rows] + graph.specs[t].shape[1:].as_list(),
                                   graph.specs[t].dtype) for t in dy_ids]
     nx, ny = len(x_specs), len(dy_specs)
-    variables = graph.trainable_variables
+    variables = list(graph.trainable_variables if variables is None else variables)
     found = {}
 
     def fused(*args):
@@ -178,6 +195,11 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
         index = {t.ref(): i for i, t in enumerate(residuals)}
         split.weight_residuals = [index[t.ref()] for t in from_forward]
     return split
+
+
+def _not_inlined(function):
+    return tf.function(lambda *args: function(*args), autograph=False,
+                       experimental_attributes={"_noinline": True})
 
 
 def _prune_exactly(wrapped, feeds: Sequence[tf.Tensor], fetches: Sequence[tf.Tensor]):

@@ -15,10 +15,10 @@ class Stashed:
     """What a forward leaves for its backward."""
     inputs: Tensors
     outputs: Tensors
-    tape: Optional[tf.GradientTape]       # None under recomputation
+    tape: Optional[tf.GradientTape]       # None under recomputation, or when split
     term: Optional[tf.Tensor]             # loss term and/or weight penalty
     untargeted: List[tf.Tensor]           # outputs the backward does not differentiate
-    uses: list = field(default_factory=list)   # weight uses, when the backward is split
+    residuals: Optional[list] = None     # a split forward's, for its I (None: recomputed)
 
 
 @dataclass
@@ -49,7 +49,7 @@ class StepState:
     received: Dict[Tuple[Unit, str, int], Tensors] = field(default_factory=dict)
     stash: Dict[Tuple[Unit, int], Stashed] = field(default_factory=dict)
     input_gradients: Dict[Tuple[Unit, int], Tensors] = field(default_factory=dict)
-    awaiting_weight: Dict[Tuple[Unit, int], tuple] = field(default_factory=dict)  # I -> W
+    awaiting_weight: Dict[Tuple[Unit, int], tuple] = field(default_factory=dict)  # (split, I's)
     sent: Dict[Tuple[str, int, int], Dict[int, Tensors]] = field(default_factory=dict)
     accumulated: Dict[Unit, List[Optional[tf.Tensor]]] = field(default_factory=dict)
     reduced: Dict[int, List[Optional[tf.Tensor]]] = field(default_factory=dict)   # by stage

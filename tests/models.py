@@ -138,9 +138,9 @@ def loss_scale_steps(pm, plain, batches, bad_step, scale_of):
 def assert_ran_as_loops(pm, loop=True):
     """`pm`'s step built its lanes (`graph_rewrite.micro_batch_loop`) or its pipeline's periods
     (`graph_rewrite.schedule_loop`) as loops iff `loop`: the lane loop's function was traced,
-    or the stages were split. Keeps a looped case from passing on the unrolled path."""
+    or the steady periods were. Keeps a looped case from passing on the unrolled path."""
     step = pm.pipeline_step
-    traced = step.lane_loops[0].traces > 0 or bool(step.stage_splits)
+    traced = step.lane_loops[0].traces > 0 or step.schedule_loops > 0
     assert traced == loop, f"lanes {'not ' if loop else ''}built as loops"
 
 

@@ -1,5 +1,5 @@
 """Keras 3 models on the other synchronous schedules (#30): zero-bubble ZB-H1 (each backward
-split into I and W, graph_rewrite/split_backward.py) and interleaved 1F1B (a device group runs
+split into I and W, graph_rewrite/stage_split.py) and interleaved 1F1B (a device group runs
 several chunks). The Keras 2 twins are test_zero_bubble.py and test_interleaved.py; the
 references here are Keras 3's own: a `tf.GradientTape` of the plain Keras 3 model (slice by
 slice where BatchNormalization normalizes per slice) and its `train_on_batch`.

@@ -25,8 +25,8 @@ GLOBAL_BATCH = 48
 
 
 def assert_looped(pm, looped=True):
-    """`pm`'s step ran its pipeline as a loop iff `looped` (it split its stages)."""
-    assert bool(pm.pipeline_step.stage_splits) == looped, \
+    """`pm`'s step ran its pipeline as a loop iff `looped`."""
+    assert (pm.pipeline_step.schedule_loops > 0) == looped, \
         f"pipeline {'not ' if looped else ''}built as a loop"
 
 
