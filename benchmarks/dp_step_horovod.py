@@ -13,7 +13,9 @@ add, then a 10-way classifier), sparse categorical cross-entropy, SGD. For each 
   gradients summed in a Python loop inside one `tf.function`, then one `hvd.allreduce` per
   gradient (what `hvd.DistributedGradientTape` does; at M = 1 it is that tape), SGD apply;
 * keras: one process, one thread, one rank's half of the batch, the same accumulation without
-  Horovod: what a step costs with no collective at all.
+  Horovod: what a step costs with no collective at all;
+* tensorflow (with `--tensorflow`): dapple's same plan on the TensorFlow-cluster runtime,
+  `dapple launch --runtime=tensorflow`, 2 processes (wall time only).
 
 Every rank has one intra-op thread, `HOROVOD_CYCLE_TIME=0.1` (what `dapple launch` sets); the
 median of `--steps` steps after 3 warm-up steps, kinds alternating, `--repeats` rounds, median
@@ -29,6 +31,7 @@ import importlib.util
 import os
 import statistics
 import sys
+import tempfile
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,7 +53,11 @@ flags.DEFINE_list("micro_batches", ["1", "2", "8"], "values of M")
 flags.DEFINE_integer("steps", 10, "timed steps per measurement (median kept)")
 flags.DEFINE_integer("repeats", 3, "rounds of alternating measurements (median kept)")
 flags.DEFINE_string("timeline_dir", "", "write Horovod timelines of the first round here")
-flags.DEFINE_string("worker", "", "internal: time this kind (dapple, horovod, keras)")
+flags.DEFINE_bool("tensorflow", False, "also time dapple's data-parallel step on the "
+                  "TensorFlow-cluster runtime (`dapple launch --runtime=tensorflow`, 2 "
+                  "processes): the measurement behind `dapple launch`'s default runtime")
+flags.DEFINE_string("worker", "", "internal: time this kind (dapple, horovod, keras, "
+                    "tensorflow)")
 flags.DEFINE_integer("worker_m", 1, "internal: the worker's M")
 KINDS = ("dapple", "horovod", "keras")
 
@@ -107,11 +114,8 @@ def worker() -> None:
     x = tf.constant(rng.randn(FLAGS.batch, FLAGS.width).astype("float32"))
     y = tf.constant(rng.randint(0, 10, FLAGS.batch).astype("int32"))
     model = build(FLAGS.width, FLAGS.blocks)
-    if kind == "dapple":
-        from graph_rewrite.model_graph import layer_order
-        from planner.formats.plan import straight_plan
-        plan = straight_plan([], len(layer_order(model)), M, FLAGS.batch, replicas=[2])
-        pm = dapple.PipelinedModel(model, plan)
+    if kind in ("dapple", "tensorflow"):
+        pm = dapple.PipelinedModel(model, data_parallel_plan(model, M))
         pm.compile(tf.keras.optimizers.SGD(0.01),
                    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return report(pm, *median_step_times(pm, x, y, FLAGS.steps))
@@ -130,6 +134,13 @@ def worker() -> None:
            *median_step_times(step, x[mine], y[mine], FLAGS.steps))
 
 
+def data_parallel_plan(model, M: int):
+    """One stage, 2 replicas, M micro-batches."""
+    from graph_rewrite.model_graph import layer_order
+    from planner.formats.plan import straight_plan
+    return straight_plan([], len(layer_order(model)), M, FLAGS.batch, replicas=[2])
+
+
 # ---- the parent ----------------------------------------------------------------------------------
 def env(**extra) -> dict:
     return one_thread_env(REPO, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **extra)
@@ -140,11 +151,27 @@ def measure(kind: str, M: int, timeline: str = ""):
     argv = [sys.executable, os.path.abspath(__file__), f"--worker={kind}", f"--worker_m={M}",
             f"--width={FLAGS.width}", f"--blocks={FLAGS.blocks}", f"--batch={FLAGS.batch}",
             f"--steps={FLAGS.steps}"]
+    if kind == "tensorflow":
+        argv = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
+                f"--plan={plan_file(M)}", "--"] + argv
+        # The step runs in the 2 servers: the chief's own CPU time says nothing.
+        return read_step_ms(run_checked(argv, env(), REPO)), float("nan")
     if kind != "keras":
         argv = [venv_bin("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + argv
     extra = {"HOROVOD_TIMELINE": timeline} if timeline else {}
     out = run_checked(argv, env(**extra), REPO)
     return read_step_ms(out), read_step_cpu_ms(out)
+
+
+def plan_file(M: int) -> str:
+    """The data-parallel plan at M, written once for `dapple launch --plan`."""
+    path = os.path.join(tempfile.gettempdir(), f"dp_step_plan_{os.getpid()}_M{M}.json")
+    if not os.path.exists(path):
+        if importlib.util.find_spec("tf_keras") is not None:
+            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        import dapple  # noqa: F401  (before TensorFlow, as the workers)
+        data_parallel_plan(build(FLAGS.width, FLAGS.blocks), M).save(path)
+    return path
 
 
 def main(argv):
@@ -157,13 +184,14 @@ def main(argv):
           f"--micro_batches={','.join(map(str, Ms))} --steps={FLAGS.steps} "
           f"--repeats={FLAGS.repeats}" + (f" --timeline_dir={FLAGS.timeline_dir}"
                                            if FLAGS.timeline_dir else ""))
-    measured = {(k, M): [] for k in KINDS for M in Ms}
+    kinds = KINDS + (("tensorflow",) if FLAGS.tensorflow else ())
+    measured = {(k, M): [] for k in kinds for M in Ms}
     loads = []
     for round_ in range(FLAGS.repeats):
         for M in Ms:
-            for kind in KINDS:
+            for kind in kinds:
                 timeline = ""
-                if FLAGS.timeline_dir and round_ == 0 and kind != "keras":
+                if FLAGS.timeline_dir and round_ == 0 and kind in ("dapple", "horovod"):
                     os.makedirs(FLAGS.timeline_dir, exist_ok=True)
                     timeline = os.path.join(os.path.abspath(FLAGS.timeline_dir),
                                             f"{kind}_M{M}.json")
@@ -185,9 +213,14 @@ def main(argv):
             factor = k / med[("keras", Ms[0])]
             check = d / (med[("horovod", Ms[0])] * factor)
             print(f"{M:>3}{d:>9.1f}{h:>9.1f}{k:>9.1f}{d / h:>12.3f}{factor:>14.3f}{check:>8.3f}")
+        if FLAGS.tensorflow and what == "wall":
+            print("dapple on the TensorFlow-cluster runtime (2 processes), wall ms; / dapple "
+                  "under horovodrun: " + ", ".join(
+                      f"M={M} {med[('tensorflow', M)]:.1f} / {med[('dapple', M)]:.1f} = "
+                      f"{med[('tensorflow', M)] / med[('dapple', M)]:.3f}" for M in Ms))
     print("\nper round (wall/CPU ms): " + "; ".join(
         f"{kind} M={M} " + ", ".join(f"{w:.0f}/{c:.0f}" for w, c in measured[(kind, M)])
-        for M in Ms for kind in KINDS))
+        for M in Ms for kind in kinds))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ the issue's targets: first-call(R x max M) / first-call(R x 1) <= 1.5 for curren
 current / baseline <= 1.05 per config. Wall-clock timings on a shared machine: read the ratios.
 
 `--pipeline`, the case of issue #28: `--model` (Keras MobileNetV2 or ResNet50, weights=None,
-32x32x3, 10 classes) cut in two at the layer nearest the middle where one tensor crosses, one
+32x32x3, 10 classes, or an MLP of 16 Dense(64)) cut in two at the layer nearest the middle where one tensor crosses, one
 stage per logical CPU device, for each of `--schedules` (interleaved: cut in four chunks, two per
 device, chunk c on device c % 2); global batch rows_per_unit x M. Each
 (schedule, M) is measured in fresh processes, the tree's default (loops where the schedule
@@ -64,7 +64,9 @@ flags.DEFINE_bool("current_unrolled", False,
                   "build current's lanes unrolled (micro_batch_loop=False)")
 flags.DEFINE_bool("pipeline", False, "measure a 2-stage pipeline, looped vs unrolled")
 flags.DEFINE_list("schedules", ["1f1b"], "--pipeline: the plans' schedules")
-flags.DEFINE_enum("model", "mobilenetv2", ["mobilenetv2", "resnet50"], "--pipeline: the model")
+flags.DEFINE_enum("model", "mobilenetv2", ["mobilenetv2", "resnet50", "mlp"],
+                  "--pipeline: the model (mlp: 16 x Dense(64) on the flattened image, many "
+                  "small variables, so per-iteration costs of a loop show)")
 flags.DEFINE_integer("ab_steps", 10, "--pipeline: steps of each in the in-process A/B")
 flags.DEFINE_bool("ab", False, "internal: the worker runs the in-process A/B")
 # Worker mode (internal): one measurement against the implementation in --impl_root.
@@ -146,7 +148,7 @@ def pipeline_model(schedule: str, M: int, unrolled: bool):
     tf.get_logger().setLevel("ERROR")
     tf.keras.utils.set_random_seed(0)
     build = dict(mobilenetv2=tf.keras.applications.MobileNetV2,
-                 resnet50=tf.keras.applications.ResNet50)[FLAGS.model]
+                 resnet50=tf.keras.applications.ResNet50, mlp=small_mlp)[FLAGS.model]
     model = build(weights=None, input_shape=(32, 32, 3), classes=10)
     n = len(layer_order(model))
     chunks = 4 if schedule == "interleaved" else 2
@@ -167,6 +169,16 @@ def pipeline_model(schedule: str, M: int, unrolled: bool):
     x = tf.constant(rng.rand(batch, 32, 32, 3).astype("float32"))
     y = tf.constant(rng.randint(0, 10, size=batch).astype("int32"))
     return pm, x, y
+
+
+def small_mlp(weights, input_shape, classes):
+    import tensorflow as tf
+    del weights
+    x = tf.keras.Input(input_shape)
+    h = tf.keras.layers.Flatten()(x)
+    for _ in range(16):
+        h = tf.keras.layers.Dense(64, activation="relu")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(classes, activation="softmax")(h))
 
 
 def measure_pipeline(schedule: str, M: int, unrolled: bool) -> dict:

@@ -16,7 +16,8 @@ of `--repeats` rounds and the median over rounds is kept:
   before one update: what micro-batching alone costs, with no pipeline;
 * tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
 * tensorflow/1f1b-grouped: the same with `--group_devices`: one process holding this host's 2
-  devices (so no Send/Recv at all on one host);
+  devices (so no Send/Recv at all on one host), with 2 intra-op threads (the per-slot
+  processes' threads together);
 * tensorflow/1f1b, weights on the chief (copies|reads): the same with the model's weights
   trained on the chief instead of on each stage's device (`DAPPLE_TF_WEIGHTS`): `copies`, a
   remote stage reads working copies refreshed every step; `chief`, every unit reads the
@@ -130,7 +131,12 @@ def measure(kind: str, plan_path: str = "", extra_env=None) -> float:
             cmd = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
                    f"--plan={plan_path}"] + (["--group_devices"] if kind == "tensorflow-grouped"
                                              else []) + ["--"] + worker
-    return read_step_ms(run_checked(cmd, dict(sst.env(), **(extra_env or {})), REPO))
+    env = dict(sst.env(), **(extra_env or {}))
+    if kind == "tensorflow-grouped":
+        # One process holds both devices: give it the threads the two per-slot processes
+        # have between them, else its two stages share a single intra-op thread.
+        env["TF_NUM_INTRAOP_THREADS"] = "2"
+    return read_step_ms(run_checked(cmd, env, REPO))
 
 
 def predicted_ms(plans: dict) -> dict:

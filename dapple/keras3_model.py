@@ -29,15 +29,21 @@ class PipelineTrainer(PipelineSteps, keras.Model):
         """The plain model's (what Keras names per-output metrics by)."""
         return for_model(self.plain).output_names(self.plain)
 
-    def _has_metrics(self) -> bool:
-        return self._compile_metrics is not None
+    def _needs_predictions(self) -> bool:
+        return self._compile_metrics is not None or self._compile_loss is not None
 
     def _logs(self, x, y, y_pred, sample_weight, loss):
         # As Keras's own steps: the loss weighed by the batch's rows, then the compiled metrics.
         self._loss_tracker.update_state(loss, sample_weight=batch_rows(x))
         if y_pred is None:
             return self.get_metrics_result()
-        return self.compute_metrics(x, y, one_or_all(y_pred), sample_weight=sample_weight)
+        y_pred = one_or_all(y_pred)
+        if self._compile_loss is not None:
+            # Keras's own CompileLoss on the global batch's predictions updates its Mean per
+            # output (`<output>_loss`, unweighted), as in Keras's step; its total is the
+            # pipelined step's loss, already counted above.
+            self._compile_loss(y, y_pred, sample_weight)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _own_backup(self, callback, backup_dir):
         own = keras.callbacks.BackupAndRestore(

@@ -47,8 +47,8 @@ def one_or_all(outputs: List[tf.Tensor]):
 class PipelineSteps:
     """The shared part of a trainer, listed before its Keras's `Model` among the bases.
 
-    A version's trainer sets `keras_api` (its Keras module) and defines `_has_metrics`
-    (compiled metrics need predictions), `_logs` (the step's logs from its loss and
+    A version's trainer sets `keras_api` (its Keras module) and defines `_needs_predictions`
+    (compiled metrics or per-output losses read them), `_logs` (the step's logs from its loss and
     predictions) and `_own_backup` (a process's own BackupAndRestore: the callback, and the
     weights files it writes through `save_weights`);
     `_restored_epoch`/`_agreed_epoch` when its Keras reads a restored epoch in
@@ -76,14 +76,14 @@ class PipelineSteps:
     # ---- steps -----------------------------------------------------------------------------
     def train_step(self, data):
         x, y, sample_weight = self.keras_api.utils.unpack_x_y_sample_weight(data)
-        loss, y_pred = self._dapple.pipelined.pipelined_train(
-            x, y, sample_weight, predictions=self._has_metrics())
+        loss, y_pred, y, sample_weight = self._dapple.pipelined.pipelined_train(
+            x, y, sample_weight, predictions=self._needs_predictions())
         return self._logs(x, y, y_pred, sample_weight, loss)
 
     def test_step(self, data):
         x, y, sample_weight = self.keras_api.utils.unpack_x_y_sample_weight(data)
         loss, y_pred = self._dapple.pipelined.pipelined_evaluate(
-            x, y, sample_weight, predictions=self._has_metrics())
+            x, y, sample_weight, predictions=self._needs_predictions())
         return self._logs(x, y, y_pred, sample_weight, loss)
 
     def predict_step(self, data):
@@ -94,9 +94,25 @@ class PipelineSteps:
     # runtime's `compiled` wraps each call (under horovodrun: its watchdog).
     def make_train_function(self, force=False):
         if self.train_function is None or force:
-            super().make_train_function(force=True)
-            self.train_function = self._runtime.compiled("train step", self.train_function)
+            relaxed = self._dapple.pipelined.relaxed_training
+            if relaxed is None:
+                super().make_train_function(force=True)
+                self.train_function = self._runtime.compiled("train step", self.train_function)
+            else:
+                self.train_function = self._runs_function(relaxed)
         return self.train_function
+
+    def _runs_function(self, relaxed):
+        """A relaxed plan's train function: one run a dataset element, traced for the run's
+        number of global batches (a shorter last run once more), which its schedule is built
+        for; Keras's own would trace once with the rows unknown."""
+        step = self._runtime.compiled("relaxed train step", tf.function(self.train_step))
+
+        def function(iterator):
+            data = next(iterator)
+            relaxed.prepare()           # eagerly: optimizers built, the rule afresh when due
+            return step(data)
+        return function
 
     def make_test_function(self, force=False):
         if self.test_function is None or force:
@@ -126,6 +142,7 @@ class PipelineSteps:
 
     def load_weights(self, filepath, *args, **kwargs):
         filepath = os.fspath(filepath)
+        self._dapple.pipelined.weights_loaded()
         if os.path.abspath(filepath) in self._dapple.own_files:
             return self.plain.load_weights(filepath)
         return self._runtime.load_weights(self.plain, filepath)

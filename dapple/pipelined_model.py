@@ -83,6 +83,7 @@ class PipelinedModel:
         self._metrics_built = False
         self._trainer = None            # the Keras model that fit/evaluate/predict run
         self._compiled_metrics_args = (None, None)
+        self._compiled_loss_args = (None, None)
 
     # ---- Keras-style API ---------------------------------------------------------------------
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
@@ -114,6 +115,7 @@ class PipelinedModel:
         self._metrics_built = False
         self._trainer = None
         self._compiled_metrics_args = (metrics, weighted_metrics)
+        self._compiled_loss_args = (loss, loss_weights)
 
     def _keras_trainer(self):
         """The model's Keras's `Model` whose steps are this pipeline (`dapple.pipeline_trainer`),
@@ -133,18 +135,32 @@ class PipelinedModel:
                 # rank's stage's), before Keras would build them for every variable.
                 self.runtime.prepare_optimizer(self._step, self.optimizer)
                 metrics, weighted_metrics = self._compiled_metrics_args
-                trainer.compile(optimizer=self.optimizer, metrics=metrics,
-                                weighted_metrics=weighted_metrics, jit_compile=False)
+                loss, loss_weights = self._compiled_loss_args
+                if (not self._keras3
+                        or len(for_model(self.model).output_names(self.model)) < 2):
+                    # Keras logs no per-output loss for one output; the tf_keras twin logs
+                    # none (as dapple's own loop did)
+                    loss = loss_weights = None
+                # The loss only for Keras's per-output logs (`<output>_loss`): the pipelined
+                # step computes the loss that is trained and logged as `loss`.
+                trainer.compile(optimizer=self.optimizer, loss=loss, loss_weights=loss_weights,
+                                metrics=metrics, weighted_metrics=weighted_metrics,
+                                jit_compile=False)
             self._trainer = trainer
         return self._trainer
 
     # ---- the pipelined steps as graph code (`PipelineTrainer` runs them) ----------------------
     def pipelined_train(self, x, y, sample_weight, predictions: bool):
-        """One step and its optimizer update on a global batch: (loss, every output's
-        predictions or None)."""
-        result = self._train_result(x, y, sample_weight)
-        return result.loss, (self.runtime.predictions(self._step, result) if predictions
-                             else None)
+        """One step and its optimizer update on a global batch (relaxed plans: one run of the
+        global batches `x` holds): (loss, every output's predictions or None, y, sample_weight),
+        y and sample_weight in the predictions' row order (AvgPipe's run reorders its rows)."""
+        if self._relaxed:
+            result, y, sample_weight = self._relaxed.run(x, y, sample_weight)
+            step = self._relaxed.step
+        else:
+            result, step = self._train_result(x, y, sample_weight), self._step
+        return (result.loss, self.runtime.predictions(step, result) if predictions else None,
+                y, sample_weight)
 
     def pipelined_evaluate(self, x, y, sample_weight, predictions: bool):
         """The loss of a global batch, without a backward: (loss, predictions or None)."""
@@ -359,18 +375,12 @@ class PipelinedModel:
         self.runtime.model_may_have_changed()
         refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
         verbose = 1 if verbose == "auto" else verbose
-        if self._keras3 and self._relaxed:
-            raise NotImplementedError(
-                f"fit of a Keras 3 model on the {self.plan.schedule.name} schedule is not "
-                f"supported yet (Keras 3's fit runs one global batch a step; a relaxed run "
-                f"takes steps_per_execution of them): call train_step(x, y) in a loop, x "
-                f"holding steps_per_execution global batches (docs/keras3.md)")
-        if self._relaxed:
+        if self._relaxed and not self._keras3:
             if validation_split or validation_freq != 1:
                 raise NotImplementedError(
-                    f"validation_split and validation_freq are not supported by fit on the "
-                    f"{self.plan.schedule.name} schedule (a relaxed schedule's own loop); "
-                    f"pass validation_data")
+                    f"validation_split and validation_freq are not supported by fit of a "
+                    f"tf_keras model on the {self.plan.schedule.name} schedule (a relaxed "
+                    f"schedule's own loop); pass validation_data")
             return self._relaxed_fit(x, y, batch_size, epochs, verbose, list(callbacks or []),
                                      validation_data, shuffle, class_weight, sample_weight,
                                      initial_epoch, steps_per_epoch)
@@ -393,6 +403,8 @@ class PipelinedModel:
             vx, vy, vsw = unpack_validation_data(validation_data)
             self._check_rows(vx, "validation_data")
             validation = self._dataset(vx, vy, None, False, "validation_data", vsw)
+        if self._relaxed:                   # Keras 3: one run a Keras step
+            ds, steps_per_epoch = self._relaxed.runs_dataset(ds, steps_per_epoch)
         trainer = self._keras_trainer()
         trainer.build_metrics(ds)
         hooks = trainer.callback_list(list(callbacks or []), verbose, epochs,
@@ -503,8 +515,17 @@ class PipelinedModel:
 
     def load_weights(self, path: str):
         """Keras's `load_weights` into the plain model (so any plan's checkpoint loads)."""
-        if self._relaxed:
-            self._relaxed.fresh = True      # a relaxed rule starts afresh from these weights
+        self.weights_loaded()
         return self.runtime.load_weights(self.model, path)
+
+    @property
+    def relaxed_training(self) -> Optional[RelaxedTraining]:
+        """A relaxed plan's training once compiled (`dapple.relaxed_training`), else None."""
+        return self._relaxed
+
+    def weights_loaded(self) -> None:
+        """The model's weights were replaced: a relaxed rule starts afresh from them."""
+        if self._relaxed:
+            self._relaxed.fresh = True
 
 

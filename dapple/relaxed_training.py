@@ -1,7 +1,8 @@
 """Training with a relaxed schedule (pipedream, 2bw, avgpipe): `PipelinedModel`'s side of it.
 
 * A run is `steps_per_execution` global batches (compile's argument; by default the plan's
-  `batches`), one schedule without a flush (`graph_rewrite.relaxed_step`). `fit` groups the
+  `batches`), one schedule without a flush (`graph_rewrite.relaxed_step`). `fit` (Keras 2's
+  loop, `executions`; Keras 3's own `fit`, one run a Keras step: `runs_dataset`) groups the
   dataset's global batches into runs (AvgPipe: N of them a step, one per pipeline, so a run is
   N x steps_per_execution batches); a shorter last run is a run of its own (traced once more),
   and under AvgPipe batches left over from a whole step are skipped, as `fit` logs.
@@ -107,24 +108,69 @@ class RelaxedTraining:
                              f"{per_step} rows ({self.pipelines} global batch(es) of "
                              f"{self.plan.global_batch_size}); got {n} rows")
 
+    def prepare(self) -> None:
+        """Eagerly, before a run is traced or run: every optimizer this process's updates use
+        built, and the rule started afresh when it is due (module docstring)."""
+        if not self.step.optimizers:
+            self._build_optimizers()
+        if self.fresh:
+            self.step.reset_history()
+            self.fresh = False
+
+    def run(self, x, y, sample_weight=None):
+        """One run over the steps `x` holds (graph code): (its `StepResult`, and y and
+        sample_weight in the row order of the result's predictions)."""
+        x, y, sample_weight = self.step.arrange((x, y, sample_weight))
+        return self.step.run(x, y, sample_weight=sample_weight), y, sample_weight
+
     def train(self, x, y, sample_weight=None) -> tf.Tensor:
         """One run over the steps `x` holds; the loss per global batch."""
         if self._train_fn is None:
             build_metrics(self.model, y)
-            self._build_optimizers()
+            self.prepare()
             step, update_metrics = self.step, self._update_metrics
 
             @tf.function
             def train_fn(x, y, sample_weight):
-                x, y, sample_weight = step.arrange((x, y, sample_weight))
-                result = step.run(x, y, sample_weight=sample_weight)
+                result, y, sample_weight = self.run(x, y, sample_weight)
                 update_metrics(y, result, sample_weight, step)
                 return result.loss
             self._train_fn = self.runtime.compiled("relaxed train step", train_fn)
-        if self.fresh:
-            self.step.reset_history()
-            self.fresh = False
+        self.prepare()
         return self._train_fn(x, y, sample_weight)
+
+    def runs_dataset(self, ds: tf.data.Dataset, steps: Optional[int]) -> Tuple[
+            tf.data.Dataset, Optional[int]]:
+        """Keras 3's `fit`: `ds`'s global batches grouped into runs, one element each (as
+        `executions` groups them; a shorter last run of its own), and `steps` (global batches
+        an epoch, or None) as runs."""
+        group, per_step = self.steps_per_execution * self.pipelines, self.pipelines
+        if steps is not None and steps % group:
+            raise ValueError(f"steps_per_epoch={steps} global batches is not a whole number of "
+                             f"runs of {group} ({self.steps_per_execution} steps_per_execution "
+                             f"x {per_step} pipeline(s)) under schedule "
+                             f"{self.plan.schedule.name!r}: give a multiple of {group}")
+        card = int(ds.cardinality())
+        if card > 0 and card % group % per_step:
+            logging.warning("fit: %d global batch(es) at the end of the epoch do not make a "
+                            "whole step of %d pipelines and are skipped",
+                            card % group % per_step, per_step)
+
+        def joined(*parts):
+            def one(t):
+                whole = tf.shape(t)[0] // per_step * per_step  # AvgPipe: whole steps only
+                rest = [d if d is not None else tf.shape(t)[i + 2]
+                        for i, d in enumerate(t.shape[2:])]
+                return tf.reshape(t[:whole], [-1] + rest)
+            return tf.nest.map_structure(one, parts if len(parts) > 1 else parts[0])
+
+        runs = ds.batch(group).map(joined)
+        if per_step > 1:
+            runs = runs.filter(lambda *parts: tf.shape(tf.nest.flatten(parts)[0])[0] > 0)
+            if card >= 0:               # what filter hides from Keras's progress and epochs
+                runs = runs.apply(tf.data.experimental.assert_cardinality(
+                    card // group + int(card % group >= per_step)))
+        return runs, None if steps is None else steps // group
 
 
 def executions(ds, steps: Optional[int], unpack: Callable, group: int,

@@ -41,7 +41,7 @@ def trainer_class(api):
             return [self._dapple.loss] + [m for m in super().metrics
                                           if m is not self._dapple.loss]
 
-        def _has_metrics(self) -> bool:
+        def _needs_predictions(self) -> bool:
             cm = self.compiled_metrics
             return cm is not None and bool(getattr(cm, "_user_metrics", None)
                                            or getattr(cm, "_user_weighted_metrics", None))

@@ -112,6 +112,7 @@ class PipelineStep:
                           for s, g in enumerate(self.stages)]
         self.lane_loops = [LaneLoop(f) for f in self.functions]   # `micro_batch_loop`
         self.stage_splits: Dict[tuple, object] = {}   # `schedule_loop`'s, made once per signature
+        self.loop_accumulators: Dict[tuple, object] = {}   # `schedule_loop`'s, by unit
         self._accumulate = Accumulator()
         self._combine_statistics = bstats.CallCombiner()
         self.transport = transport if transport is not None else LocalTransport(self.replicas)

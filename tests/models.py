@@ -104,6 +104,37 @@ def assert_trains_like_plain_model(pm, model, reference, loss, make_optimizer, b
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def overflowing_batches(steps, batch, bad_step, seed=0):
+    """`steps` batches for float32_logits_mlp (6 features, 4 classes); at `bad_step` one row
+    overflows float16 in d1: a non-finite gradient, in one slice."""
+    rng = np.random.RandomState(seed)
+    for step in range(steps):
+        x = rng.randn(batch, 6).astype("float32")
+        if step == bad_step:
+            x[5] = 1e6
+        yield x, rng.randint(0, 4, batch).astype("int32")
+
+
+def loss_scale_steps(pm, plain, batches, bad_step, scale_of):
+    """Train `pm` and the plain model `plain` (`train_on_batch`) step by step on `batches`:
+    each step's loss within 1e-3, both non-finite at `bad_step` and `pm`'s weights unchanged
+    by it (the step skipped). Returns (pm's scale, plain's scale) after each step, each read
+    by `scale_of(optimizer)` (Keras 2: `loss_scale`; Keras 3: `dynamic_scale`)."""
+    scales = []
+    for step, (x, y) in enumerate(batches):
+        before = [w.copy() for w in pm.model.get_weights()]
+        got = float(pm.train_step(x, y))
+        want = float(plain.train_on_batch(x, y))
+        if step == bad_step:
+            assert not np.isfinite(got) and not np.isfinite(want)
+            for a, b in zip(pm.model.get_weights(), before):
+                np.testing.assert_array_equal(a, b)    # skipped: nothing applied
+        else:
+            assert abs(got - want) <= 1e-3 * max(1.0, abs(want))
+        scales.append((scale_of(pm.optimizer), scale_of(plain.optimizer)))
+    return scales
+
+
 def assert_ran_as_loops(pm, loop=True):
     """`pm`'s step built its lanes (`graph_rewrite.micro_batch_loop`) or its pipeline's periods
     (`graph_rewrite.schedule_loop`) as loops iff `loop`: the lane loop's function was traced,

@@ -86,6 +86,12 @@ def _extend(summary, F, B, AR, M):
 _EMPTY = (-_INF, 0.0, -_INF, -_INF)
 
 
+def slices_allowed(m: int, mb: int, min_slice: int, even_slices: bool) -> bool:
+    """A stage of m replicas is in the plan space at micro-batch mb: every slice at least
+    `min_slice` samples, and equal slices when `even_slices`."""
+    return mb // m >= min_slice and (not even_slices or mb % m == 0)
+
+
 class Search:
     """The exact search over one plan space restriction (`stage_sizes`, `max_stages`): offer
     known plans with `seed`, then `run_micro_batches` for every M; `best` is then
@@ -236,8 +242,7 @@ class Search:
         return hit
 
     def replicas_allowed(self, m: int, mb: int) -> bool:
-        """A stage of m replicas is in the plan space at micro-batch mb: every slice at least
-        the minimum slice, and equal slices when `even_slices`."""
+        """`slices_allowed` with this search's minimum slice and `even_slices`."""
         return mb // m >= self.min_slice and (not self.even_slices or mb % m == 0)
 
     def _sizes(self, free: int, mb: int) -> Iterable[int]:

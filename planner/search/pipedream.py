@@ -63,22 +63,24 @@ def _best(T: np.ndarray, comm: np.ndarray, count: int, rows: int) -> np.ndarray:
     so the cut s updates the whole block i <= s < j at once, for every m and m2."""
     N = T.shape[1]
     A = T[:, :rows, :].copy()
-    pairs = [(m, m2) for m in range(2, count + 1) for m2 in range(1, m)]
-    if not pairs or N < 2:
+    if count < 2 or N < 2:
         return A
-    left_m = np.array([m - m2 for m, m2 in pairs])
-    right_m = np.array([m2 for m, m2 in pairs])
+    # The pairs (m, m2) as a table over m = 2..count (rows) and m2 = 1..count-1 (columns):
+    # A[m - m2] left of the cut, T[m2] right of it; the slots m2 >= m read row 0, which is
+    # +inf in both (no units), so they never win a min. Min and max are exact, so taking the
+    # min over all of a row's pairs at once gives the same values as one m at a time.
+    m = np.arange(2, count + 1)[:, None]
+    m2 = np.arange(1, count)[None, :]
+    valid = m2 < m
+    left_m = np.where(valid, m - m2, 0)
+    right_m = np.where(valid, m2, 0)
     for s in range(N - 1):
         r = min(rows, s + 1)
-        left = A[left_m, :r, s]                                    # (pair, i)
-        right = np.maximum(T[right_m, s + 1, s + 1:], comm[s])     # (pair, j)
-        first = 0
-        for m in range(2, count + 1):                             # pairs of m: m2 = 1..m-1
-            last = first + m - 1
-            cut = np.maximum(left[first:last, :, None], right[first:last, None, :]).min(axis=0)
-            block = A[m, :r, s + 1:]
-            np.minimum(block, cut, out=block)
-            first = last
+        left = A[left_m, :r, s]                                    # (m, m2, i)
+        right = np.maximum(T[right_m, s + 1, s + 1:], comm[s])     # (m, m2, j)
+        cut = np.maximum(left[:, :, :, None], right[:, :, None, :]).min(axis=1)
+        block = A[2:, :r, s + 1:]
+        np.minimum(block, cut, out=block)
     return A
 
 

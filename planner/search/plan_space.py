@@ -30,6 +30,7 @@ from planner.formats.profile import Profile
 from planner.search.scoped_memo import ScopedMemo
 from planner.search.seed_plans import remembering_shapes, seed_search
 from planner.search.straight_bound import straight_may_beat_any
+from planner.search.two_stage_bound import SLACK as FLOOR_SLACK, two_stage_floor
 
 PLAN_SPACES = ("paper", "full")
 DEFAULT_PLAN_SPACE = "paper"
@@ -140,8 +141,11 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     that would fit when nothing does. In the paper space the straight pipeline is searched
     last, below the latency of the plans found before (`_search`'s `below`), and not at all
     when a lower bound of every straight plan's latency is not below it
-    (`straight_bound.straight_may_beat`): the same plan, other statistics;
-    `bound_straight=False` searches it on its own, as before.
+    (`straight_bound.straight_may_beat`); or, when a straight plan may be faster than every
+    two-stage plan (`two_stage_bound.two_stage_floor`), first and on its own, then the
+    two-stage plans below or equal to it, not at all when their floor is above it: the same
+    plan, other statistics; `bound_straight=False` searches it on its own, after them, as
+    before.
     """
     check_global_batch(global_batch_size)
     if plan_space not in PLAN_SPACES:
@@ -169,18 +173,33 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     with remembering_shapes():      # the searches below seed with the same shapes
         searches = []
         if plan_space == "paper":
-            searches.append(search(stage_sizes, 2))          # data parallelism, two stages
-            if topo.num_devices <= profile.num_layers and \
-                    (stage_sizes is None or 1 in stage_sizes):
-                # the straight pipeline, if it beats them (`min` below keeps the first of
-                # equals)
-                below = min((s.best_value for s in searches), default=math.inf) \
-                    if bound_straight else math.inf
-                # not searched when no straight plan can be below it (`straight_bound`): the
-                # search would find none, so the plan is the same
-                if below == math.inf or straight_may_beat_any(
-                        profile, topo, global_batch_size, ms, below):
-                    searches.append(search([1], None, below))
+            straight = topo.num_devices <= profile.num_layers and \
+                (stage_sizes is None or 1 in stage_sizes)
+            # No plan of data parallelism or two stages is faster than `floor`.
+            floor = two_stage_floor(profile, topo, global_batch_size, ms, min_slice,
+                                    even_slices) if straight and bound_straight else None
+            if floor is not None and straight_may_beat_any(profile, topo, global_batch_size,
+                                                           ms, floor):
+                # The straight pipeline may win: searched first, on its own (the search
+                # `_search` returns below when it wins), then the two-stage plans only if one
+                # may be as fast (ties go to them: `min` below keeps the first of equals),
+                # below or equal to it. Where it is faster than `floor` they are not searched.
+                alone = search([1], None)
+                if alone.best is None or floor <= alone.best_value * (1 + FLOOR_SLACK):
+                    below = math.nextafter(alone.best_value, math.inf)
+                    searches.append(search(stage_sizes, 2, below))
+                searches.append(alone)
+            else:
+                searches.append(search(stage_sizes, 2))      # data parallelism, two stages
+                if straight:
+                    # the straight pipeline, if it beats them (`min` below keeps the first of
+                    # equals)
+                    below = searches[0].best_value if bound_straight else math.inf
+                    # not searched when no straight plan can be below it (`straight_bound`):
+                    # the search would find none, so the plan is the same
+                    if below == math.inf or straight_may_beat_any(
+                            profile, topo, global_batch_size, ms, below):
+                        searches.append(search([1], None, below))
         stats.plan_space = plan_space
         if not any(s.best is not None for s in searches):
             stats.plan_space = "full"

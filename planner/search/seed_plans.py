@@ -78,20 +78,27 @@ def remembering_shapes():
 
 def _shapes(profile: Profile, topology, stage_sizes: Optional[Sequence[int]]
             ) -> Tuple[List[Shape], List[int]]:
-    """(the uniform pipelines and PipeDream's partition, the first stage's replica counts r
-    of the two-stage shapes r : G - r)."""
+    """(the uniform pipelines of a replica count in `stage_sizes` (None: any) and PipeDream's
+    partition, the first stage's replica counts r of the two-stage shapes r : G - r). A
+    uniform pipeline of another replica count is not in the search's space (`Search.seed`
+    refuses it uncounted), so it is not made: the straight search makes only its own."""
     G, N = topology.num_devices, profile.num_layers
-    shapes = _shapes_made.get(profile, (topology,))
-    if shapes is None:
-        shapes = []
-        for r in range(1, G + 1):
-            if G % r == 0 and G // r <= N:
-                shapes.append([(a, b, r) for a, b in balanced_cuts(profile, G // r)])
+    made = _shapes_made.get(profile, (topology,))
+    if made is None:
+        made = {}           # replicas -> uniform pipeline; "partition" -> [PipeDream's] or []
+        _shapes_made.put(profile, (topology,), made)
+    shapes = []
+    for r in range(1, G + 1):
+        if G % r == 0 and G // r <= N and (stage_sizes is None or r in stage_sizes):
+            if r not in made:
+                made[r] = [(a, b, r) for a, b in balanced_cuts(profile, G // r)]
+            shapes.append(made[r])
+    if "partition" not in made:
         try:
-            shapes.append(pipedream_partition(profile, topology))
+            made["partition"] = [pipedream_partition(profile, topology)]
         except PlanError:
-            pass
-        _shapes_made.put(profile, (topology,), shapes)
+            made["partition"] = []
+    shapes += made["partition"]
     pairs = [r for r in range(1, G)
              if stage_sizes is None or (r in stage_sizes and G - r in stage_sizes)]
     return shapes, pairs

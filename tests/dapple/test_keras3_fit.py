@@ -13,22 +13,10 @@ import pytest
 import tensorflow as tf
 
 from planner.formats.plan import straight_plan
-from tests import models
-from tests.dapple.fit_comparisons import (GLOBAL_BATCH, assert_same_csv_logs,
+from tests.dapple.fit_comparisons import (GLOBAL_BATCH, TOLERANCE, assert_same_csv_logs,
                                           assert_same_history, assert_same_weights, data,
                                           tensorboard_event_files)
-
-keras = pytest.importorskip("keras")
-if keras.__version__.startswith(("1.", "2.")):
-    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
-
-
-def mlp(seed=0):
-    return models.mlp_with_skip(seed, keras=keras)
-
-
-def loss_fn():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+from tests.keras3_models import keras, loss_fn, mlp_with_skip as mlp, two_in_two_out
 
 
 def pair(optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.9), seed=0, metrics=True):
@@ -181,3 +169,40 @@ def test_fit_traces_the_pipeline_once_for_training_and_once_for_validation():
     pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, validation_data=data(1, 4))
     pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
     assert len(calls) == 2                  # Keras's train function and its test function
+
+
+def test_two_outputs_log_each_outputs_loss_as_plain_keras3():
+    """Dict inputs, two outputs with loss_weights (3 stages, 1:2:1): fit's History and
+    evaluate's dict carry plain Keras 3's `<output>_loss` (each output's unweighted loss mean),
+    `loss`, a metric per output and their `val_`, with its values."""
+    model, reference = two_in_two_out(), two_in_two_out()
+    from graph_rewrite.model_graph import layer_order
+    plan = straight_plan([1, 4], len(layer_order(model)), 4, GLOBAL_BATCH, replicas=[1, 2, 1])
+    pm = dapple.PipelinedModel(model, plan)
+    compiled = lambda: dict(  # noqa: E731
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss=[loss_fn(), keras.losses.MeanSquaredError()], loss_weights=[1.0, 0.5],
+        metrics=[["accuracy"], ["mae"]])
+    pm.compile(**compiled())
+    reference.compile(jit_compile=False, **compiled())
+
+    def two_output_data(batches, seed):
+        rng = np.random.RandomState(seed)
+        n = batches * GLOBAL_BATCH
+        return ({"a": rng.randn(n, 4).astype("float32"), "b": rng.randn(n, 3).astype("float32")},
+                [rng.randint(0, 3, size=n).astype("int32"), rng.randn(n, 1).astype("float32")])
+
+    x, y = two_output_data(3, seed=21)
+    val = two_output_data(1, seed=22)
+    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+                 validation_data=val)
+    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+                         validation_data=val)
+    assert {"cls_loss", "reg_loss", "val_cls_loss", "val_reg_loss"} <= set(want.history)
+    assert_same_history(got, want)
+    got_eval = pm.evaluate(*val, return_dict=True)
+    want_eval = reference.evaluate(*val, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    assert sorted(got_eval) == sorted(want_eval)
+    for key in want_eval:
+        np.testing.assert_allclose(got_eval[key], want_eval[key], err_msg=key, **TOLERANCE)
+    assert_same_weights(model, reference)

@@ -10,12 +10,10 @@ import pytest
 
 from dapple.pipelined_model import PipelinedModel
 from planner.formats.plan import straight_plan
-from tests import models
+from tests import keras3_models
+from tests.keras3_models import keras, loss_fn
 from tests import relaxed_rules as rules
 
-keras = pytest.importorskip("keras")
-if keras.__version__.startswith(("1.", "2.")):
-    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
 
 B, M, LR, STEPS = 16, 4, 0.5, 5
 TOLERANCE = 1e-5
@@ -24,17 +22,11 @@ LAYERS = ["d1", "d2", "add", "d3", "out"]
 
 
 def mlp_with_skip(seed=3):
-    return models.mlp_with_skip(seed, keras=keras)
-
-
-def loss_fn():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return keras3_models.mlp_with_skip(seed)
 
 
 def data(rows, seed=1):
-    rng = np.random.RandomState(seed)
-    return (rng.randn(rows, 6).astype("float32"),
-            rng.randint(0, 5, size=rows).astype("int32"))
+    return keras3_models.data(rows, seed)
 
 
 def make_plan(schedule, cuts, replicas, settings=None):
@@ -98,22 +90,42 @@ def test_keras3_weights_follow_the_rule(case):
     assert rules.max_difference(want, sync) > FAR
 
 
-def test_keras3_train_step_runs_apply_the_rule_with_steps_per_execution_and_fit_is_refused():
-    """5 global batches in runs of steps_per_execution=2 (the last one shorter), with a
-    compiled metric: 2BW's rule. Keras 3's own fit runs one global batch a step, so a relaxed
-    plan's fit is refused by name."""
+def test_keras3_train_step_runs_apply_the_rule_with_steps_per_execution():
+    """5 global batches in train_step runs of steps_per_execution=2 (the last one shorter),
+    with a compiled metric: 2BW's rule."""
     x, y = data(STEPS * B)
     pm = PipelinedModel(mlp_with_skip(), make_plan("2bw", [2], [1, 1]))
     pm.compile(keras.optimizers.SGD(LR), loss_fn(), metrics=["accuracy"],
                steps_per_execution=2)
-    with pytest.raises(NotImplementedError, match="fit of a Keras 3 model on the 2bw schedule"):
-        pm.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
     for start in range(0, STEPS, 2):
         rows = slice(start * B, min(start + 2, STEPS) * B)
         pm.train_step(x[rows], y[rows])
     want, _ = expected("2bw", [2], [1, 1], {}, x, y)
     got = [v.numpy() for v in pm.model.trainable_variables]
     assert rules.max_difference(got, want) < TOLERANCE
+
+
+@pytest.mark.parametrize("schedule, replicas", [("2bw", [1, 1]), ("avgpipe", [2, 2])])
+def test_keras3_fit_applies_the_rule_with_steps_per_execution(schedule, replicas):
+    """Keras 3's own fit, one run a Keras step: 5 steps in runs of steps_per_execution=2 (the
+    last one shorter; AvgPipe: N=2 global batches a step, and one batch more, which does not
+    make a step, skipped), with a compiled metric and validation data: the rule's weights,
+    far from synchronous training, and Keras 3's History keys, a step per run."""
+    N = replicas[0] if schedule == "avgpipe" else 1
+    x, y = data(STEPS * N * B + (B if N > 1 else 0))
+    pm = PipelinedModel(mlp_with_skip(), make_plan(schedule, [2], replicas))
+    pm.compile(keras.optimizers.SGD(LR), loss_fn(), metrics=["accuracy"],
+               steps_per_execution=2)
+    batches = []
+    history = pm.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
+                     validation_data=data(B, seed=2), callbacks=[keras.callbacks.LambdaCallback(
+                         on_train_batch_end=lambda batch, logs: batches.append(batch))])
+    want, sync = expected(schedule, [2], replicas, {}, x, y)
+    got = [v.numpy() for v in pm.model.trainable_variables]
+    assert rules.max_difference(got, want) < TOLERANCE
+    assert rules.max_difference(got, sync) > FAR
+    assert set(history.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert batches == [0, 1, 2]                 # runs of 2, 2 and 1 steps
 
 
 def test_keras3_relaxed_refusals_name_the_reason():

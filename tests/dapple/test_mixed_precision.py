@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from dapple.pipelined_model import PipelinedModel
 from planner.formats.plan import straight_plan
-from tests.models import assert_ran_as_loops, float32_logits_mlp as mlp
+from tests import models
+from tests.models import assert_ran_as_loops, float32_logits_mlp as mlp, loss_scale_steps
 
 BATCH, STEPS, BAD_STEP = 16, 20, 7
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -29,12 +30,7 @@ def optimizer(clipnorm=None):
 
 
 def batches(seed=0):
-    rng = np.random.RandomState(seed)
-    for step in range(STEPS):
-        x = rng.randn(BATCH, 6).astype("float32")
-        if step == BAD_STEP:
-            x[5] = 1e6          # overflows float16 in d1: a non-finite gradient, in one slice
-        yield x, rng.randint(0, 4, BATCH).astype("int32")
+    return models.overflowing_batches(STEPS, BATCH, BAD_STEP, seed)
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
@@ -54,18 +50,8 @@ def test_loss_scale_and_weights_follow_plain_keras_over_20_steps(policy, cuts, r
                         pipeline_loop=loop)
     pm.compile(optimizer(), LOSS)
     assert isinstance(pm.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
-    scales = []
-    for step, (x, y) in enumerate(batches()):
-        before = [w.copy() for w in model.get_weights()]
-        got = float(pm.train_step(x, y))
-        want = float(plain.train_on_batch(x, y))
-        if step == BAD_STEP:
-            assert not np.isfinite(got) and not np.isfinite(want)
-            for a, b in zip(model.get_weights(), before):
-                np.testing.assert_array_equal(a, b)    # skipped: nothing applied
-        else:
-            assert abs(got - want) <= 1e-3 * max(1.0, abs(want))
-        scales.append((float(pm.optimizer.loss_scale), float(plain.optimizer.loss_scale)))
+    scales = loss_scale_steps(pm, plain, batches(), BAD_STEP,
+                              lambda opt: float(opt.loss_scale))
     assert_ran_as_loops(pm, loop)
     assert [g for g, _ in scales] == [w for _, w in scales]
     assert len(set(w for _, w in scales)) > 2      # the scale grew and was halved

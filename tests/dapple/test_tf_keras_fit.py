@@ -151,6 +151,7 @@ def test_fit_on_a_relaxed_schedule_refuses_validation_split_and_freq_by_name():
     pm, _, _ = pair(schedule="2bw")
     x, y = data(4)
     for option in ({"validation_freq": 2}, {"validation_split": 0.25}):
-        with pytest.raises(NotImplementedError, match="not supported by fit on the 2bw "
-                                                      "schedule.*pass validation_data"):
+        with pytest.raises(NotImplementedError, match="not supported by fit of a tf_keras "
+                                                      "model on the 2bw schedule.*pass "
+                                                      "validation_data"):
             pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, **option)

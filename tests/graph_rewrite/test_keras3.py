@@ -13,17 +13,11 @@ import tensorflow as tf
 from planner.formats.plan import straight_plan
 from tests import models
 from tests.models import assert_ran_as_loops
+from tests import keras3_models
+from tests.keras3_models import keras, loss_fn, mlp_with_skip, residual_bn_shared, two_in_two_out
 
-keras = pytest.importorskip("keras")
-if keras.__version__.startswith(("1.", "2.")):
-    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
 
 GLOBAL_BATCH = 24
-
-
-def mlp_with_skip(seed=0):
-    """tests/models.py's, built with Keras 3."""
-    return models.mlp_with_skip(seed, keras=keras)
 
 
 def shared_dense(seed=0):
@@ -48,13 +42,7 @@ def sequential_mlp(seed=0):
 
 
 def data(seed):
-    rng = np.random.RandomState(seed)
-    return (rng.randn(GLOBAL_BATCH, 6).astype("float32"),
-            rng.randint(0, 5, size=GLOBAL_BATCH).astype("int32"))
-
-
-def loss_fn():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return keras3_models.data(GLOBAL_BATCH, seed)
 
 
 def plan_for(model, cuts, replicas, micro_batches=4):
@@ -152,7 +140,7 @@ def test_evaluate_equals_plain_keras3_evaluate(case):
 
 def test_dict_inputs_and_two_outputs_train_like_plain_keras3():
     """Losses per output with loss_weights; 3 stages (1:2:1), the input `b` entering late."""
-    model, reference = (models.two_in_two_out(keras=keras), models.two_in_two_out(keras=keras))
+    model, reference = two_in_two_out(), two_in_two_out()
     losses = [loss_fn(), keras.losses.MeanSquaredError()]
     weights = [1.0, 0.5]
     pm = dapple.PipelinedModel(model, plan_for(model, [1, 4], [1, 2, 1]))
@@ -261,12 +249,6 @@ def test_weights_saved_load_into_plain_keras3_and_back(tmp_path):
     pm_untrained.load_weights(path)
     for got, want in zip(untrained.get_weights(), trained):
         np.testing.assert_array_equal(got, want)
-
-
-def residual_bn_shared(seed=0):
-    """tests/models.py's (#30's model: BatchNormalization, a residual across the cut at 3, a
-    layer called in both stages), built with Keras 3."""
-    return models.residual_bn_shared(seed, keras=keras)
 
 
 def conv_bn(seed=0):

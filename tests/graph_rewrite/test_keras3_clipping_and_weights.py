@@ -10,23 +10,11 @@ import pytest
 
 from planner.formats.plan import straight_plan
 from tests import models
+from tests.keras3_models import data, keras, loss_fn
 
-keras = pytest.importorskip("keras")
-if keras.__version__.startswith(("1.", "2.")):
-    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
 
 BATCH, ROWS = 16, 48
 CLASS_WEIGHT = {0: 0.5, 1: 2.0, 2: 1.0, 3: 0.1, 4: 3.0}
-
-
-def loss_fn():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def data(rows, seed):
-    rng = np.random.RandomState(seed)
-    return (rng.randn(rows, 6).astype("float32"),
-            rng.randint(0, 5, size=rows).astype("int32"))
 
 
 def sample_weights(rows, seed):

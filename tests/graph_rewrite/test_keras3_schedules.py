@@ -13,25 +13,10 @@ from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from planner.search.chunking import interleaved_plan
 from tests import models
+from tests.keras3_models import keras, loss_fn, mlp_with_skip, residual_bn_shared, two_in_two_out
 
-keras = pytest.importorskip("keras")
-if keras.__version__.startswith(("1.", "2.")):
-    pytest.skip("`import keras` is not Keras 3 here", allow_module_level=True)
 
 GLOBAL_BATCH = 24
-
-
-def mlp_with_skip(seed=0):
-    return models.mlp_with_skip(seed, keras=keras)
-
-
-def two_in_two_out(seed=0):
-    return models.two_in_two_out(seed, keras=keras)
-
-
-def residual_bn_shared(seed=0):
-    """BatchNormalization, a residual across a cut at 3, `shared` called in both stages."""
-    return models.residual_bn_shared(seed, keras=keras)
 
 
 def shared_twice(seed=0):
@@ -69,10 +54,6 @@ def interleaved(first_layers, replicas, m, virtual_stages=2):
         return interleaved_plan(first_layers, len(layer_order(model)), m, virtual_stages,
                                 GLOBAL_BATCH, replicas)
     return plan
-
-
-def loss_fn():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def losses_for(model):

@@ -20,9 +20,9 @@ import pytest
 import tensorflow as tf
 
 from dapple.profiler import measure_profile
-from graph_rewrite.batch_statistics import is_batch_normalization
 from planner.search.baselines import best_straight_plan
-from tests.graph_rewrite.test_zoo import expected_moving_statistics, relative_difference
+from tests.graph_rewrite.test_zoo import (assert_gradients_and_statistics_as_slices,
+                                          expected_moving_statistics, relative_difference)
 from tests.models import ghost_batch_loss_and_grads
 from topology import local_topology
 
@@ -89,20 +89,7 @@ def test_keras3_application_trains_through_the_pipeline_like_keras3(name):
     _, nudged = ghost_batch_loss_and_grads(reference, loss_fn(), x * (1 + 1e-7), y, slice_rows)
     _, whole = ghost_batch_loss_and_grads(reference, loss_fn(), x, y, BATCH)
     want_stats = expected_moving_statistics(reference, x, slice_rows)
-    tolerance = max(1e-4, 4 * relative_difference(nudged, want))
-    got = pm.gradients(x, y)         # one training step's statistics update (learning rate 0)
-    assert relative_difference(got, want) < tolerance
-    moved = 0.0
-    for layer in model.layers:
-        if is_batch_normalization(layer):
-            mean, variance = want_stats[layer.name]
-            np.testing.assert_allclose(np.asarray(layer.moving_mean), mean, rtol=1e-4,
-                                       atol=1e-5, err_msg=layer.name)
-            np.testing.assert_allclose(np.asarray(layer.moving_variance), variance, rtol=1e-4,
-                                       atol=1e-5, err_msg=layer.name)
-            moved = max(moved, float(np.max(np.abs(mean))))
-    assert moved > 1e-3
-    assert relative_difference(whole, want) > tolerance      # slices matter: not vacuous
+    assert_gradients_and_statistics_as_slices(pm, x, y, want, nudged, whole, want_stats)
 
 
 TOKENS, WIDTH, CLASSES = 6, 16, 5

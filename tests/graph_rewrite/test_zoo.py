@@ -68,6 +68,27 @@ def relative_difference(got, want):
     return max(float(np.max(np.abs(dense(g) - dense(w)))) for g, w in zip(got, want)) / scale
 
 
+def assert_gradients_and_statistics_as_slices(pm, x, y, want, nudged, whole, want_stats):
+    """`pm`'s gradients on (x, y) equal the plain model's run slice by slice (`want`) within
+    the reference's own noise (`nudged`: its gradients on x nudged by 1e-7), and differ from
+    the whole batch's (`whole`) by more; every BN's moving statistics after that step equal
+    `want_stats` (`expected_moving_statistics`), and some moved."""
+    tolerance = max(1e-4, 4 * relative_difference(nudged, want))
+    got = pm.gradients(x, y)         # one training step's statistics update (learning rate 0)
+    assert relative_difference(got, want) < tolerance
+    moved = 0.0
+    for layer in pm.model.layers:
+        if is_batch_normalization(layer):
+            mean, variance = want_stats[layer.name]
+            np.testing.assert_allclose(np.asarray(layer.moving_mean), mean, rtol=1e-4,
+                                       atol=1e-5, err_msg=layer.name)
+            np.testing.assert_allclose(np.asarray(layer.moving_variance), variance, rtol=1e-4,
+                                       atol=1e-5, err_msg=layer.name)
+            moved = max(moved, float(np.max(np.abs(mean))))
+    assert moved > 1e-3
+    assert relative_difference(whole, want) > tolerance      # slices matter: not vacuous
+
+
 def expected_moving_statistics(reference, x, slice_rows):
     """Keras's own update (the model's Keras's): each BN layer (a fresh copy with the step's starting weights) called
     once, in training mode, on the rows that reached it in the pipeline: the plain model's
@@ -104,20 +125,8 @@ def test_application_trains_through_the_pipeline_like_keras(name):
     # BN over a few rows of tiny feature maps amplifies rounding (EfficientNet: a 1e-7 change
     # of the input moves the gradients by 5e-4): the tolerance is the reference's own noise.
     _, nudged = ghost_batch_loss_and_grads(reference, LOSS, x * (1 + 1e-7), y, slice_rows)
-    tolerance = max(1e-4, 4 * relative_difference(nudged, want))
-    got = pm.gradients(x, y)         # one training step's statistics update (learning rate 0)
-    assert relative_difference(got, want) < tolerance
-    moved = 0.0
-    for layer in model.layers:
-        if is_batch_normalization(layer):
-            mean, variance = want_stats[layer.name]
-            np.testing.assert_allclose(layer.moving_mean.numpy(), mean, rtol=1e-4, atol=1e-5)
-            np.testing.assert_allclose(layer.moving_variance.numpy(), variance, rtol=1e-4,
-                                       atol=1e-5)
-            moved = max(moved, float(np.max(np.abs(mean))))
-    assert moved > 1e-3
     _, whole = ghost_batch_loss_and_grads(reference, LOSS, x, y, BATCH)
-    assert relative_difference(whole, want) > tolerance      # slices matter: not vacuous
+    assert_gradients_and_statistics_as_slices(pm, x, y, want, nudged, whole, want_stats)
 
 
 def test_tied_language_model_is_planned_and_trains_like_keras():

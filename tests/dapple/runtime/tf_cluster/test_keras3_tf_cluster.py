@@ -150,3 +150,21 @@ def test_keras3_on_two_server_processes_trains_like_plain_keras3(tmp_path):
     assert mlp["moved"] > 1e-3 and bn["moving_moved"] > 1e-2, rep
     for case in (mlp, bn):
         assert case["loss_diff"] < 1e-5 and case["weight_diff"] < 1e-5, rep
+
+
+@pytest.mark.horovod
+def test_keras3_fit_on_two_server_processes_equals_plain_keras3_fit(tmp_path):
+    """Keras 3's own `fit` under `dapple launch --runtime=tensorflow` over 2 tasks, 1:1 (stage 1
+    on task 1): 2 epochs with validation data, CSVLogger and ModelCheckpoint: History, the CSV,
+    each epoch's checkpoint (read by the plain model) and the weights equal plain Keras 3's
+    `fit` within 1e-5 (`scripts/keras3_cluster_fit.py`)."""
+    from tfrun import plan_file, tf_launch
+    result = tf_launch(plan_file(tmp_path, 2), ["keras3_cluster_fit.py", str(tmp_path / "files")],
+                       env={"TF_USE_LEGACY_KERAS": None}, timeout=400)
+    assert result.returncode == 0, result.output[-4000:]
+    (rep,) = [json.loads(t) for t in result.results().values()]
+    assert rep["runtime"] == "TFClusterRuntime" and "/task:1/" in rep["home"], rep
+    assert rep["history_keys"] and rep["csv_columns"] and rep["csv_rows"] == 2, rep
+    assert rep["moved"] > 1e-3, rep
+    for key in ("history_diff", "csv_diff", "checkpoint_diff", "weight_diff"):
+        assert rep[key] < 1e-5, (key, rep)
