@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 from planner.formats.plan import straight_plan
-from tests.dapple.fit_comparisons import (GLOBAL_BATCH, TOLERANCE, assert_same_csv_logs,
-                                          assert_same_history, assert_same_weights, data,
-                                          tensorboard_event_files)
+from tests.fit_comparisons import (GLOBAL_BATCH, TOLERANCE, assert_same_csv_logs,
+                                   assert_same_history, assert_same_weights, data,
+                                   tensorboard_event_files)
 from tests.keras3_models import keras, loss_fn, mlp_with_skip as mlp, two_in_two_out
 
 
@@ -70,7 +70,7 @@ def test_callbacks_initial_epoch_and_validation_freq_as_plain_keras3_fit(tmp_pat
     assert_same_weights(loaded, want_loaded)
     assert_same_csv_logs(str(tmp_path / "got" / "log.csv"), str(tmp_path / "want" / "log.csv"),
                          epochs=3)
-    assert len(tensorboard_event_files(str(tmp_path / "got" / "tb"))) >= 2                               # train and validation writers
+    assert len(tensorboard_event_files(str(tmp_path / "got" / "tb"))) >= 2   # train, validation
     assert sorted(os.listdir(str(tmp_path / "got"))) == sorted(
         os.listdir(str(tmp_path / "want")))               # no temporary files left behind
 

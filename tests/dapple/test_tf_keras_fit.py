@@ -17,11 +17,10 @@ from graph_rewrite.keras_adapter import is_keras3
 from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests import models
-from tests.dapple.fit_comparisons import (GLOBAL_BATCH, assert_same_csv_logs,
-                                          assert_same_history, assert_same_weights, data,
-                                          tensorboard_event_files)
+from tests.fit_comparisons import (GLOBAL_BATCH, assert_same_csv_logs, assert_same_history,
+                                   assert_same_weights, data, tensorboard_event_files)
 
-keras = tf.keras          # tf_keras: the suite runs with TF_USE_LEGACY_KERAS=1 (tests/conftest.py)
+keras = tf.keras          # tf_keras: the suite sets TF_USE_LEGACY_KERAS=1 (tests/conftest.py)
 if is_keras3(keras.layers.Dense(1)):
     pytest.skip("tf.keras is not tf_keras here", allow_module_level=True)
 
