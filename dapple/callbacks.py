@@ -1,5 +1,6 @@
-"""What `fit`'s Keras 2 callbacks see, on every runtime: the whole model, and one writer.
-(A Keras 3 model's `fit` is Keras 3's own, with the same rules: `dapple.keras3_model`.)
+"""What the callbacks of `fit` on a relaxed schedule (dapple's own loop, Keras 2 models) see,
+on every runtime: the whole model, and one writer. (Every other `fit` is its Keras's own, with
+the same rules: `dapple.pipeline_trainer`.)
 
 Under horovodrun each rank trains only its stage, so the plain model a rank holds is stale
 elsewhere; and every rank runs the same script, so every rank would write the same files.
@@ -28,22 +29,12 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from dapple.checkpoint import save_model_atomically, save_weights_atomically
+from dapple.pipeline_trainer import (fingerprint, never_stop_mid_epoch, overrides,
+                                     saves_by_batch, writer_only)
 from graph_rewrite.keras_adapter import keras2_module_of
 
 # The Keras 2 callbacks are those of the model's own Keras 2 module (`tf_keras`, or TensorFlow
 # 2.15's `keras`), whatever `tf.keras` is: `api` below is that module.
-
-
-def writer_only(api) -> tuple:
-    """Keras callbacks that write files of their own: one process runs them."""
-    return (api.callbacks.TensorBoard, api.callbacks.CSVLogger, api.callbacks.ProgbarLogger)
-
-
-def never_stop_mid_epoch(api) -> tuple:
-    """Keras callbacks whose batch hooks never stop training."""
-    c = api.callbacks
-    return (c.ModelCheckpoint, c.BackupAndRestore, c.TensorBoard, c.CSVLogger, c.ProgbarLogger,
-            c.History, c.EarlyStopping, c.ReduceLROnPlateau, c.LearningRateScheduler)
 
 
 class _Link:
@@ -75,25 +66,6 @@ def callback_model_class(api):
     return CallbackModel
 
 
-def _overrides(api, callback, hook: str) -> bool:
-    return getattr(type(callback), hook) is not getattr(api.callbacks.Callback, hook)
-
-
-def _saves_by_batch(api, callback) -> bool:
-    return (isinstance(callback, (api.callbacks.ModelCheckpoint, api.callbacks.BackupAndRestore))
-            and isinstance(callback.save_freq, int))
-
-
-def fingerprint(model: tf.keras.Model) -> List[float]:
-    """Two sums per variable: changes when a callback sets the weights (as far as checks go)."""
-    if not model.variables:
-        return []
-    sums = tf.stack([s for v in model.variables
-                     for s in (tf.reduce_sum(tf.cast(v, tf.float64)),
-                               tf.reduce_sum(tf.abs(tf.cast(v, tf.float64))))])
-    return sums.numpy().tolist()     # one read back to the host, not one per variable
-
-
 class FitCallbacks:
     """`fit`'s callback hooks with the gathering and agreeing above around them."""
 
@@ -117,8 +89,8 @@ class FitCallbacks:
                                                model=self.view, verbose=verbose,
                                                epochs=epochs, steps=steps)
         self.view.stop_training = False
-        self.gather_by_batch = any(_saves_by_batch(api, c) for c in mine)
-        self.agree_by_batch = any(_overrides(api, c, "on_train_batch_end")
+        self.gather_by_batch = any(saves_by_batch(api, c) for c in mine)
+        self.agree_by_batch = any(overrides(api, c, "on_train_batch_end")
                                   and not isinstance(c, never_stop_mid_epoch(api)) for c in mine)
 
     @property

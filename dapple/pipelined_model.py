@@ -43,14 +43,15 @@ import tensorflow as tf
 
 from dapple.callbacks import FitCallbacks
 from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
-from dapple.data import (check_whole_batches, dataset_batch_rows, elements, global_batches,
-                         padded_batches, rows, unpack_validation_data)
+from dapple.data import (check_whole_batches, dataset_batch_rows, global_batches, rows,
+                         unpack_validation_data)
 from dapple.eager_build import build_metrics
 from dapple.keras2 import refuse_mixed_keras, require_keras2_model
 from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
 from dapple.runtime.base import Runtime, loss_scale
 from dapple.runtime.choice import make_runtime
-from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3, keras_module_of
+from graph_rewrite.keras_adapter import (Keras3, for_model, is_keras3, keras2_module_of,
+                                         keras_module_of)
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.formats.plan import Plan
@@ -78,9 +79,9 @@ class PipelinedModel:
         self._step: Optional[PipelineStep] = None     # relaxed plans: their synchronous step
         self._relaxed: Optional[RelaxedTraining] = None
         self.optimizer = None
-        self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
+        self._train_fn = self._grad_fn = None
         self._metrics_built = False
-        self._trainer = None            # Keras 3: the keras.Model that fit/evaluate/predict run
+        self._trainer = None            # the Keras model that fit/evaluate/predict run
         self._compiled_metrics_args = (None, None)
         self._compiled_loss_args = (None, None)
 
@@ -110,17 +111,21 @@ class PipelinedModel:
         self._relaxed = RelaxedTraining(
             self.model, self.plan, self.runtime, self._loss, self.optimizer, steps_per_execution,
             self._update_metrics) if is_relaxed(self.plan) else None
-        self._train_fn = self._grad_fn = self._predict_fn = self._eval_fn = None
+        self._train_fn = self._grad_fn = None
         self._metrics_built = False
         self._trainer = None
         self._compiled_metrics_args = (metrics, weighted_metrics)
         self._compiled_loss_args = (loss, loss_weights)
 
-    def _keras3_trainer(self):
-        """Keras 3: the `keras.Model` whose steps are this pipeline (`dapple.keras3_model`),
+    def _keras_trainer(self):
+        """The model's Keras's `Model` whose steps are this pipeline (`dapple.pipeline_trainer`),
         compiled like the plain model (its optimizer, metrics) once `compile` has run."""
         if self._trainer is None:
-            from dapple.keras3_model import PipelineTrainer
+            if self._keras3:
+                from dapple.keras3_model import PipelineTrainer
+            else:
+                from dapple.tf_keras_model import trainer_class
+                PipelineTrainer = trainer_class(keras2_module_of(self.model))
             if self._step is None:          # predict before compile: a forward-only step
                 self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan),
                                                     None)
@@ -131,8 +136,11 @@ class PipelinedModel:
                 self.runtime.prepare_optimizer(self._step, self.optimizer)
                 metrics, weighted_metrics = self._compiled_metrics_args
                 loss, loss_weights = self._compiled_loss_args
-                if len(for_model(self.model).output_names(self.model)) < 2:
-                    loss = loss_weights = None  # Keras logs no per-output loss for one output
+                if (not self._keras3
+                        or len(for_model(self.model).output_names(self.model)) < 2):
+                    # Keras logs no per-output loss for one output; the tf_keras twin logs
+                    # none (as dapple's own loop did)
+                    loss = loss_weights = None
                 # The loss only for Keras's per-output logs (`<output>_loss`): the pipelined
                 # step computes the loss that is trained and logged as `loss`.
                 trainer.compile(optimizer=self.optimizer, loss=loss, loss_weights=loss_weights,
@@ -141,7 +149,7 @@ class PipelinedModel:
             self._trainer = trainer
         return self._trainer
 
-    # ---- the pipelined steps as graph code (Keras 3's `PipelineTrainer` runs them) ------------
+    # ---- the pipelined steps as graph code (`PipelineTrainer` runs them) ----------------------
     def pipelined_train(self, x, y, sample_weight, predictions: bool):
         """One step and its optimizer update on a global batch (relaxed plans: one run of the
         global batches `x` holds): (loss, every output's predictions or None, y, sample_weight),
@@ -350,10 +358,6 @@ class PipelinedModel:
 
     def _metric_logs(self, loss_mean) -> dict:
         logs = {"loss": float(loss_mean.result())}
-        cm = self._compiled_metrics()
-        if self._keras3 and cm is not None and cm.built:      # Keras 3's names, per output
-            logs.update({k: float(v) for k, v in cm.result().items()})
-            return logs
         for m in self._metrics():
             logs[m.name] = float(m.result())
         return logs
@@ -361,74 +365,25 @@ class PipelinedModel:
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None,
             initial_epoch=0, steps_per_epoch=None, validation_split=0.0, validation_freq=1):
-        """Keras's `fit`: epochs of pipelined steps, callbacks, progress bar, History.
-
-        Logs are running means over the epoch, as Keras's; `validation_data` adds `val_` logs
-        (through `evaluate`) at each epoch's end. A Keras 3 model runs Keras 3's own `fit`
-        (`dapple.keras3_model`), which adds `validation_split` and `validation_freq`.
-        Each epoch runs whole global batches: the rows past the last one are left out.
-        """
+        """Keras's `fit`: the model's Keras's own `Model.fit` of a `PipelineTrainer`
+        (`dapple.pipeline_trainer`) on whole global batches: arrays shuffled with the
+        runtime's seed, the rows past the last whole batch left out; a dataset's batches
+        checked against the plan. `validation_split` takes the last rows before shuffling, as
+        Keras does. A Keras 2 model on a relaxed schedule runs `_relaxed_fit` (one run of
+        `steps_per_execution` global batches a step)."""
         self._require_compiled()
         self.runtime.model_may_have_changed()
         refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
         verbose = 1 if verbose == "auto" else verbose
-        if self._keras3:
-            return self._keras3_fit(x, y, batch_size, epochs, verbose, list(callbacks or []),
-                                    validation_data, validation_split, validation_freq,
-                                    shuffle, class_weight, sample_weight, initial_epoch,
-                                    steps_per_epoch)
-        if validation_split or validation_freq != 1:
-            raise NotImplementedError(
-                "validation_split and validation_freq are supported for Keras 3 models (whose "
-                "fit is Keras 3's own); for a tf_keras model pass validation_data")
-        ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
-        self._check_dataset(ds, "fit's data")
-        if validation_data is not None:     # checked now, not after a whole epoch of training
-            vx, vy, vsw = unpack_validation_data(validation_data)
-            self._check_rows(vx, "validation_data")
-        steps = steps_per_epoch
-        if steps is None:
-            card = int(ds.cardinality())
-            steps = card if card >= 0 else None
-        hooks = FitCallbacks(self.model, self.runtime, list(callbacks or []),
-                             verbose, epochs, steps,
-                             ["loss"] + [m.name for m in self._metrics()])
-        loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
-        initial_epoch = hooks.train_begin(initial_epoch, steps)
-        logs = {}
-        for epoch in range(initial_epoch, epochs):
-            loss_mean.reset_state()
-            for m in self._metrics():
-                m.reset_state()
-            hooks.epoch_begin(epoch)
-            r = self._relaxed
-            for step, last, (bx, by, bsw) in executions(
-                    ds, steps, lambda b: self._unpack(b, need_y=True),
-                    r.steps_per_execution * r.pipelines if r else 1, r.pipelines if r else 1):
-                hooks.batch_begin(step)
-                loss_mean.update_state(self._train(bx, by, bsw), sample_weight=last - step + 1)
-                logs = self._metric_logs(loss_mean)
-                hooks.batch_end(last, logs)
-                if hooks.stop_training:
-                    break
-            epoch_logs = dict(logs)
-            if validation_data is not None:
-                val = self.evaluate(vx, vy, sample_weight=vsw, return_dict=True)
-                epoch_logs.update({f"val_{k}": v for k, v in val.items()})
-            hooks.epoch_end(epoch, epoch_logs)
-            logs = epoch_logs
-            if hooks.stop_training:
-                break
-        hooks.train_end(logs)
-        self.model.history = hooks.history
-        return hooks.history
-
-    def _keras3_fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_data,
-                    validation_split, validation_freq, shuffle, class_weight, sample_weight,
-                    initial_epoch, steps_per_epoch):
-        """Keras 3's own `fit` of the `PipelineTrainer`, on the batches `fit` runs today:
-        whole global batches (arrays shuffled with the runtime's seed, the rows past the last
-        whole batch left out; a dataset's batches checked against the plan)."""
+        if self._relaxed and not self._keras3:
+            if validation_split or validation_freq != 1:
+                raise NotImplementedError(
+                    f"validation_split and validation_freq are not supported by fit of a "
+                    f"tf_keras model on the {self.plan.schedule.name} schedule (a relaxed "
+                    f"schedule's own loop); pass validation_data")
+            return self._relaxed_fit(x, y, batch_size, epochs, verbose, list(callbacks or []),
+                                     validation_data, shuffle, class_weight, sample_weight,
+                                     initial_epoch, steps_per_epoch)
         if validation_split and validation_data is None:
             if isinstance(x, tf.data.Dataset):
                 raise ValueError("validation_split needs arrays (as in Keras): with a "
@@ -448,63 +403,78 @@ class PipelinedModel:
             vx, vy, vsw = unpack_validation_data(validation_data)
             self._check_rows(vx, "validation_data")
             validation = self._dataset(vx, vy, None, False, "validation_data", vsw)
-        if self._relaxed:                   # one run a Keras step
+        if self._relaxed:                   # Keras 3: one run a Keras step
             ds, steps_per_epoch = self._relaxed.runs_dataset(ds, steps_per_epoch)
-        steps = steps_per_epoch
-        if steps is None:
-            card = int(ds.cardinality())
-            steps = card if card >= 0 else None
-        trainer = self._keras3_trainer()
+        trainer = self._keras_trainer()
         trainer.build_metrics(ds)
-        hooks = trainer.callback_list(callbacks, verbose, epochs, steps)
+        hooks = trainer.callback_list(list(callbacks or []), verbose, epochs,
+                                      self._steps(ds, steps_per_epoch))
         history = trainer.fit(ds, epochs=epochs, verbose=verbose, callbacks=hooks, shuffle=False,
                               validation_data=validation, initial_epoch=initial_epoch,
                               steps_per_epoch=steps_per_epoch, validation_freq=validation_freq)
         self.model.history = history
         return history
 
+    @staticmethod
+    def _steps(ds, steps_per_epoch) -> Optional[int]:
+        if steps_per_epoch is not None:
+            return steps_per_epoch
+        card = int(ds.cardinality())
+        return card if card >= 0 else None
+
+    def _relaxed_fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_data,
+                     shuffle, class_weight, sample_weight, initial_epoch, steps_per_epoch):
+        """`fit` of a Keras 2 model on a relaxed schedule: epochs of runs of
+        `steps_per_execution` global batches, Keras 2's callbacks (`dapple.callbacks`),
+        progress bar and History. Logs are running means over the epoch, as Keras's;
+        `validation_data` adds `val_` logs (through `evaluate`) at each epoch's end."""
+        ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
+        self._check_dataset(ds, "fit's data")
+        if validation_data is not None:     # checked now, not after a whole epoch of training
+            vx, vy, vsw = unpack_validation_data(validation_data)
+            self._check_rows(vx, "validation_data")
+        steps = self._steps(ds, steps_per_epoch)
+        hooks = FitCallbacks(self.model, self.runtime, callbacks, verbose, epochs, steps,
+                             ["loss"] + [m.name for m in self._metrics()])
+        loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
+        initial_epoch = hooks.train_begin(initial_epoch, steps)
+        logs = {}
+        r = self._relaxed
+        for epoch in range(initial_epoch, epochs):
+            loss_mean.reset_state()
+            for m in self._metrics():
+                m.reset_state()
+            hooks.epoch_begin(epoch)
+            for step, last, (bx, by, bsw) in executions(
+                    ds, steps, lambda b: self._unpack(b, need_y=True),
+                    r.steps_per_execution * r.pipelines, r.pipelines):
+                hooks.batch_begin(step)
+                loss_mean.update_state(self._train(bx, by, bsw), sample_weight=last - step + 1)
+                logs = self._metric_logs(loss_mean)
+                hooks.batch_end(last, logs)
+                if hooks.stop_training:
+                    break
+            epoch_logs = dict(logs)
+            if validation_data is not None:
+                val = self.evaluate(vx, vy, sample_weight=vsw, return_dict=True)
+                epoch_logs.update({f"val_{k}": v for k, v in val.items()})
+            hooks.epoch_end(epoch, epoch_logs)
+            logs = epoch_logs
+            if hooks.stop_training:
+                break
+        hooks.train_end(logs)
+        self.model.history = hooks.history
+        return hooks.history
+
     def predict(self, x, batch_size=None, verbose=0):
-        """Forward through the pipeline (no backward) in global batches; numpy outputs.
+        """Forward through the pipeline (no backward) in global batches, by the model's Keras's
+        own `predict`; numpy outputs.
 
         Works before `compile`. A last partial batch is padded to the global batch (by
         repeating its last row) and the padding's outputs dropped, so every row is predicted.
         """
         self.runtime.model_may_have_changed()
-        if self._keras3:
-            return self._keras3_predict(x, batch_size, verbose)
-        if self._step is None:
-            self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), None)
-        if self._predict_fn is None:
-            @tf.function
-            def predict_fn(x):
-                result = self._step.run(x, None, training=False)
-                # The loss is returned too: across processes it keeps the step's transfers
-                # and closing collective alive on every rank (Grappler drops unused ones).
-                return result.loss, self.runtime.predictions(self._step, result)
-            compiled = self.runtime.compiled("predict step", predict_fn)
-            self._predict_fn = lambda x: compiled(x)[1]
-        if isinstance(x, tf.data.Dataset):
-            if batch_size is not None:
-                raise ValueError("do not pass batch_size with a tf.data.Dataset")
-            self._check_dataset(x, "predict's data")
-            batches = ((self._unpack(b, need_y=False)[0], None) for b in elements(x))
-        else:
-            batches = padded_batches(x, self._batch_size(batch_size))
-        outs = None
-        for bx, valid in batches:
-            preds = self._predict_fn(bx)
-            outs = [[] for _ in preds] if outs is None else outs
-            for acc, p in zip(outs, preds):
-                acc.append(p.numpy()[:valid])
-        if outs is None:
-            raise ValueError("predict got no input rows")
-        arrays = [np.concatenate(o) for o in outs]
-        return arrays[0] if len(arrays) == 1 else arrays
-
-    def _keras3_predict(self, x, batch_size, verbose):
-        """Keras 3's own `predict` of the `PipelineTrainer`: arrays padded to whole global
-        batches as above, the padding's outputs dropped."""
-        trainer = self._keras3_trainer()
+        trainer = self._keras_trainer()
         verbose = verbose if self.runtime.is_writer else 0
         if isinstance(x, tf.data.Dataset):
             if batch_size is not None:
@@ -524,39 +494,18 @@ class PipelinedModel:
     def evaluate(self, x, y=None, batch_size=None, verbose=0, sample_weight=None,
                  return_dict=False):
         """Loss and compiled metrics over full global batches, through the pipeline (no
-        backward). Returns what Keras returns: the loss, or [loss, metrics...], or a dict."""
+        backward), by the model's Keras's own `evaluate`. Returns what Keras returns: the
+        loss, or [loss, metrics...], or a dict."""
         self._require_compiled()
         self.runtime.model_may_have_changed()
-        if self._keras3:                    # Keras 3's own evaluate, on whole global batches
-            ds = self._dataset(x, y, batch_size, False, "evaluate", sample_weight)
-            self._check_dataset(ds, "evaluate's data")
-            self._keras3_trainer().build_metrics(ds)
-            return self._keras3_trainer().evaluate(
-                ds, verbose=verbose if self.runtime.is_writer else 0, return_dict=return_dict)
-        if self._eval_fn is None:
-            @tf.function
-            def eval_fn(x, y, sample_weight):
-                result = self._step.run(x, y, training=False, sample_weight=sample_weight)
-                self._update_metrics(y, result, sample_weight)
-                return result.loss
-            self._eval_fn = self.runtime.compiled("evaluate step", eval_fn)
-        eval_fn = self._eval_fn
-        loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
-        for m in self._metrics():
-            m.reset_state()
         ds = self._dataset(x, y, batch_size, False, "evaluate", sample_weight)
         self._check_dataset(ds, "evaluate's data")
-        for batch in elements(ds):
-            bx, by, bsw = self._unpack(batch, need_y=True)
-            build_metrics(self.model, by)
-            loss_mean.update_state(eval_fn(bx, by, bsw))
-        if int(loss_mean.count) == 0:
+        if int(ds.cardinality()) == 0:
             raise ValueError("evaluate got no full global batch of data")
-        logs = self._metric_logs(loss_mean)
-        if return_dict:
-            return logs
-        return [logs["loss"]] + [v for k, v in logs.items() if k != "loss"] \
-            if len(logs) > 1 else logs["loss"]
+        trainer = self._keras_trainer()
+        trainer.build_metrics(ds)
+        return trainer.evaluate(ds, verbose=verbose if self.runtime.is_writer else 0,
+                                return_dict=return_dict)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_weights(self, path: str) -> None:

@@ -5,7 +5,6 @@ and a `tf.data` input it behaves as the plain Keras 3 model's `fit` on the same 
 reference is plain Keras 3 (`fit` of the plain model, its files read by its own
 `load_weights`), never dapple's code. 2 stages (1:1), M=4, global batch 24.
 """
-import csv
 import os
 
 import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
@@ -14,16 +13,10 @@ import pytest
 import tensorflow as tf
 
 from planner.formats.plan import straight_plan
-from tests.keras3_models import (data as rows_of_data, keras, loss_fn, mlp_with_skip as mlp,
-                                 two_in_two_out)
-
-
-GLOBAL_BATCH = 24
-TOLERANCE = dict(rtol=1e-5, atol=1e-5)
-
-
-def data(batches, seed=11):
-    return rows_of_data(batches * GLOBAL_BATCH, seed)
+from tests.fit_comparisons import (GLOBAL_BATCH, TOLERANCE, assert_same_csv_logs,
+                                   assert_same_history, assert_same_weights, data,
+                                   tensorboard_event_files)
+from tests.keras3_models import keras, loss_fn, mlp_with_skip as mlp, two_in_two_out
 
 
 def pair(optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.9), seed=0, metrics=True):
@@ -36,24 +29,6 @@ def pair(optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.9), seed=0, metr
     pm.compile(optimizer=optimizer(), loss=loss_fn(), **extra())
     reference.compile(optimizer=optimizer(), loss=loss_fn(), jit_compile=False, **extra())
     return pm, model, reference
-
-
-def assert_same_history(got, want):
-    assert got.epoch == want.epoch
-    assert sorted(got.history) == sorted(want.history)
-    for key in want.history:
-        np.testing.assert_allclose(got.history[key], want.history[key], err_msg=key,
-                                   **TOLERANCE)
-
-
-def assert_same_weights(got_model, want_model):
-    for g, w, v in zip(got_model.get_weights(), want_model.get_weights(), want_model.weights):
-        np.testing.assert_allclose(g, w, err_msg=v.path, **TOLERANCE)
-
-
-def read_csv(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def test_callbacks_initial_epoch_and_validation_freq_as_plain_keras3_fit(tmp_path):
@@ -93,19 +68,9 @@ def test_callbacks_initial_epoch_and_validation_freq_as_plain_keras3_fit(tmp_pat
     loaded = keras.models.load_model(str(tmp_path / "got" / "last.keras"))
     want_loaded = keras.models.load_model(str(tmp_path / "want" / "last.keras"))
     assert_same_weights(loaded, want_loaded)
-    got_rows, want_rows = (read_csv(str(tmp_path / w / "log.csv")) for w in ("got", "want"))
-    assert len(got_rows) == len(want_rows) == 3
-    assert [list(r) for r in got_rows] == [list(r) for r in want_rows]     # same columns
-    for g, w in zip(got_rows, want_rows):
-        for key in w:
-            if w[key] == "NA":                            # no validation that epoch
-                assert g[key] == "NA", key
-            else:
-                np.testing.assert_allclose(float(g[key]), float(w[key]), err_msg=key,
-                                           **TOLERANCE)
-    events = [f for _, _, files in os.walk(str(tmp_path / "got" / "tb")) for f in files
-              if f.startswith("events.out.tfevents")]
-    assert len(events) >= 2                               # train and validation writers
+    assert_same_csv_logs(str(tmp_path / "got" / "log.csv"), str(tmp_path / "want" / "log.csv"),
+                         epochs=3)
+    assert len(tensorboard_event_files(str(tmp_path / "got" / "tb"))) >= 2   # train, validation
     assert sorted(os.listdir(str(tmp_path / "got"))) == sorted(
         os.listdir(str(tmp_path / "want")))               # no temporary files left behind
 

@@ -142,10 +142,6 @@ def test_fit_rejects_a_batch_size_other_than_the_plans():
     ds = tf.data.Dataset.from_tensor_slices((x[:40], y[:40])).batch(BATCH)
     with pytest.raises(ValueError, match="drop_remainder=True"):
         pm.fit(ds, verbose=0)
-    for keras3_only in ({"validation_freq": 2}, {"validation_split": 0.25}):
-        with pytest.raises(NotImplementedError, match="validation_split and validation_freq "
-                                                      "are supported for Keras 3 models"):
-            pm.fit(x, y, verbose=0, **keras3_only)
 
 
 # ---- evaluate / predict / gradients -------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""`PipelinedModel.fit` of a tf_keras (Keras 2) model is tf_keras's own `Model.fit` (#30 item 3,
+`dapple/tf_keras_model.py`): with ModelCheckpoint, EarlyStopping, TensorBoard and CSVLogger,
+`initial_epoch`, `validation_freq`, `validation_split`, `steps_per_epoch` and `class_weight` on
+a `tf.data` input it behaves as the plain tf_keras model's `fit` on the same data. Every
+reference is plain tf_keras (`fit` of the plain model, its files read by its own
+`load_weights`), never dapple's code. 2 stages (1:1), M=4, global batch 24. (BackupAndRestore:
+tests/dapple/test_callbacks.py; the same for Keras 3: tests/dapple/test_keras3_fit.py.)
+"""
+import os
+
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from graph_rewrite.keras_adapter import is_keras3
+from graph_rewrite.model_graph import layer_order
+from planner.formats.plan import straight_plan
+from tests import models
+from tests.fit_comparisons import (GLOBAL_BATCH, assert_same_csv_logs, assert_same_history,
+                                   assert_same_weights, data, tensorboard_event_files)
+
+keras = tf.keras          # tf_keras: the suite sets TF_USE_LEGACY_KERAS=1 (tests/conftest.py)
+if is_keras3(keras.layers.Dense(1)):
+    pytest.skip("tf.keras is not tf_keras here", allow_module_level=True)
+
+
+def mlp(seed=0):
+    return models.mlp_with_skip(seed, keras=keras)
+
+
+def loss_fn():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def pair(optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.9), seed=0, schedule="1f1b"):
+    """(PipelinedModel, its plain model, the plain twin compiled alike)."""
+    model, reference = mlp(seed), mlp(seed)
+    plan = straight_plan([2], len(layer_order(model)), 4, GLOBAL_BATCH, schedule=schedule)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer=optimizer(), loss=loss_fn(), metrics=["accuracy"])
+    reference.compile(optimizer=optimizer(), loss=loss_fn(), metrics=["accuracy"])
+    return pm, model, reference
+
+
+def test_callbacks_initial_epoch_and_validation_freq_as_plain_tf_keras_fit(tmp_path):
+    """ModelCheckpoint (weights each epoch, and the whole model), EarlyStopping with best
+    weights restored, CSVLogger, TensorBoard; starting at epoch 1, validating every 2nd."""
+    pm, model, reference = pair()
+    x, y = data(3)
+    val = data(1, seed=12)
+
+    def callbacks(folder):
+        os.makedirs(folder)
+        return [keras.callbacks.ModelCheckpoint(os.path.join(folder, "w{epoch}.weights.h5"),
+                                                save_weights_only=True),
+                keras.callbacks.ModelCheckpoint(os.path.join(folder, "last.keras")),
+                # min_delta no epoch reaches: the first epoch, then `patience` more
+                keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=2,
+                                              restore_best_weights=True),
+                keras.callbacks.CSVLogger(os.path.join(folder, "log.csv")),
+                keras.callbacks.TensorBoard(os.path.join(folder, "tb"))]
+
+    got_cb, want_cb = callbacks(str(tmp_path / "got")), callbacks(str(tmp_path / "want"))
+    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=8, initial_epoch=1, shuffle=False,
+                 verbose=0, validation_data=val, validation_freq=2, callbacks=got_cb)
+    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=8, initial_epoch=1,
+                         shuffle=False, verbose=0, validation_data=val, validation_freq=2,
+                         callbacks=want_cb)
+    assert got.epoch == [1, 2, 3]                         # EarlyStopping stopped both there
+    assert got_cb[2].stopped_epoch == want_cb[2].stopped_epoch == 3
+    assert_same_history(got, want)
+    assert len(got.history["val_loss"]) == 2 < len(got.history["loss"])   # epochs 1 and 3
+    assert_same_weights(model, reference)                 # the best (first) epoch's, restored
+    for epoch in (2, 3, 4):                               # each checkpoint: plain tf_keras's
+        got_file, want_file = mlp(seed=5), mlp(seed=5)
+        got_file.load_weights(str(tmp_path / "got" / f"w{epoch}.weights.h5"))
+        want_file.load_weights(str(tmp_path / "want" / f"w{epoch}.weights.h5"))
+        assert_same_weights(got_file, want_file)
+    loaded = keras.models.load_model(str(tmp_path / "got" / "last.keras"))
+    want_loaded = keras.models.load_model(str(tmp_path / "want" / "last.keras"))
+    assert_same_weights(loaded, want_loaded)
+    assert_same_csv_logs(str(tmp_path / "got" / "log.csv"), str(tmp_path / "want" / "log.csv"),
+                         epochs=3)
+    assert len(tensorboard_event_files(str(tmp_path / "got" / "tb"))) >= 2
+    assert sorted(os.listdir(str(tmp_path / "got"))) == sorted(
+        os.listdir(str(tmp_path / "want")))               # no temporary files left behind
+
+
+def test_tf_data_steps_per_epoch_and_class_weight_as_plain_tf_keras_fit():
+    """A repeated tf.data input with steps_per_epoch (Keras continues one iterator across
+    epochs), class weights, and a tf.data validation set."""
+    pm, model, reference = pair()
+    x, y = data(3)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH,
+                                                          drop_remainder=True).repeat()
+    val = tf.data.Dataset.from_tensor_slices(data(2, seed=3)).batch(GLOBAL_BATCH,
+                                                                    drop_remainder=True)
+    weights = {0: 1.0, 1: 2.0, 2: 0.5, 3: 1.0, 4: 3.0}
+    got = pm.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, validation_data=val,
+                 class_weight=weights)
+    want = reference.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, validation_data=val,
+                         class_weight=weights)
+    assert_same_history(got, want)
+    assert_same_weights(model, reference)
+
+
+def test_validation_split_and_partial_last_batch_as_plain_tf_keras_fit(capsys):
+    """validation_split takes the last rows (and sample weights) before shuffling, as Keras's,
+    and is refused before training when they are not whole global batches; the rows past the
+    last whole global batch are left out (the plain model is given the same rows)."""
+    pm, model, reference = pair()
+    x, y = data(4)
+    x7, y7 = np.concatenate([x, x[:7]]), np.concatenate([y, y[:7]])
+    # 25% of 103 rows: the last 26 validate (not whole batches): refused before training
+    with pytest.raises(ValueError, match=r"validation_data has 26 rows.*whole global "
+                                         r"batches of 24"):
+        pm.fit(x7, y7, batch_size=GLOBAL_BATCH, epochs=1, validation_split=0.25)
+    w = np.random.RandomState(2).uniform(0.2, 2.0, size=len(x)).astype("float32")
+    longer = lambda a: np.concatenate([a[:3 * GLOBAL_BATCH], a[:5], a[3 * GLOBAL_BATCH:]])  # noqa
+    train, held = slice(0, 3 * GLOBAL_BATCH), slice(3 * GLOBAL_BATCH, None)
+    got = pm.fit(longer(x), longer(y), sample_weight=longer(w), batch_size=GLOBAL_BATCH,
+                 epochs=2, shuffle=False, verbose=1,
+                 validation_split=0.2376)     # floor(101 * 0.7624) = 77 = 3 * 24 + 5
+    want = reference.fit(x[train], y[train], sample_weight=w[train], batch_size=GLOBAL_BATCH,
+                         epochs=2, shuffle=False, verbose=0,
+                         validation_data=(x[held], y[held], w[held]))
+    assert "3/3" in capsys.readouterr().out                # tf_keras's progress bar, 3 steps
+    assert_same_history(got, want)
+    assert_same_weights(model, reference)
+
+
+def test_evaluate_and_predict_as_plain_tf_keras():
+    """tf_keras's own evaluate (loss first, then metrics; or a dict) and predict (a last
+    partial batch padded, its padding dropped)."""
+    pm, model, reference = pair()
+    x, y = data(2)
+    w = np.random.RandomState(4).uniform(0.2, 2.0, size=len(x)).astype("float32")
+    got = pm.evaluate(x, y, sample_weight=w)
+    want = reference.evaluate(x, y, sample_weight=w, batch_size=GLOBAL_BATCH, verbose=0)
+    assert len(got) == 2
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    logs = pm.evaluate(x, y, return_dict=True)
+    assert sorted(logs) == ["accuracy", "loss"]
+    np.testing.assert_allclose(pm.predict(x[:30]), reference.predict(x[:30], verbose=0),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_fit_on_a_relaxed_schedule_refuses_validation_split_and_freq_by_name():
+    pm, _, _ = pair(schedule="2bw")
+    x, y = data(4)
+    for option in ({"validation_freq": 2}, {"validation_split": 0.25}):
+        with pytest.raises(NotImplementedError, match="not supported by fit of a tf_keras "
+                                                      "model on the 2bw schedule.*pass "
+                                                      "validation_data"):
+            pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, **option)
