@@ -136,11 +136,8 @@ class PipelinedModel:
                 self.runtime.prepare_optimizer(self._step, self.optimizer)
                 metrics, weighted_metrics = self._compiled_metrics_args
                 loss, loss_weights = self._compiled_loss_args
-                if (not self._keras3
-                        or len(for_model(self.model).output_names(self.model)) < 2):
-                    # Keras logs no per-output loss for one output; the tf_keras twin logs
-                    # none (as dapple's own loop did)
-                    loss = loss_weights = None
+                if len(for_model(self.model).output_names(self.model)) < 2:
+                    loss = loss_weights = None      # Keras logs no per-output loss for one
                 # The loss only for Keras's per-output logs (`<output>_loss`): the pipelined
                 # step computes the loss that is trained and logged as `loss`.
                 trainer.compile(optimizer=self.optimizer, loss=loss, loss_weights=loss_weights,

@@ -37,21 +37,34 @@ def trainer_class(api):
 
         @property
         def metrics(self):
-            """The loss first, as Keras's own (`evaluate` lists them in this order)."""
+            """The loss first, as Keras's own (`evaluate` lists them in this order); the
+            compiled loss's own total left out: the pipelined step's loss is the one logged."""
+            total = getattr(self.compiled_loss, "_total_loss_mean", None)
             return [self._dapple.loss] + [m for m in super().metrics
-                                          if m is not self._dapple.loss]
+                                          if m is not self._dapple.loss and m is not total]
+
+        def _output_losses(self) -> bool:
+            """Compiled with the model's loss: for `<output>_loss` logs (several outputs)."""
+            cl = self.compiled_loss
+            return cl is not None and getattr(cl, "_user_losses", None) is not None
 
         def _needs_predictions(self) -> bool:
             cm = self.compiled_metrics
-            return cm is not None and bool(getattr(cm, "_user_metrics", None)
-                                           or getattr(cm, "_user_weighted_metrics", None))
+            return self._output_losses() or (
+                cm is not None and bool(getattr(cm, "_user_metrics", None)
+                                        or getattr(cm, "_user_weighted_metrics", None)))
 
         def _logs(self, x, y, y_pred, sample_weight, loss):
             # As Keras's own steps: the loss weighed by the batch's rows, then the metrics.
             self._dapple.loss.update_state(loss, sample_weight=batch_rows(x))
             if y_pred is None:
                 return self.get_metrics_result()
-            return self.compute_metrics(x, y, one_or_all(y_pred), sample_weight)
+            y_pred = one_or_all(y_pred)
+            if self._output_losses():
+                # tf_keras's own loss container on the global batch's predictions updates
+                # its Mean per output (`<output>_loss`, unweighted), as in its step.
+                self.compiled_loss(y, y_pred, sample_weight, regularization_losses=[])
+            return self.compute_metrics(x, y, y_pred, sample_weight)
 
         def _own_backup(self, callback, backup_dir):
             return api.callbacks.BackupAndRestore(

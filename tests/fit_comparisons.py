@@ -53,3 +53,40 @@ def assert_same_csv_logs(got_path, want_path, epochs: int):
 def tensorboard_event_files(folder):
     return [f for _, _, files in os.walk(folder) for f in files
             if f.startswith("events.out.tfevents")]
+
+
+def assert_two_outputs_log_as_plain(keras, build, compile_kwargs, **plain_only):
+    """Dict inputs, two outputs with loss_weights (3 stages, 1:2:1), built by `build(seed)`
+    with `keras`, compiled by `compile_kwargs()` (the plain twin too, with `plain_only`):
+    fit's History and
+    evaluate's dict carry the plain model's `<output>_loss` (each output's unweighted loss
+    mean), `loss`, a metric per output and their `val_`, with its values."""
+    import dapple
+    from graph_rewrite.model_graph import layer_order
+    from planner.formats.plan import straight_plan
+    model, reference = build(0), build(0)
+    plan = straight_plan([1, 4], len(layer_order(model)), 4, GLOBAL_BATCH, replicas=[1, 2, 1])
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(**compile_kwargs())
+    reference.compile(**compile_kwargs(), **plain_only)
+
+    def two_output_data(batches, seed):
+        rng = np.random.RandomState(seed)
+        n = batches * GLOBAL_BATCH
+        return ({"a": rng.randn(n, 4).astype("float32"), "b": rng.randn(n, 3).astype("float32")},
+                [rng.randint(0, 3, size=n).astype("int32"), rng.randn(n, 1).astype("float32")])
+
+    x, y = two_output_data(3, seed=21)
+    val = two_output_data(1, seed=22)
+    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+                 validation_data=val)
+    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+                         validation_data=val)
+    assert {"cls_loss", "reg_loss", "val_cls_loss", "val_reg_loss"} <= set(want.history)
+    assert_same_history(got, want)
+    got_eval = pm.evaluate(*val, return_dict=True)
+    want_eval = reference.evaluate(*val, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    assert sorted(got_eval) == sorted(want_eval)
+    for key in want_eval:
+        np.testing.assert_allclose(got_eval[key], want_eval[key], err_msg=key, **TOLERANCE)
+    assert_same_weights(model, reference)

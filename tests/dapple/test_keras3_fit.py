@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 
 from planner.formats.plan import straight_plan
-from tests.fit_comparisons import (GLOBAL_BATCH, TOLERANCE, assert_same_csv_logs,
-                                   assert_same_history, assert_same_weights, data,
+from tests.fit_comparisons import (GLOBAL_BATCH, assert_same_csv_logs,
+                                   assert_same_history, assert_same_weights,
+                                   assert_two_outputs_log_as_plain, data,
                                    tensorboard_event_files)
 from tests.keras3_models import keras, loss_fn, mlp_with_skip as mlp, two_in_two_out
 
@@ -172,37 +173,7 @@ def test_fit_traces_the_pipeline_once_for_training_and_once_for_validation():
 
 
 def test_two_outputs_log_each_outputs_loss_as_plain_keras3():
-    """Dict inputs, two outputs with loss_weights (3 stages, 1:2:1): fit's History and
-    evaluate's dict carry plain Keras 3's `<output>_loss` (each output's unweighted loss mean),
-    `loss`, a metric per output and their `val_`, with its values."""
-    model, reference = two_in_two_out(), two_in_two_out()
-    from graph_rewrite.model_graph import layer_order
-    plan = straight_plan([1, 4], len(layer_order(model)), 4, GLOBAL_BATCH, replicas=[1, 2, 1])
-    pm = dapple.PipelinedModel(model, plan)
-    compiled = lambda: dict(  # noqa: E731
+    assert_two_outputs_log_as_plain(keras, two_in_two_out, lambda: dict(
         optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
         loss=[loss_fn(), keras.losses.MeanSquaredError()], loss_weights=[1.0, 0.5],
-        metrics=[["accuracy"], ["mae"]])
-    pm.compile(**compiled())
-    reference.compile(jit_compile=False, **compiled())
-
-    def two_output_data(batches, seed):
-        rng = np.random.RandomState(seed)
-        n = batches * GLOBAL_BATCH
-        return ({"a": rng.randn(n, 4).astype("float32"), "b": rng.randn(n, 3).astype("float32")},
-                [rng.randint(0, 3, size=n).astype("int32"), rng.randn(n, 1).astype("float32")])
-
-    x, y = two_output_data(3, seed=21)
-    val = two_output_data(1, seed=22)
-    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
-                 validation_data=val)
-    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
-                         validation_data=val)
-    assert {"cls_loss", "reg_loss", "val_cls_loss", "val_reg_loss"} <= set(want.history)
-    assert_same_history(got, want)
-    got_eval = pm.evaluate(*val, return_dict=True)
-    want_eval = reference.evaluate(*val, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
-    assert sorted(got_eval) == sorted(want_eval)
-    for key in want_eval:
-        np.testing.assert_allclose(got_eval[key], want_eval[key], err_msg=key, **TOLERANCE)
-    assert_same_weights(model, reference)
+        metrics=[["accuracy"], ["mae"]]), jit_compile=False)

@@ -18,7 +18,8 @@ from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests import models
 from tests.fit_comparisons import (GLOBAL_BATCH, assert_same_csv_logs, assert_same_history,
-                                   assert_same_weights, data, tensorboard_event_files)
+                                   assert_same_weights, assert_two_outputs_log_as_plain, data,
+                                   tensorboard_event_files)
 
 keras = tf.keras          # tf_keras: the suite sets TF_USE_LEGACY_KERAS=1 (tests/conftest.py)
 if is_keras3(keras.layers.Dense(1)):
@@ -154,3 +155,11 @@ def test_fit_on_a_relaxed_schedule_refuses_validation_split_and_freq_by_name():
                                                       "model on the 2bw schedule.*pass "
                                                       "validation_data"):
             pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, **option)
+
+
+def test_two_outputs_log_each_outputs_loss_as_plain_tf_keras():
+    assert_two_outputs_log_as_plain(keras, lambda seed: models.two_in_two_out(seed, keras=keras),
+                                    lambda: dict(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss=[loss_fn(), keras.losses.MeanSquaredError()], loss_weights=[1.0, 0.5],
+        metrics=[["accuracy"], ["mae"]]))
