@@ -58,7 +58,7 @@ def test_looped_fit_evaluate_predict_equal_plain_keras_two_outputs_sample_weight
     sw = [weights_for(ROWS, 1), weights_for(ROWS, 2)]
     h1 = pm.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, sample_weight=sw)
     h2 = plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, sample_weight=sw)
-    logged = ["cls_mae", "loss", "reg_mae"]      # (per-output losses are not logged)
+    logged = ["cls_loss", "cls_mae", "loss", "reg_loss", "reg_mae"]   # as plain tf_keras's
     assert_same(pm, plain, h1, h2, keys=logged)
     got = pm.evaluate(x, y, batch_size=BATCH, sample_weight=sw, return_dict=True)
     want = plain.evaluate(x, y, batch_size=BATCH, sample_weight=sw, return_dict=True, verbose=0)
