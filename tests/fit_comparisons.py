@@ -90,3 +90,50 @@ def assert_two_outputs_log_as_plain(keras, build, compile_kwargs, **plain_only):
     for key in want_eval:
         np.testing.assert_allclose(got_eval[key], want_eval[key], err_msg=key, **TOLERANCE)
     assert_same_weights(model, reference)
+
+
+def assert_callbacks_fit_as_plain(keras, pair, mlp, tmp_path):
+    """ModelCheckpoint (weights each epoch, and the whole model), EarlyStopping with best
+    weights restored, CSVLogger, TensorBoard; starting at epoch 1, validating every 2nd:
+    `pair()` gives (PipelinedModel, its plain model, the plain twin compiled alike) of `keras`,
+    `mlp(seed)` the model whose files are read back."""
+    pm, model, reference = pair()
+    x, y = data(3)
+    val = data(1, seed=12)
+
+    def callbacks(folder):
+        os.makedirs(folder)
+        return [keras.callbacks.ModelCheckpoint(os.path.join(folder, "w{epoch}.weights.h5"),
+                                                save_weights_only=True),
+                keras.callbacks.ModelCheckpoint(os.path.join(folder, "last.keras")),
+                # min_delta no epoch reaches: the baseline epoch, then `patience` more
+                keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=2,
+                                              restore_best_weights=True),
+                keras.callbacks.CSVLogger(os.path.join(folder, "log.csv")),
+                keras.callbacks.TensorBoard(os.path.join(folder, "tb"))]
+
+    got_cb, want_cb = callbacks(str(tmp_path / "got")), callbacks(str(tmp_path / "want"))
+    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=8, initial_epoch=1, shuffle=False,
+                 verbose=0, validation_data=val, validation_freq=2, callbacks=got_cb)
+    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=8, initial_epoch=1,
+                         shuffle=False, verbose=0, validation_data=val, validation_freq=2,
+                         callbacks=want_cb)
+    assert got.epoch == [1, 2, 3]                         # EarlyStopping stopped both there
+    assert got_cb[2].stopped_epoch == want_cb[2].stopped_epoch == 3
+    assert_same_history(got, want)
+    assert len(got.history["val_loss"]) == 2 < len(got.history["loss"])   # epochs 1 and 3
+    assert_same_weights(model, reference)                 # the best (first) epoch's, restored
+    for epoch in (2, 3, 4):                               # each checkpoint: the plain model's
+        got_file, want_file = mlp(seed=5), mlp(seed=5)
+        got_file.load_weights(str(tmp_path / "got" / f"w{epoch}.weights.h5"))
+        want_file.load_weights(str(tmp_path / "want" / f"w{epoch}.weights.h5"))
+        assert_same_weights(got_file, want_file)
+    loaded = keras.models.load_model(str(tmp_path / "got" / "last.keras"))
+    want_loaded = keras.models.load_model(str(tmp_path / "want" / "last.keras"))
+    assert_same_weights(loaded, want_loaded)
+    assert_same_csv_logs(str(tmp_path / "got" / "log.csv"), str(tmp_path / "want" / "log.csv"),
+                         epochs=3)
+    assert len(tensorboard_event_files(str(tmp_path / "got" / "tb"))) >= 2   # train, validation
+    assert sorted(os.listdir(str(tmp_path / "got"))) == sorted(
+        os.listdir(str(tmp_path / "want")))               # no temporary files left behind
+

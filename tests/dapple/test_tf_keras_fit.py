@@ -6,8 +6,6 @@ reference is plain tf_keras (`fit` of the plain model, its files read by its own
 `load_weights`), never dapple's code. 2 stages (1:1), M=4, global batch 24. (BackupAndRestore:
 tests/dapple/test_callbacks.py; the same for Keras 3: tests/dapple/test_keras3_fit.py.)
 """
-import os
-
 import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
 import numpy as np
 import pytest
@@ -17,9 +15,9 @@ from graph_rewrite.keras_adapter import is_keras3
 from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests import models
-from tests.fit_comparisons import (GLOBAL_BATCH, assert_same_csv_logs, assert_same_history,
-                                   assert_same_weights, assert_two_outputs_log_as_plain, data,
-                                   tensorboard_event_files)
+from tests.fit_comparisons import (GLOBAL_BATCH, assert_callbacks_fit_as_plain,
+                                   assert_same_history, assert_same_weights,
+                                   assert_two_outputs_log_as_plain, data)
 
 keras = tf.keras          # tf_keras: the suite sets TF_USE_LEGACY_KERAS=1 (tests/conftest.py)
 if is_keras3(keras.layers.Dense(1)):
@@ -45,48 +43,7 @@ def pair(optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.9), seed=0, sche
 
 
 def test_callbacks_initial_epoch_and_validation_freq_as_plain_tf_keras_fit(tmp_path):
-    """ModelCheckpoint (weights each epoch, and the whole model), EarlyStopping with best
-    weights restored, CSVLogger, TensorBoard; starting at epoch 1, validating every 2nd."""
-    pm, model, reference = pair()
-    x, y = data(3)
-    val = data(1, seed=12)
-
-    def callbacks(folder):
-        os.makedirs(folder)
-        return [keras.callbacks.ModelCheckpoint(os.path.join(folder, "w{epoch}.weights.h5"),
-                                                save_weights_only=True),
-                keras.callbacks.ModelCheckpoint(os.path.join(folder, "last.keras")),
-                # min_delta no epoch reaches: the first epoch, then `patience` more
-                keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=2,
-                                              restore_best_weights=True),
-                keras.callbacks.CSVLogger(os.path.join(folder, "log.csv")),
-                keras.callbacks.TensorBoard(os.path.join(folder, "tb"))]
-
-    got_cb, want_cb = callbacks(str(tmp_path / "got")), callbacks(str(tmp_path / "want"))
-    got = pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=8, initial_epoch=1, shuffle=False,
-                 verbose=0, validation_data=val, validation_freq=2, callbacks=got_cb)
-    want = reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=8, initial_epoch=1,
-                         shuffle=False, verbose=0, validation_data=val, validation_freq=2,
-                         callbacks=want_cb)
-    assert got.epoch == [1, 2, 3]                         # EarlyStopping stopped both there
-    assert got_cb[2].stopped_epoch == want_cb[2].stopped_epoch == 3
-    assert_same_history(got, want)
-    assert len(got.history["val_loss"]) == 2 < len(got.history["loss"])   # epochs 1 and 3
-    assert_same_weights(model, reference)                 # the best (first) epoch's, restored
-    for epoch in (2, 3, 4):                               # each checkpoint: plain tf_keras's
-        got_file, want_file = mlp(seed=5), mlp(seed=5)
-        got_file.load_weights(str(tmp_path / "got" / f"w{epoch}.weights.h5"))
-        want_file.load_weights(str(tmp_path / "want" / f"w{epoch}.weights.h5"))
-        assert_same_weights(got_file, want_file)
-    loaded = keras.models.load_model(str(tmp_path / "got" / "last.keras"))
-    want_loaded = keras.models.load_model(str(tmp_path / "want" / "last.keras"))
-    assert_same_weights(loaded, want_loaded)
-    assert_same_csv_logs(str(tmp_path / "got" / "log.csv"), str(tmp_path / "want" / "log.csv"),
-                         epochs=3)
-    assert len(tensorboard_event_files(str(tmp_path / "got" / "tb"))) >= 2
-    assert sorted(os.listdir(str(tmp_path / "got"))) == sorted(
-        os.listdir(str(tmp_path / "want")))               # no temporary files left behind
-
+    assert_callbacks_fit_as_plain(keras, pair, mlp, tmp_path)
 
 def test_tf_data_steps_per_epoch_and_class_weight_as_plain_tf_keras_fit():
     """A repeated tf.data input with steps_per_epoch (Keras continues one iterator across
