@@ -137,3 +137,21 @@ def assert_callbacks_fit_as_plain(keras, pair, mlp, tmp_path):
     assert sorted(os.listdir(str(tmp_path / "got"))) == sorted(
         os.listdir(str(tmp_path / "want")))               # no temporary files left behind
 
+
+def assert_tf_data_fit_as_plain(pair):
+    """A repeated tf.data input with steps_per_epoch (Keras continues one iterator across
+    epochs), class weights, and a tf.data validation set; `pair()` as above."""
+    import tensorflow as tf
+    pm, model, reference = pair()
+    x, y = data(3)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH,
+                                                          drop_remainder=True).repeat()
+    val = tf.data.Dataset.from_tensor_slices(data(2, seed=3)).batch(GLOBAL_BATCH,
+                                                                    drop_remainder=True)
+    weights = {0: 1.0, 1: 2.0, 2: 0.5, 3: 1.0, 4: 3.0}
+    got = pm.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, validation_data=val,
+                 class_weight=weights)
+    want = reference.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, validation_data=val,
+                         class_weight=weights)
+    assert_same_history(got, want)
+    assert_same_weights(model, reference)

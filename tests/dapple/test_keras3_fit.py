@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from planner.formats.plan import straight_plan
 from tests.fit_comparisons import (GLOBAL_BATCH, assert_callbacks_fit_as_plain,
+                                   assert_tf_data_fit_as_plain,
                                    assert_same_history, assert_same_weights,
                                    assert_two_outputs_log_as_plain, data)
 from tests.keras3_models import keras, loss_fn, mlp_with_skip as mlp, two_in_two_out
@@ -72,21 +73,7 @@ def test_backup_and_restore_resumes_as_plain_keras3(tmp_path):
 
 
 def test_tf_data_steps_per_epoch_and_class_weight_as_plain_keras3_fit():
-    """A repeated tf.data input with steps_per_epoch (Keras continues one iterator across
-    epochs), class weights, and a tf.data validation set."""
-    pm, model, reference = pair()
-    x, y = data(3)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH,
-                                                          drop_remainder=True).repeat()
-    val = tf.data.Dataset.from_tensor_slices(data(2, seed=3)).batch(GLOBAL_BATCH,
-                                                                    drop_remainder=True)
-    weights = {0: 1.0, 1: 2.0, 2: 0.5, 3: 1.0, 4: 3.0}
-    got = pm.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, validation_data=val,
-                 class_weight=weights)
-    want = reference.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, validation_data=val,
-                         class_weight=weights)
-    assert_same_history(got, want)
-    assert_same_weights(model, reference)
+    assert_tf_data_fit_as_plain(pair)
 
 
 def test_validation_split_and_partial_last_batch_as_plain_keras3_fit(capsys):
