@@ -671,35 +671,35 @@ class PackedElements:
         self.specs = list(specs)
         groups: Dict[object, List[int]] = {}
         self.groups: List[List[int]] = []
+        self.packed: List[bool] = []        # per group: joined (else one tensor as it is)
         for i, spec in enumerate(self.specs):
             if spec.shape.is_fully_defined() and spec.shape.num_elements() <= PACKED_ELEMENTS:
                 if spec.dtype not in groups:
                     groups[spec.dtype] = []
                     self.groups.append(groups[spec.dtype])
+                    self.packed.append(True)
                 groups[spec.dtype].append(i)
             else:
                 self.groups.append([i])
-
-    def _packed(self, group: List[int]) -> bool:
-        shape = self.specs[group[0]].shape
-        return shape.is_fully_defined() and shape.num_elements() <= PACKED_ELEMENTS
+                self.packed.append(False)
 
     def arrays(self, device: Optional[str], size: int) -> List[tf.TensorArray]:
         with tf.device(device):
             return [tf.TensorArray(self.specs[g[0]].dtype, size=size,
                                    element_shape=[sum(self.specs[i].shape.num_elements()
-                                                      for i in g)] if self._packed(g)
-                                   else self.specs[g[0]].shape) for g in self.groups]
+                                                      for i in g)] if packed
+                                   else self.specs[g[0]].shape)
+                    for g, packed in zip(self.groups, self.packed)]
 
     def pack(self, values: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         """One tensor per group: the group's tensors flattened and joined."""
-        return [tf.concat([tf.reshape(values[i], [-1]) for i in g], 0) if self._packed(g)
-                else values[g[0]] for g in self.groups]
+        return [tf.concat([tf.reshape(values[i], [-1]) for i in g], 0) if packed
+                else values[g[0]] for g, packed in zip(self.groups, self.packed)]
 
     def unpack(self, packed: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         out: List[Optional[tf.Tensor]] = [None] * len(self.specs)
-        for element, g in zip(packed, self.groups):
-            if not self._packed(g):
+        for element, g, joined in zip(packed, self.groups, self.packed):
+            if not joined:
                 out[g[0]] = element
                 continue
             parts = tf.split(element, [self.specs[i].shape.num_elements() for i in g])
