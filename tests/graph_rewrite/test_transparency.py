@@ -107,12 +107,16 @@ def regularized_mlp(seed=0):
     return tf.keras.Model(x, out)
 
 
-@pytest.mark.parametrize("cuts,reps,m,recompute,loop", [([1], [2, 1], 4, False, False),
-                                                       ([1], [1, 2], 2, True, False),
-                                                       ([], [3], 4, False, True)])
-def test_weight_regularizers_count_once_per_step(cuts, reps, m, recompute, loop):
+@pytest.mark.parametrize("cuts,reps,m,recompute,loop,schedule", [
+    ([1], [2, 1], 4, False, False, "1f1b"),
+    ([1], [1, 2], 2, True, False, "1f1b"),
+    ([], [3], 4, False, True, "1f1b"),
+    # zb-h1's split forward has no penalty: the step differentiates it apart, once
+    ([1], [2, 1], 4, False, False, "zb-h1"),
+    ([1], [1, 2], 2, True, False, "zb-h1")])
+def test_weight_regularizers_count_once_per_step(cuts, reps, m, recompute, loop, schedule):
     model, reference = regularized_mlp(), regularized_mlp()
-    plan = straight_plan(cuts, 3, m, GLOBAL_BATCH, replicas=reps)
+    plan = straight_plan(cuts, 3, m, GLOBAL_BATCH, replicas=reps, schedule=schedule)
     plan.recompute = recompute
     loss = losses_for(model)
     pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)

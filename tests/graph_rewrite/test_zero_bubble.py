@@ -148,21 +148,3 @@ def test_the_graph_enforces_every_position_order(reps, m):
                 if not all(op in reach for op in b):
                     missing.append(f"position {s} replica {r}: {before} -> {after}")
     assert missing == [] and checked > 0
-
-
-@pytest.mark.parametrize("reps,m,recompute", [([2, 1], 4, False), ([1, 2], 2, True)])
-def test_weight_regularizers_count_once_per_step(reps, m, recompute):
-    """The split forward has no penalty: the step differentiates it apart, once."""
-    from tests.graph_rewrite.test_transparency import regularized_mlp
-    model, reference = regularized_mlp(), regularized_mlp()
-    plan = straight_plan([1], 3, m, GLOBAL_BATCH, replicas=reps, schedule="zb-h1")
-    plan.recompute = recompute
-    loss = losses_for(model)
-    pm = dapple.PipelinedModel(model, plan)
-    pm.compile(optimizer="sgd", loss=loss)
-    x, y = data_for(model, GLOBAL_BATCH, seed=3)
-    with tf.GradientTape() as tape:
-        want_loss = loss(y, reference(x, training=True)) + tf.add_n(reference.losses)
-    want = tape.gradient(want_loss, reference.trainable_variables)
-    assert max_abs_diff(pm.gradients(x, y), want) < 1e-5
-    assert abs(float(pm.train_step(x, y)) - float(want_loss)) < 1e-5
