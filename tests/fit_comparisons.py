@@ -155,3 +155,29 @@ def assert_tf_data_fit_as_plain(pair):
                          class_weight=weights)
     assert_same_history(got, want)
     assert_same_weights(model, reference)
+
+
+def assert_validation_split_fit_as_plain(pm, model, reference, capsys):
+    """validation_split takes the last rows (and sample weights) before shuffling, as Keras's,
+    and is refused before training when they are not whole global batches; the rows past the
+    last whole global batch are left out (the plain model is given the same rows). `pm`,
+    `model`, `reference` as `pair()` gives them, with a progress bar of the model's Keras."""
+    import pytest
+    x, y = data(4)
+    x7, y7 = np.concatenate([x, x[:7]]), np.concatenate([y, y[:7]])
+    # 25% of 103 rows: the last 26 validate (not whole batches): refused before training
+    with pytest.raises(ValueError, match=r"validation_data has 26 rows.*whole global "
+                                         r"batches of 24"):
+        pm.fit(x7, y7, batch_size=GLOBAL_BATCH, epochs=1, validation_split=0.25)
+    w = np.random.RandomState(2).uniform(0.2, 2.0, size=len(x)).astype("float32")
+    longer = lambda a: np.concatenate([a[:3 * GLOBAL_BATCH], a[:5], a[3 * GLOBAL_BATCH:]])  # noqa
+    train, held = slice(0, 3 * GLOBAL_BATCH), slice(3 * GLOBAL_BATCH, None)
+    got = pm.fit(longer(x), longer(y), sample_weight=longer(w), batch_size=GLOBAL_BATCH,
+                 epochs=2, shuffle=False, verbose=1,
+                 validation_split=0.2376)     # floor(101 * 0.7624) = 77 = 3 * 24 + 5
+    want = reference.fit(x[train], y[train], sample_weight=w[train], batch_size=GLOBAL_BATCH,
+                         epochs=2, shuffle=False, verbose=0,
+                         validation_data=(x[held], y[held], w[held]))
+    assert "3/3" in capsys.readouterr().out                # the progress bar, 3 steps
+    assert_same_history(got, want)
+    assert_same_weights(model, reference)

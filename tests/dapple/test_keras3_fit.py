@@ -15,6 +15,7 @@ import tensorflow as tf
 from planner.formats.plan import straight_plan
 from tests.fit_comparisons import (GLOBAL_BATCH, assert_callbacks_fit_as_plain,
                                    assert_tf_data_fit_as_plain,
+                                   assert_validation_split_fit_as_plain,
                                    assert_same_history, assert_same_weights,
                                    assert_two_outputs_log_as_plain, data)
 from tests.keras3_models import keras, loss_fn, mlp_with_skip as mlp, two_in_two_out
@@ -87,24 +88,7 @@ def test_validation_split_and_partial_last_batch_as_plain_keras3_fit(capsys):
         pm.fit(x, y, batch_size=48, verbose=0)
     with pytest.raises(ValueError, match="drop_remainder=True"):
         pm.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH), verbose=0)
-    x, y = x[:4 * GLOBAL_BATCH + 7], y[:4 * GLOBAL_BATCH + 7]
-    # 25% of 103 rows: the last 26 validate (not whole batches): refused before training
-    with pytest.raises(ValueError, match=r"validation_data has 26 rows.*whole global "
-                                         r"batches of 24"):
-        pm.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, validation_split=0.25)
-    x, y = x[:4 * GLOBAL_BATCH], y[:4 * GLOBAL_BATCH]
-    w = np.random.RandomState(2).uniform(0.2, 2.0, size=len(x)).astype("float32")
-    longer = lambda a: np.concatenate([a[:3 * GLOBAL_BATCH], a[:5], a[3 * GLOBAL_BATCH:]])  # noqa
-    train, held = slice(0, 3 * GLOBAL_BATCH), slice(3 * GLOBAL_BATCH, None)
-    got = pm.fit(longer(x), longer(y), sample_weight=longer(w), batch_size=GLOBAL_BATCH,
-                 epochs=2, shuffle=False, verbose=1,
-                 validation_split=0.2376)     # floor(101 * 0.7624) = 77 = 3 * 24 + 5
-    want = reference.fit(x[train], y[train], sample_weight=w[train], batch_size=GLOBAL_BATCH,
-                         epochs=2, shuffle=False, verbose=0,
-                         validation_data=(x[held], y[held], w[held]))
-    assert "3/3" in capsys.readouterr().out                # Keras 3's progress bar, 3 steps
-    assert_same_history(got, want)
-    assert_same_weights(model, reference)
+    assert_validation_split_fit_as_plain(pm, model, reference, capsys)
 
 
 def test_fit_traces_the_pipeline_once_for_training_and_once_for_validation():
