@@ -48,14 +48,7 @@ def _allreduce_rates(model: StageModel, capacity: Sequence[int], replicas: int
         on_one = -(-replicas // hosts)
         if sum(largest[:hosts]) < replicas or on_one > largest[0]:
             continue
-        per_byte = fixed = 0.0
-        if on_one > 1:
-            per_byte += 2 * (on_one - 1) / on_one / model.intra_bw
-            fixed += 2 * (on_one - 1) * model.intra_lat
-        if hosts > 1:
-            per_byte += 2 * (hosts - 1) / hosts / model.inter_bw
-            fixed += 2 * (hosts - 1) * model.inter_lat
-        rates.append((per_byte, fixed))
+        rates.append(model._allreduce_rate([on_one] * hosts))   # the cost model's own rule
     return rates
 
 
