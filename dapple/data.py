@@ -17,24 +17,6 @@ def rows(x) -> int:
     return int(n)
 
 
-def elements(ds: tf.data.Dataset, limit=None):
-    """The dataset's elements, at most `limit`, without asking past its end when its length is
-    known: a read past the end has TensorFlow log "Local rendezvous is aborting ... End of
-    sequence" on every call."""
-    known = int(ds.cardinality())
-    if known >= 0:
-        limit = known if limit is None else min(limit, known)
-    it = iter(ds)
-    count = 0
-    while limit is None or count < limit:
-        try:
-            element = next(it)
-        except StopIteration:
-            return
-        count += 1
-        yield element
-
-
 def dataset_batch_rows(ds, model, global_batch, what: str):
     """The rows of `ds`'s batches as its element spec states them (None: not a dataset, or a
     scalar first input); raises what to change when it is unbatched or of unknown size."""

@@ -41,17 +41,15 @@ from typing import List, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-from dapple.callbacks import FitCallbacks
 from dapple.checks import check_plan_matches_model, check_recompute, check_supported_model
 from dapple.data import (check_whole_batches, dataset_batch_rows, global_batches, rows,
                          unpack_validation_data)
 from dapple.eager_build import build_metrics
 from dapple.keras2 import refuse_mixed_keras, require_keras2_model
-from dapple.relaxed_training import RelaxedTraining, executions, is_relaxed, synchronous_plan
+from dapple.relaxed_training import RelaxedTraining, is_relaxed, synchronous_plan
 from dapple.runtime.base import Runtime, loss_scale
 from dapple.runtime.choice import make_runtime
-from graph_rewrite.keras_adapter import (Keras3, for_model, is_keras3, keras2_module_of,
-                                         keras_module_of)
+from graph_rewrite.keras_adapter import Keras3, for_model, is_keras3, keras2_module_of
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep
 from planner.formats.plan import Plan
@@ -340,25 +338,6 @@ class PipelinedModel:
         return global_batches(x, y, batch_size, shuffle, what, sample_weight, class_weight,
                               self.runtime.shuffle_seed)
 
-    def _unpack(self, batch, need_y: bool):
-        """(x, y, sample_weight) of a batch, as Keras reads dataset elements."""
-        if not isinstance(batch, tuple):
-            batch = (batch,)
-        if len(batch) > 3:
-            raise ValueError(f"a dataset element has {len(batch)} parts; Keras reads (x,), "
-                             f"(x, y) or (x, y, sample_weight)")
-        bx, by, bsw = (tuple(batch) + (None, None))[:3]
-        if need_y and by is None:
-            raise ValueError("the dataset yields no labels: it must yield (x, y) pairs")
-        self._check_batch(rows(bx), where=" of a dataset batch")
-        return bx, by, bsw
-
-    def _metric_logs(self, loss_mean) -> dict:
-        logs = {"loss": float(loss_mean.result())}
-        for m in self._metrics():
-            logs[m.name] = float(m.result())
-        return logs
-
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None,
             initial_epoch=0, steps_per_epoch=None, validation_split=0.0, validation_freq=1):
@@ -366,21 +345,12 @@ class PipelinedModel:
         (`dapple.pipeline_trainer`) on whole global batches: arrays shuffled with the
         runtime's seed, the rows past the last whole batch left out; a dataset's batches
         checked against the plan. `validation_split` takes the last rows before shuffling, as
-        Keras does. A Keras 2 model on a relaxed schedule runs `_relaxed_fit` (one run of
-        `steps_per_execution` global batches a step)."""
+        Keras does. On a relaxed schedule one Keras step is one run of `steps_per_execution`
+        global batches (of each of the plan's pipelines)."""
         self._require_compiled()
         self.runtime.model_may_have_changed()
         refuse_mixed_keras(self.model, "PipelinedModel.fit", "callback", list(callbacks or []))
         verbose = 1 if verbose == "auto" else verbose
-        if self._relaxed and not self._keras3:
-            if validation_split or validation_freq != 1:
-                raise NotImplementedError(
-                    f"validation_split and validation_freq are not supported by fit of a "
-                    f"tf_keras model on the {self.plan.schedule.name} schedule (a relaxed "
-                    f"schedule's own loop); pass validation_data")
-            return self._relaxed_fit(x, y, batch_size, epochs, verbose, list(callbacks or []),
-                                     validation_data, shuffle, class_weight, sample_weight,
-                                     initial_epoch, steps_per_epoch)
         if validation_split and validation_data is None:
             if isinstance(x, tf.data.Dataset):
                 raise ValueError("validation_split needs arrays (as in Keras): with a "
@@ -400,7 +370,7 @@ class PipelinedModel:
             vx, vy, vsw = unpack_validation_data(validation_data)
             self._check_rows(vx, "validation_data")
             validation = self._dataset(vx, vy, None, False, "validation_data", vsw)
-        if self._relaxed:                   # Keras 3: one run a Keras step
+        if self._relaxed:                   # one run a Keras step
             ds, steps_per_epoch = self._relaxed.runs_dataset(ds, steps_per_epoch)
         trainer = self._keras_trainer()
         trainer.build_metrics(ds)
@@ -418,50 +388,6 @@ class PipelinedModel:
             return steps_per_epoch
         card = int(ds.cardinality())
         return card if card >= 0 else None
-
-    def _relaxed_fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_data,
-                     shuffle, class_weight, sample_weight, initial_epoch, steps_per_epoch):
-        """`fit` of a Keras 2 model on a relaxed schedule: epochs of runs of
-        `steps_per_execution` global batches, Keras 2's callbacks (`dapple.callbacks`),
-        progress bar and History. Logs are running means over the epoch, as Keras's;
-        `validation_data` adds `val_` logs (through `evaluate`) at each epoch's end."""
-        ds = self._dataset(x, y, batch_size, shuffle, "fit", sample_weight, class_weight)
-        self._check_dataset(ds, "fit's data")
-        if validation_data is not None:     # checked now, not after a whole epoch of training
-            vx, vy, vsw = unpack_validation_data(validation_data)
-            self._check_rows(vx, "validation_data")
-        steps = self._steps(ds, steps_per_epoch)
-        hooks = FitCallbacks(self.model, self.runtime, callbacks, verbose, epochs, steps,
-                             ["loss"] + [m.name for m in self._metrics()])
-        loss_mean = keras_module_of(self.model).metrics.Mean()   # the model's Keras
-        initial_epoch = hooks.train_begin(initial_epoch, steps)
-        logs = {}
-        r = self._relaxed
-        for epoch in range(initial_epoch, epochs):
-            loss_mean.reset_state()
-            for m in self._metrics():
-                m.reset_state()
-            hooks.epoch_begin(epoch)
-            for step, last, (bx, by, bsw) in executions(
-                    ds, steps, lambda b: self._unpack(b, need_y=True),
-                    r.steps_per_execution * r.pipelines, r.pipelines):
-                hooks.batch_begin(step)
-                loss_mean.update_state(self._train(bx, by, bsw), sample_weight=last - step + 1)
-                logs = self._metric_logs(loss_mean)
-                hooks.batch_end(last, logs)
-                if hooks.stop_training:
-                    break
-            epoch_logs = dict(logs)
-            if validation_data is not None:
-                val = self.evaluate(vx, vy, sample_weight=vsw, return_dict=True)
-                epoch_logs.update({f"val_{k}": v for k, v in val.items()})
-            hooks.epoch_end(epoch, epoch_logs)
-            logs = epoch_logs
-            if hooks.stop_training:
-                break
-        hooks.train_end(logs)
-        self.model.history = hooks.history
-        return hooks.history
 
     def predict(self, x, batch_size=None, verbose=0):
         """Forward through the pipeline (no backward) in global batches, by the model's Keras's

@@ -1,9 +1,9 @@
 """Training with a relaxed schedule (pipedream, 2bw, avgpipe): `PipelinedModel`'s side of it.
 
 * A run is `steps_per_execution` global batches (compile's argument; by default the plan's
-  `batches`), one schedule without a flush (`graph_rewrite.relaxed_step`). `fit` (Keras 2's
-  loop, `executions`; Keras 3's own `fit`, one run a Keras step: `runs_dataset`) groups the
-  dataset's global batches into runs (AvgPipe: N of them a step, one per pipeline, so a run is
+  `batches`), one schedule without a flush (`graph_rewrite.relaxed_step`). `fit` (the model's
+  Keras's own, one run a Keras step: `runs_dataset`) groups the dataset's global batches into
+  runs (AvgPipe: N of them a step, one per pipeline, so a run is
   N x steps_per_execution batches); a shorter last run is a run of its own (traced once more),
   and under AvgPipe batches left over from a whole step are skipped, as `fit` logs.
   `train_step(x, y)` runs whatever whole number of steps `x` holds as one run.
@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
-from dapple.data import elements
 from dapple.eager_build import build_metrics, build_optimizer
 from graph_rewrite import keras_adapter
 from graph_rewrite.batch_statistics import is_batch_normalization
@@ -141,9 +140,8 @@ class RelaxedTraining:
 
     def runs_dataset(self, ds: tf.data.Dataset, steps: Optional[int]) -> Tuple[
             tf.data.Dataset, Optional[int]]:
-        """Keras 3's `fit`: `ds`'s global batches grouped into runs, one element each (as
-        `executions` groups them; a shorter last run of its own), and `steps` (global batches
-        an epoch, or None) as runs."""
+        """`fit`'s dataset: `ds`'s global batches grouped into runs, one element each (a
+        shorter last run of its own), and `steps` (global batches an epoch, or None) as runs."""
         group, per_step = self.steps_per_execution * self.pipelines, self.pipelines
         if steps is not None and steps % group:
             raise ValueError(f"steps_per_epoch={steps} global batches is not a whole number of "
@@ -171,29 +169,3 @@ class RelaxedTraining:
                 runs = runs.apply(tf.data.experimental.assert_cardinality(
                     card // group + int(card % group >= per_step)))
         return runs, None if steps is None else steps // group
-
-
-def executions(ds, steps: Optional[int], unpack: Callable, group: int,
-               per_step: int = 1) -> Iterator[Tuple[int, int, tuple]]:
-    """(first batch index, last batch index, (x, y, sample_weight)) of each execution: `group`
-    of the dataset's global batches concatenated (fewer at the end, whole multiples of
-    `per_step`), at most `steps` batches. `unpack` reads one dataset element."""
-    pending: List[tuple] = []
-    seen = 0
-
-    def joined(parts):
-        return tuple(None if parts[0][i] is None else tf.nest.map_structure(
-            lambda *ts: tf.concat(ts, axis=0), *[p[i] for p in parts]) for i in range(3))
-
-    for batch in elements(ds, steps):
-        pending.append(unpack(batch))
-        seen += 1
-        if len(pending) == group:
-            yield seen - group, seen - 1, (pending[0] if group == 1 else joined(pending))
-            pending = []
-    usable = len(pending) - len(pending) % per_step
-    if usable:
-        yield seen - len(pending), seen - len(pending) + usable - 1, joined(pending[:usable])
-    if len(pending) > usable:
-        logging.warning("fit: %d global batch(es) at the end of the epoch do not make a whole "
-                        "step of %d pipelines and are skipped", len(pending) - usable, per_step)

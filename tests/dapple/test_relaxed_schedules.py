@@ -146,6 +146,29 @@ def test_fit_applies_the_rule_whatever_steps_per_execution(steps_per_execution):
     assert set(history.history) == {"loss", "accuracy"}
 
 
+def test_fit_validation_split_and_freq_on_a_relaxed_schedule():
+    """tf_keras's own fit on 2BW: validation_split holds out the last rows before training, as
+    Keras does; validation_freq=2 evaluates at the second epoch only, with the weights the
+    rule reached over both epochs' 4 + 4 global batches."""
+    x, y = data_for(mlp_with_skip(), 5 * B, seed=1)
+    pm = PipelinedModel(mlp_with_skip(seed=3), make_plan("2bw", [2], [1, 1], {}))
+    pm.compile(tf.keras.optimizers.SGD(LR), losses_for(pm.model))
+    history = pm.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0,
+                     validation_split=0.2, validation_freq=2)
+    plain, loss = mlp_with_skip(seed=3), losses_for(mlp_with_skip())
+    batches = [(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B]) for i in range(4)]
+    want = rules.two_bw(plain, loss, batches * 2, LR)
+    got = [v.numpy() for v in pm.model.trainable_variables]
+    assert rules.max_difference(got, want) < TOLERANCE
+    reference = mlp_with_skip(seed=3)
+    for variable, value in zip(reference.trainable_variables, want):
+        variable.assign(value)
+    val_loss = float(loss(y[4 * B:], reference(x[4 * B:])))
+    assert len(history.history["loss"]) == 2
+    assert len(history.history["val_loss"]) == 1
+    assert abs(history.history["val_loss"][0] - val_loss) < 1e-5
+
+
 def test_avgpipe_fit_gives_each_pipeline_its_own_batch():
     """fit over 5 steps of 2 pipelines (10 global batches) with steps_per_execution=2, and an
     11th batch that makes no whole step (skipped): the rule's reference z."""

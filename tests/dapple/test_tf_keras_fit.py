@@ -71,16 +71,6 @@ def test_evaluate_and_predict_as_plain_tf_keras():
                                rtol=1e-5, atol=1e-5)
 
 
-def test_fit_on_a_relaxed_schedule_refuses_validation_split_and_freq_by_name():
-    pm, _, _ = pair(schedule="2bw")
-    x, y = data(4)
-    for option in ({"validation_freq": 2}, {"validation_split": 0.25}):
-        with pytest.raises(NotImplementedError, match="not supported by fit of a tf_keras "
-                                                      "model on the 2bw schedule.*pass "
-                                                      "validation_data"):
-            pm.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, **option)
-
-
 def test_two_outputs_log_each_outputs_loss_as_plain_tf_keras():
     assert_two_outputs_log_as_plain(keras, lambda seed: models.two_in_two_out(seed, keras=keras),
                                     lambda: dict(
