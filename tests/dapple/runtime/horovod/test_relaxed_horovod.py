@@ -3,7 +3,7 @@ PipeDream, PipeDream-2BW and AvgPipe train by their rules (each rank compares ev
 gathered from all stages, with the rule on the plain Keras model within 1e-5, and with
 synchronous training on the same data, from which it must be far), with plain SGD for 5 steps
 cut into runs of 2 and 3 global batches (the versions a run reads from before its start cross
-the run boundary), M = 4 (`scripts/relaxed_rank.py`)."""
+the run boundary), M = 4 (`scripts/relaxed_rank.py`); and once through `fit`."""
 import json
 
 import pytest
@@ -22,6 +22,8 @@ CASES = [
                               "--vertical_sync", "--runs=1,4"]),
     ("pipedream-2:1", 3, ["--schedule=pipedream", "--cuts=2", "--replicas=2,1"]),
     ("avgpipe-2x2", 4, ["--schedule=avgpipe", "--cuts=2", "--replicas=2,2", "--advance=1"]),
+    # Keras's own fit, runs of 2, 2 and 1 global batches a Keras step.
+    ("2bw-2-fit", 2, ["--schedule=2bw", "--cuts=2", "--replicas=1,1", "--fit=2"]),
 ]
 
 

@@ -3,7 +3,7 @@
 (`tests/dapple/runtime/horovod/scripts/relaxed_rank.py`, run once, as the chief) compares every
 weight with the schedule's rule computed on the plain Keras model (`tests/relaxed_rules.py`)
 within 1e-5, and with synchronous training on the same data, from which it must be far; plain
-SGD for 5 steps cut into runs of 2 and 3 global batches, M = 4."""
+SGD for 5 steps cut into runs of 2 and 3 global batches (or by `fit`), M = 4."""
 import json
 
 import pytest
@@ -22,6 +22,8 @@ CASES = [
     ("pipedream-2:1", 3, ["--schedule=pipedream", "--cuts=2", "--replicas=2,1"], False),
     ("avgpipe-2x2", 4, ["--schedule=avgpipe", "--cuts=2", "--replicas=2,2", "--advance=1"],
      False),
+    # Keras's own fit, runs of 2, 2 and 1 global batches a Keras step.
+    ("2bw-2-fit", 2, ["--schedule=2bw", "--cuts=2", "--replicas=1,1", "--fit=2"], True),
 ]
 
 

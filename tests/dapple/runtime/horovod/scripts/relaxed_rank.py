@@ -1,9 +1,10 @@
 """One rank of a relaxed-schedule job (pipedream, 2bw, avgpipe) for the multi-process tests.
 
 Every rank trains `dapple.PipelinedModel` with plain SGD for 5 steps (M = 4), cut into runs of
-the given lengths (`--runs`), gathers every stage's weights, and compares them with the
-schedule's rule computed here on the plain, unpipelined Keras model (`tests/relaxed_rules.py`)
-and with synchronous training on the same data. It prints one `DAPPLE_RESULT <json>` line.
+the given lengths (`--runs`), or by `fit` in runs of `--fit` global batches; gathers every
+stage's weights, and compares them with the schedule's rule computed here on the plain,
+unpipelined Keras model (`tests/relaxed_rules.py`) and with synchronous training on the same
+data. It prints one `DAPPLE_RESULT <json>` line.
 """
 import argparse
 import json
@@ -22,6 +23,8 @@ parser.add_argument("--replicas", default="1,1")
 parser.add_argument("--runs", default="2,3", help="global batches (steps) per train_step")
 parser.add_argument("--vertical_sync", action="store_true")
 parser.add_argument("--advance", type=int, default=None)
+parser.add_argument("--fit", type=int, default=None, metavar="STEPS_PER_EXECUTION",
+                    help="train with the model's Keras's fit instead of train_step runs")
 args = parser.parse_args()
 
 B, M, LR = 16, 4, 0.5
@@ -43,11 +46,16 @@ loss = models.losses_for(model)
 x, y = models.data_for(model, steps * N * B, seed=1)
 
 pm = dapple.PipelinedModel(model, plan)
-pm.compile(tf.keras.optimizers.SGD(LR), loss)
-lo = 0
-for k in runs:
-    last_loss = float(pm.train_step(x[lo:lo + k * N * B], y[lo:lo + k * N * B]))
-    lo += k * N * B
+if args.fit:
+    pm.compile(tf.keras.optimizers.SGD(LR), loss, steps_per_execution=args.fit)
+    history = pm.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    last_loss = history.history["loss"][-1]
+else:
+    pm.compile(tf.keras.optimizers.SGD(LR), loss)
+    lo = 0
+    for k in runs:
+        last_loss = float(pm.train_step(x[lo:lo + k * N * B], y[lo:lo + k * N * B]))
+        lo += k * N * B
 pm.gather_weights()
 got = [v.numpy() for v in model.trainable_variables]
 
