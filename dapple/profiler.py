@@ -45,7 +45,7 @@ import tensorflow as tf
 
 from dapple.keras2 import require_keras2_model
 from dapple.measure import MIN_BACKWARD_MS, median_ms
-from graph_rewrite.keras_adapter import Keras3, keras_module_of
+from graph_rewrite.keras_adapter import Keras3, keras_module_of, weights_of
 from graph_rewrite.model_graph import (call_positions, layer_order, model_input_ids,
                                        model_signature, node_call_arguments, node_input_ids,
                                        node_layer, node_output_ids)
@@ -80,7 +80,7 @@ def _time_node(node, args, kwargs, warmup: int, runs: int):
                     tape.watch(t)
                 outputs = layer(*args, **kwargs)
             targets = [o for o in tf.nest.flatten(outputs) if o.dtype.is_floating]
-            sources = float_inputs + (list(layer.trainable_variables) if weights else [])
+            sources = float_inputs + (weights_of(layer, trainable_only=True) if weights else [])
             if not targets or not sources:
                 return outputs
             return tape.gradient(targets, sources,
@@ -88,7 +88,7 @@ def _time_node(node, args, kwargs, warmup: int, runs: int):
                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return run
 
-    has_backward = bool(float_inputs or layer.trainable_variables)
+    has_backward = bool(float_inputs or weights_of(layer, trainable_only=True))
     forward_ms = median_ms(forward, warmup, runs)
     if not has_backward:
         return forward_ms, 0.0, 0.0
@@ -170,7 +170,7 @@ def parameter_bytes(model: tf.keras.Model, num_positions: int):
     used_at: Dict[int, set] = {}
     size: Dict[int, int] = {}
     for node, p in call_positions(model):
-        for v in node_layer(node).weights:
+        for v in weights_of(node_layer(node)):
             key = _variable_key(v)
             used_at.setdefault(key, set()).add(p)
             size[key] = _nbytes([v])

@@ -343,14 +343,15 @@ class Keras3(_Functional):
         3 computes the penalty from `variable.regularizer` (`Layer._get_regularization_losses`),
         keyed by the variable so a layer called in two stages counts once."""
         return [(id(v), functools.partial(_regularizer_penalty, v))
-                for v in layer.trainable_weights if getattr(v, "regularizer", None) is not None]
+                for v in weights_of(layer, trainable_only=True)
+                if getattr(v, "regularizer", None) is not None]
 
     @staticmethod
     def added_losses(layer) -> int:
         """How many losses the layer's last call added (`add_loss` in `call`): Keras 3 clears
         them when an outermost call starts, and a model built from such a layer does not
         list them in its `losses`, so only the call shows them."""
-        return sum(len(sub._losses) for sub in layer._flatten_layers())
+        return sum(len(sub._losses) for sub in Keras3.weight_holders(layer))
 
     @staticmethod
     def build_optimizer(optimizer, variables) -> None:
@@ -392,7 +393,10 @@ class Keras3(_Functional):
 
     @staticmethod
     def weight_holders(layer) -> list:
-        """The layer and its sublayers (Keras 3's layers are no `tf.Module`s)."""
+        """The layer and its sublayers (Keras 3's layers are no `tf.Module`s); none for an
+        operation that is not a layer."""
+        if not hasattr(layer, "_flatten_layers"):
+            return []
         return list(layer._flatten_layers(include_self=True, recursive=True))
 
     @staticmethod
@@ -445,6 +449,13 @@ class Keras3(_Functional):
         return before * layer.momentum + value * (1.0 - layer.momentum)
 
     @staticmethod
+    def mask(keras_tensor):
+        """None: Keras 3's functional graph passes a mask as an argument of its own (the output
+        of an operation such as `NotEqual`), which crosses a cut as any tensor does; a tensor
+        carries no mask of its own there."""
+        return None
+
+    @staticmethod
     def fixed_training(node):
         """None: Keras 3's Functional passes its training flag to every call, overriding the
         graph's (`functional.operation_fn`), as `call_arguments` does."""
@@ -462,6 +473,13 @@ def for_model(model):
 
 def for_node(node):
     return Keras3 if hasattr(node, "operation") and is_keras3(node) else Keras2
+
+
+def weights_of(layer, trainable_only: bool = False) -> list:
+    """A layer's weights (or only its trainable ones); none for a Keras 3 operation that is not
+    a layer (`keras.ops` in a functional graph, e.g. the `NotEqual` that computes
+    `Embedding(mask_zero=True)`'s mask)."""
+    return list(getattr(layer, "trainable_weights" if trainable_only else "weights", ()))
 
 
 def tf_variables(variables) -> list:
@@ -482,8 +500,6 @@ def unsupported_keras3(model) -> List[str]:
         kind = type(layer).__name__
         if hasattr(layer, "moving_mean") and not Keras3.is_batch_normalization(layer):
             problems.append(f"layer {layer.name!r} ({kind}): moving statistics")
-        if getattr(layer, "supports_masking", False) and kind in ("Embedding", "Masking"):
-            problems.append(f"layer {layer.name!r} ({kind}): masks")
         if getattr(layer, "activity_regularizer", None) is not None:
             problems.append(f"layer {layer.name!r} ({kind}): activity_regularizer")
     # Weight regularizers are supported (`Keras3.weight_penalties`); any other loss

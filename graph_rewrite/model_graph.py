@@ -23,8 +23,9 @@ What is read of Keras's graph (nodes, their layers, tensor ids, call arguments, 
 through `graph_rewrite.keras_adapter`, one adapter per Keras version (tf_keras's Keras 2 and
 Keras 3).
 
-Limits, each reported with the layer's name: subclassed models (no layer graph), and Keras masks
-crossing a cut (masks are not transferred).
+Limits, each reported with the layer's name: subclassed models (no layer graph), and Keras 2 masks
+crossing a cut (a Keras 2 mask rides on its tensor and is not transferred; a Keras 3 mask is a
+tensor of the graph, an operation's output, and crosses as any tensor does).
 """
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def model_signature(model: tf.keras.Model) -> str:
     h = hashlib.sha256()
     for layer in layer_order(model):
         h.update(f"{layer.name}|{type(layer).__name__}|".encode())
-        for w in layer.weights:
+        for w in keras_adapter.weights_of(layer):
             h.update(f"{tuple(w.shape)};".encode())
     return h.hexdigest()
 
@@ -148,12 +149,13 @@ class StageGraph:
     def trainable_variables(self) -> List[tf.Variable]:
         """Every trainable variable the stage's calls use (a variable shared with another
         stage is in both), once."""
-        return _unique(v for layer in self.called_layers for v in layer.trainable_variables)
+        return _unique(v for layer in self.called_layers
+                       for v in keras_adapter.weights_of(layer, trainable_only=True))
 
     @property
     def variables(self) -> List[tf.Variable]:
         """Every variable, trainable or not, the stage's calls use, once."""
-        return _unique(v for layer in self.called_layers for v in layer.weights)
+        return _unique(v for layer in self.called_layers for v in keras_adapter.weights_of(layer))
 
     def call(self, tensors: Dict[str, tf.Tensor], training: bool = True,
              observe=None) -> Dict[str, tf.Tensor]:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests import models
 from tests.models import assert_ran_as_loops
@@ -46,7 +47,6 @@ def data(seed):
 
 
 def plan_for(model, cuts, replicas, micro_batches=4):
-    from graph_rewrite.model_graph import layer_order
     return straight_plan(cuts, len(layer_order(model)), micro_batches, GLOBAL_BATCH,
                          replicas=replicas, schedule="1f1b")
 
@@ -404,3 +404,79 @@ def test_recomputing_a_keras3_dropout_is_refused_by_name():
     plan.recompute = True
     with pytest.raises(ValueError, match=r"layer 'drop' \(Dropout\) draws random numbers"):
         dapple.PipelinedModel(model, plan)
+
+
+def masked_lstm(mask=True):
+    """Embedding(mask_zero) -> LSTM -> Dense -> Dense. Keras 3's graph computes the mask in an
+    operation of its own (`not_equal`, from the tokens) and passes it to the LSTM."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((7,), dtype="int32")
+    h = keras.layers.Embedding(20, 8, mask_zero=mask, name="embedding")(x)
+    h = keras.layers.LSTM(6, name="lstm")(h)
+    h = keras.layers.Dense(6, activation="relu", name="hidden")(h)
+    return keras.Model(x, keras.layers.Dense(3, name="out")(h), name="k3_masked_lstm")
+
+
+def masked_pooling(mask=True):
+    """Masking -> Dense -> GlobalAveragePooling1D -> Dense: the mask's operations (`not_equal`,
+    `any`) sit among the layers, and the pooling averages the unmasked steps only."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((7, 4))
+    h = keras.layers.Masking(0.0, name="masking")(x) if mask else x
+    h = keras.layers.Dense(5, activation="tanh", name="d")(h)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    return keras.Model(x, keras.layers.Dense(3, name="out")(h), name="k3_masked_pooling")
+
+
+def padded(builder, seed):
+    rng = np.random.RandomState(seed)
+    if builder is masked_lstm:
+        x = rng.randint(1, 20, (8, 7)).astype("int32")
+    else:
+        x = rng.randn(8, 7, 4).astype("float32")
+    x[::2, 4:] = 0                          # every other row padded: the mask matters
+    return x, rng.randint(0, 3, 8).astype("int32")
+
+
+@pytest.mark.parametrize("builder, cut, crossing", [
+    (masked_lstm, 1, "the tokens and the embedding's output"),
+    (masked_lstm, 2, "the mask and the embedding's output"),
+    (masked_pooling, 3, "the mask and the Dense's output"),
+], ids=["lstm-after-embedding", "lstm-after-mask", "pooling-after-dense"])
+def test_a_mask_crossing_a_cut_trains_like_plain_keras3(builder, cut, crossing):
+    """A Keras 3 mask is an argument like any other tensor, so it crosses a cut (unlike a Keras
+    2 mask, which rides on its tensor and is refused there: test_transparency)."""
+    model, reference = builder(), builder()
+    n = len(layer_order(model))
+    pm = dapple.PipelinedModel(model, straight_plan([cut], n, 2, 8))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn())
+    x, y = padded(builder, seed=1)
+    with tf.GradientTape() as tape:
+        want_loss = loss_fn()(y, reference(x, training=True))
+    want = tape.gradient(want_loss, reference.trainable_variables)
+    got = pm.gradients(x, y)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w),
+                                   rtol=1e-5, atol=1e-6, err_msg=crossing)
+    unmasked = builder(mask=False)      # not vacuous: without the mask the gradients differ
+    with tf.GradientTape() as tape:
+        other_loss = loss_fn()(y, unmasked(x, training=True))
+    other = tape.gradient(other_loss, unmasked.trainable_variables)
+    assert max(float(np.max(np.abs(tf.convert_to_tensor(o) - tf.convert_to_tensor(w))))
+               for o, w in zip(other, want)) > 1e-3
+
+
+def test_profile_of_a_masked_keras3_model_lists_the_mask_operation():
+    """The mask's operation is a position of the profile (the plan cuts the same order), with no
+    parameters and no backward."""
+    model = masked_lstm()
+    x, _ = padded(masked_lstm, seed=2)
+    profile = dapple.profile(model, x, warmup=0, runs=1)
+    assert [layer.name for layer in profile.layers] == [
+        layer.name for layer in layer_order(model)]
+    kinds = [type(operation).__name__ for operation in layer_order(model)]
+    assert kinds == ["Embedding", "NotEqual", "LSTM", "Dense", "Dense"]
+    mask, lstm = profile.layers[1], profile.layers[2]
+    assert mask.parameter_bytes == 0 and mask.backward_ms == 0
+    assert lstm.parameter_bytes == 4 * model.get_layer("lstm").count_params()
