@@ -480,3 +480,30 @@ def test_profile_of_a_masked_keras3_model_lists_the_mask_operation():
     mask, lstm = profile.layers[1], profile.layers[2]
     assert mask.parameter_bytes == 0 and mask.backward_ms == 0
     assert lstm.parameter_bytes == 4 * model.get_layer("lstm").count_params()
+
+
+def ops_between_layers(seed=0):
+    """`keras.ops` called on the graph's tensors: operations that are not layers (Tanh, Add,
+    Multiply), each a position of the plan, the skip `a` crossing the cuts after them."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,), name="x")
+    a = keras.layers.Dense(8, name="d1")(x)
+    h = keras.layers.Dense(8, name="d2")(keras.ops.tanh(a))
+    h = keras.ops.add(h, a) * 0.5
+    return keras.Model(x, keras.layers.Dense(5, name="out")(h), name="k3_ops")
+
+
+@pytest.mark.parametrize("cut", [1, 3, 4])
+def test_keras_ops_between_layers_train_like_plain_keras3(cut):
+    model, reference = ops_between_layers(), ops_between_layers()
+    assert [type(op).__name__ for op in layer_order(model)] == [
+        "Dense", "Tanh", "Dense", "Add", "Multiply", "Dense"]
+    pm = dapple.PipelinedModel(model, straight_plan([cut], 6, 4, GLOBAL_BATCH))
+    pm.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
+                      jit_compile=False)
+    for step in range(3):
+        x, y = data(seed=200 + step)
+        assert abs(float(pm.train_step(x, y)) - float(reference.train_on_batch(x, y))) < 1e-5
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
