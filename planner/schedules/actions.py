@@ -151,6 +151,11 @@ class Schedule:
         return out
 
     @cached_property
+    def has_updates(self) -> bool:
+        """Whether any list applies weight updates (a multi-batch schedule)."""
+        return UPDATE in {a.kind for lst in self.lists for a in lst}
+
+    @cached_property
     def split_chunks(self) -> FrozenSet[int]:
         """Chunks whose backward is split into I and W (computed once: lowering asks often)."""
         return frozenset(a.chunk for lst in self.lists for a in lst if a.kind == BACKWARD_INPUT)

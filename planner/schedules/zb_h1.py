@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from planner.schedules.actions import (BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
-                             ScheduleError)
+                             ScheduleError, shared_action)
 from planner.schedules.base import ScheduleSpec
 from planner.schedules.forward_backward import check_warmup, policy_a_depths
 
@@ -34,16 +34,16 @@ from planner.schedules.forward_backward import check_warmup, policy_a_depths
 def stage_actions(stage: int, micro_batches: int, warmup: int) -> List[Action]:
     """Stage `stage`'s ZB-H1 list after `warmup` forwards (see the module docstring)."""
     M, K = micro_batches, warmup
-    out = [Action(stage, FORWARD, m) for m in range(K)]
+    out = [shared_action(stage, FORWARD, m) for m in range(K)]
     weights_done = 0
     for j in range(M):
-        out.append(Action(stage, BACKWARD_INPUT, j))
+        out.append(shared_action(stage, BACKWARD_INPUT, j))
         if j >= stage:           # W waits `stage` micro-batches behind its I
-            out.append(Action(stage, BACKWARD_WEIGHT, weights_done))
+            out.append(shared_action(stage, BACKWARD_WEIGHT, weights_done))
             weights_done += 1
         if K + j < M:
-            out.append(Action(stage, FORWARD, K + j))
-    out += [Action(stage, BACKWARD_WEIGHT, m) for m in range(weights_done, M)]
+            out.append(shared_action(stage, FORWARD, K + j))
+    out += [shared_action(stage, BACKWARD_WEIGHT, m) for m in range(weights_done, M)]
     return out
 
 

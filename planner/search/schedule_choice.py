@@ -64,6 +64,7 @@ class ScheduleOption:
         self._memory: Optional[List[float]] = list(memory_bytes) if make is None else None
         self._make, self._finish = make, finish
         self._costs: Optional[PlanCosts] = None
+        self._timed = False         # `iteration_ms` known from `PlanCosts.timing`
 
     def _made(self) -> Optional[Plan]:
         """The plan under this schedule, unfinished (None when it cannot be made)."""
@@ -107,8 +108,9 @@ class ScheduleOption:
 
     @property
     def simulated(self) -> bool:
-        """Whether its simulation has run (asking for `simulation` runs it)."""
-        return self._simulation is not None
+        """Whether its iteration is known (asking for `simulation` runs the simulator if
+        only `iteration_ms` was asked, the same numbers)."""
+        return self._simulation is not None or self._timed
 
     @property
     def simulation(self) -> Optional[SimulationResult]:
@@ -128,7 +130,13 @@ class ScheduleOption:
 
     @property
     def iteration_ms(self) -> Optional[float]:
-        """Simulated time per global batch (a relaxed schedule's run over its batches)."""
+        """Simulated time per global batch (a relaxed schedule's run over its batches); a
+        synchronous schedule's without the timeline (`PlanCosts.timing`) until `simulation`
+        is asked for."""
+        if self._simulation is None and not self.relaxed and self.plan is not None and \
+                self._costs is not None:
+            self._timed = True
+            return self._costs.timing().batch_ms
         return self.simulation.batch_ms if self.simulation is not None else None
 
     @property
