@@ -431,7 +431,8 @@ class Search:
                         if devices_left < more:
                             more = devices_left
                     trip_rest = (rest - total_overhead) / M if rest else 0.0
-                    trip_bound, entry = round_trip_bound(trail, stage_cost, M, more, trip_rest)
+                    trip_bound, entry = round_trip_bound(trail, stage_cost, M, more, trip_rest,
+                                                         best_value)
                     if trip_bound > bound:
                         bound = trip_bound
                     if bound >= best_value:
