@@ -164,3 +164,13 @@ def test_choose_schedule_the_same_without_it(seed, monkeypatch):
         m.setattr(compute_pass, "iteration", lambda *args: None)
         slow = choice()
     assert fast == slow
+    # With `timeline` (a report's), the simulator alone, the same choice.
+    with monkeypatch.context() as m:
+        m.setattr(compute_pass, "iteration", lambda *args: pytest.fail("pass used"))
+        try:
+            chosen, options = choose_schedule(plan, profile, topology, "auto", timeline=True)
+        except PlanError as e:
+            assert str(e) == fast
+        else:
+            assert (chosen.to_json(), [(o.name, o.simulated, o.simulated and o.iteration_ms)
+                                       for o in options]) == fast
