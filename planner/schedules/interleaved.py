@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from planner.schedules.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError, shared_action
+from planner.schedules.actions import (BACKWARD, FORWARD, Action, Schedule, ScheduleError,
+                                       shared_action)
 from planner.schedules.base import Parameter, ScheduleSpec
 
 
