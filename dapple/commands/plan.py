@@ -214,7 +214,7 @@ def _plan(profile, topo) -> None:
     plan, options = _scheduled(plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
                                            plan_space=FLAGS.plan_space,
                                            bound_straight=FLAGS.format == "json"),
-                               profile, topo)
+                               profile, topo, timeline=FLAGS.format == "text")
     if FLAGS.output:
         plan.save(FLAGS.output)
     if FLAGS.format == "json":
@@ -235,13 +235,15 @@ def _plan(profile, topo) -> None:
         print(f"plan written to {FLAGS.output}")
 
 
-def _scheduled(plan, profile, topo):
-    """(the plan under --schedule, every schedule compared on it)."""
+def _scheduled(plan, profile, topo, timeline: bool = False):
+    """(the plan under --schedule, every schedule compared on it; `timeline`: the report
+    will print their simulations, so `auto` runs them rather than timing the iterations
+    alone)."""
     import dataclasses
     from planner.search.schedule_choice import choose_schedule
     plan = dataclasses.replace(plan, transfers=FLAGS.transfers)
     return choose_schedule(plan, profile, topo, FLAGS.schedule or schedules.DEFAULT.name,
-                           FLAGS.virtual_stages, FLAGS.batches)
+                           FLAGS.virtual_stages, FLAGS.batches, timeline=timeline)
 
 
 def _report(profile, topo, sizes) -> None:

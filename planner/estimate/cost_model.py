@@ -20,7 +20,8 @@ from planner.schedules.avgpipe_pipelines import micro_batch_devices
 from planner.schedules.by_name import plan_schedule, warmup_depths
 from planner.schedules.one_f_one_b import ONE_F_ONE_B
 from planner.schedules.memory import peak_bytes
-from planner.estimate.simulator import SimulationResult, simulate_plan
+from planner.estimate import compute_pass
+from planner.estimate.simulator import SimulationResult, plan_run, simulate_plan
 from planner.schedules.weight_versions import extra_weight_copies
 
 # ---- the constants (docs/cost_model.md, "The constants", says why each value) ----------------
@@ -288,6 +289,16 @@ def planned_latency_ms(stages: Sequence[StageCost], M: int) -> float:
     return Tw + Ts + Te
 
 
+class Timing(NamedTuple):
+    """Of a plan's simulated run: its iteration, its time per global batch consumed, and on
+    position 0 the least start of a B, I, W or allreduce and the latest end of a forward
+    (0.0 when there are none)."""
+    iteration_ms: float
+    batch_ms: float
+    first_backward_ms: float
+    last_forward_ms: float
+
+
 class PlanCosts:
     """A plan's costs, computed once: the plan validated against the profile and topology, its
     `StageModel`, each stage's `StageCost`, and the `PipelineCosts` the simulator replays."""
@@ -312,6 +323,7 @@ class PlanCosts:
         self.pipeline.input_gradient_ms = [s.backward_ms * profile.input_gradient_fraction(
             st.first, st.last) for s, st in zip(self.stages, plan.stages)]
         self._simulation: Optional[SimulationResult] = None
+        self._timing: Optional[Timing] = None
 
     def simulation(self) -> SimulationResult:
         """The plan's schedule simulated with these costs; computed once, for the plan as it
@@ -319,6 +331,26 @@ class PlanCosts:
         if self._simulation is None:
             self._simulation = simulate_plan(self.plan, self.pipeline)
         return self._simulation
+
+    def timing(self) -> "Timing":
+        """What a choice and a simulated estimate need of the simulation, the same numbers:
+        from `compute_pass` when it applies (no timeline is built), else the simulation's."""
+        if self._timing is None:
+            if self._simulation is None:
+                schedule, link_duplex, rendezvous, pipelines = plan_run(self.plan, self.pipeline)
+                quick = compute_pass.iteration(schedule, self.pipeline, link_duplex, rendezvous)
+                if quick is not None:
+                    self._timing = Timing(quick.iteration_ms,
+                                          quick.iteration_ms / (schedule.batches * pipelines),
+                                          quick.first_backward_ms, quick.last_forward_ms)
+                    return self._timing
+            result = self.simulation()
+            first = result.stage_events(0)
+            self._timing = Timing(
+                result.iteration_ms, result.batch_ms,
+                min((e.start_ms for e in first if e.kind != "forward"), default=0.0),
+                max((e.end_ms for e in first if e.kind == "forward"), default=0.0))
+        return self._timing
 
     def warmup(self) -> Tuple[str, List[int]]:
         """(policy, K_i) by `warmup_for`; PlanError when a stage cannot hold one micro-batch."""
@@ -384,10 +416,9 @@ class PlanCosts:
     def _simulated_estimate(self, check_memory: bool) -> Estimate:
         """The simulated time per global batch consumed as the latency; phases from the first
         device group, scaled alike: until its first backward, until its last forward, the rest."""
-        result = self.simulation()
-        first, per = result.stage_events(0), result.batch_ms / (result.iteration_ms or 1.0)
-        backward = min((e.start_ms for e in first if e.kind != "forward"), default=0.0)
-        last_forward = max((e.end_ms for e in first if e.kind == "forward"), default=0.0)
+        result = self.timing()
+        per = result.batch_ms / (result.iteration_ms or 1.0)
+        backward, last_forward = result.first_backward_ms, result.last_forward_ms
         return Estimate(latency_ms=result.batch_ms, warmup_ms=backward * per,
                         steady_ms=max(last_forward - backward, 0.0) * per,
                         ending_ms=(result.iteration_ms - max(last_forward, backward)) * per,

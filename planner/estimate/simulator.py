@@ -68,6 +68,15 @@ LINK_DUPLEX_MODES = ("full", "half", "serial")
 def simulate_plan(plan, costs: PipelineCosts, link_duplex: Optional[str] = None,
                   rendezvous: Optional[bool] = None) -> SimulationResult:
     """`plan` run with task durations `costs`; transfers as given, else `plan.transfers`."""
+    schedule, link_duplex, rendezvous, pipelines = plan_run(plan, costs, link_duplex, rendezvous)
+    result = simulate(schedule, costs, link_duplex=link_duplex, rendezvous=rendezvous)
+    result.pipelines = pipelines
+    return result
+
+
+def plan_run(plan, costs: PipelineCosts, link_duplex: Optional[str] = None,
+             rendezvous: Optional[bool] = None) -> Tuple[Schedule, str, bool, int]:
+    """What `simulate_plan` runs: (the plan's schedule, link_duplex, rendezvous, pipelines)."""
     horovod = plan.transfers == "horovod"
     link_duplex = link_duplex or ("serial" if horovod else "full")
     rendezvous = horovod if rendezvous is None else rendezvous
@@ -75,9 +84,7 @@ def simulate_plan(plan, costs: PipelineCosts, link_duplex: Optional[str] = None,
         raise ValueError(f"costs describe {costs.num_stages} stages but the plan has "
                          f"{plan.num_stages} (chunks, with interleaving); compute them for this "
                          f"plan (planner.estimate.cost_model.pipeline_costs)")
-    result = simulate(plan_schedule(plan), costs, link_duplex=link_duplex, rendezvous=rendezvous)
-    result.pipelines = plan.schedule.pipelines(plan)
-    return result
+    return plan_schedule(plan), link_duplex, rendezvous, plan.schedule.pipelines(plan)
 
 
 def simulate(schedule: Schedule, costs: PipelineCosts,

@@ -108,6 +108,18 @@ def shared_action(chunk: int, kind: str, micro_batch: Optional[int] = None) -> A
     return Action(chunk, kind, micro_batch)         # refused, as Action says
 
 
+def micro_batch_actions(chunk: int, kind: str, count: int) -> List[Action]:
+    """`[Action(chunk, kind, m) for m in range(count)]`, made as `shared_action` makes them
+    (a schedule's generator takes its lists' actions from these)."""
+    Action(chunk, kind, 0)          # refused as Action refuses it
+    out, new = [], object.__new__
+    for m in range(count):
+        action = new(Action)
+        action.__dict__.update(chunk=chunk, kind=kind, micro_batch=m, version=None)
+        out.append(action)
+    return out
+
+
 def actions(text: str) -> List[Action]:
     """`"0F0 0F1 0B0"` -> the actions, in order."""
     return [Action.parse(t) for t in text.split()]
@@ -149,6 +161,11 @@ class Schedule:
                 elif a.kind == UPDATE:
                     out[(a.chunk, a.micro_batch)] = tuple(pending.pop(a.chunk, ()))
         return out
+
+    @cached_property
+    def has_updates(self) -> bool:
+        """Whether any list applies weight updates (a multi-batch schedule)."""
+        return UPDATE in {a.kind for lst in self.lists for a in lst}
 
     @cached_property
     def split_chunks(self) -> FrozenSet[int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from planner.schedules.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError, \
-    one_chunk_per_position
+    one_chunk_per_position, micro_batch_actions
 from planner.schedules.base import ScheduleSpec
 
 
@@ -45,13 +45,14 @@ def stage_actions(stage: int, micro_batches: int, warmup: int) -> List[Action]:
     M, K = micro_batches, warmup
     if not 1 <= K <= M:
         raise ScheduleError(f"warmup depth {K} must be in 1..{M}")
-    out = [Action(stage, FORWARD, m) for m in range(K)]
+    forward, backward = (micro_batch_actions(stage, kind, M) for kind in (FORWARD, BACKWARD))
+    out = forward[:K]
     next_forward, next_backward = K, 0
     while next_backward < M:
-        out.append(Action(stage, BACKWARD, next_backward))
+        out.append(backward[next_backward])
         next_backward += 1
         if next_forward < M:
-            out.append(Action(stage, FORWARD, next_forward))
+            out.append(forward[next_forward])
             next_forward += 1
     return out
 

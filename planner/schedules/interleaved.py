@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from planner.schedules.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError
+from planner.schedules.actions import (BACKWARD, FORWARD, Action, Schedule, ScheduleError,
+                                       shared_action)
 from planner.schedules.base import Parameter, ScheduleSpec
 
 
@@ -59,8 +60,8 @@ def position_actions(position: int, num_positions: int, micro_batches: int,
     S, v = num_positions, virtual_stages
     order = [(m, local) for group in micro_batch_groups(S, micro_batches)
              for local in range(v) for m in group]
-    forwards = [Action(local * S + position, FORWARD, m) for m, local in order]
-    backwards = [Action((v - 1 - local) * S + position, BACKWARD, m) for m, local in order]
+    forwards = [shared_action(local * S + position, FORWARD, m) for m, local in order]
+    backwards = [shared_action((v - 1 - local) * S + position, BACKWARD, m) for m, local in order]
     W = warmup_forwards(position, S, v, micro_batches)
     out = forwards[:W]
     for f, b in zip(forwards[W:], backwards):

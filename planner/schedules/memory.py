@@ -37,7 +37,8 @@ def _peaks(schedule: Schedule, held_weight: Sequence[float],
                     now += awaiting_weight[a.chunk]
             elif a.kind == BACKWARD_WEIGHT:
                 now -= awaiting_weight[a.chunk]
-            peak = max(peak, now)
+            if now > peak:                  # max(peak, now)
+                peak = now
         peaks.append(peak)
     return peaks
 

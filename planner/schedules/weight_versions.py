@@ -48,7 +48,7 @@ def _chunk_peak(lst, chunk: int) -> int:
 
 def resident_versions(schedule: Schedule) -> List[int]:
     """Per position, the peak number of weight versions it holds (summed over its chunks)."""
-    if not any(a.kind == UPDATE for lst in schedule.lists for a in lst):
+    if not schedule.has_updates:
         # No update makes a second version: each chunk holds the one it starts with.
         return [list(schedule.placement).count(p) for p in range(schedule.num_positions)]
     return [sum(_chunk_peak(lst, c) for c in range(schedule.num_chunks)

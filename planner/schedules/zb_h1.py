@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from planner.schedules.actions import (BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
-                             ScheduleError)
+                             ScheduleError, micro_batch_actions)
 from planner.schedules.base import ScheduleSpec
 from planner.schedules.forward_backward import check_warmup, policy_a_depths
 
@@ -34,16 +34,18 @@ from planner.schedules.forward_backward import check_warmup, policy_a_depths
 def stage_actions(stage: int, micro_batches: int, warmup: int) -> List[Action]:
     """Stage `stage`'s ZB-H1 list after `warmup` forwards (see the module docstring)."""
     M, K = micro_batches, warmup
-    out = [Action(stage, FORWARD, m) for m in range(K)]
+    forward, input_gradient, weight_gradient = (
+        micro_batch_actions(stage, kind, M) for kind in (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT))
+    out = forward[:K]
     weights_done = 0
     for j in range(M):
-        out.append(Action(stage, BACKWARD_INPUT, j))
+        out.append(input_gradient[j])
         if j >= stage:           # W waits `stage` micro-batches behind its I
-            out.append(Action(stage, BACKWARD_WEIGHT, weights_done))
+            out.append(weight_gradient[weights_done])
             weights_done += 1
         if K + j < M:
-            out.append(Action(stage, FORWARD, K + j))
-    out += [Action(stage, BACKWARD_WEIGHT, m) for m in range(weights_done, M)]
+            out.append(forward[K + j])
+    out += weight_gradient[weights_done:]
     return out
 
 

@@ -144,7 +144,8 @@ class Search:
                                    (model.micro_batch + H) / (model.pbs + H))
         self.overhead = M * 2 * cm.TASK_OVERHEAD_MS
         self.transfer_cache: Dict[tuple, Tuple[float, float]] = {}
-        self.stage_cache: Dict[tuple, cm.StageCost] = {}    # (first, last, counts, previous)
+        # (first, counts, previous) -> {last: StageCost}
+        self.stage_cache: Dict[tuple, Dict[int, cm.StageCost]] = {}
         self.placement_cache: Dict[tuple, tuple] = {}        # `_node` by its arguments
         self.stages_after_cache: Dict[tuple, List[tuple]] = {}   # `_stages_after` likewise
         if self._remaining_bound(0, self.G) >= self.best_value:
@@ -376,6 +377,10 @@ class Search:
             # it runs for every candidate.
             reach = sumF + E if E > -_INF else sumF
             devices_left = free - m
+            # this placement's stage costs by last layer (`stage_cache` by (j, counts, previous))
+            costs_by_last = stage_cache.get((j, counts, previous))
+            if costs_by_last is None:
+                costs_by_last = stage_cache[(j, counts, previous)] = {}
             for last in lasts:
                 candidates += 1
                 F = (fwd[last + 1] - fwd_j) * scale + overhead_ms
@@ -388,14 +393,13 @@ class Search:
                     rest = work_suffix[last + 1] * work_factor / devices_left + total_overhead
                 else:
                     rest = 0.0
-                key = (j, last, counts, previous)
-                stage_cost = stage_cache.get(key)
+                stage_cost = costs_by_last.get(last)
                 if stage_cost is None:
                     fit = model.max_in_flight(j, last, m)
                     if fit < 1:
                         continue
                     # `model.stage_cost_of`: its transfers are the node's, F and B these
-                    stage_cost = stage_cache[key] = StageCost(
+                    stage_cost = costs_by_last[last] = StageCost(
                         transfer[0] if j else 0.0, transfer[1] if j else 0.0, F, B,
                         model.exposed_allreduce_ms(j, last, counts, m), fit)
                 elif stage_cost.max_in_flight < 1:
@@ -431,7 +435,8 @@ class Search:
                         if devices_left < more:
                             more = devices_left
                     trip_rest = (rest - total_overhead) / M if rest else 0.0
-                    trip_bound, entry = round_trip_bound(trail, stage_cost, M, more, trip_rest)
+                    trip_bound, entry = round_trip_bound(trail, stage_cost, M, more, trip_rest,
+                                                         best_value)
                     if trip_bound > bound:
                         bound = trip_bound
                     if bound >= best_value:

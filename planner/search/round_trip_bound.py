@@ -41,10 +41,13 @@ def trail_entry(trail: List[tuple], cost, M: int) -> tuple:
 
 
 def round_trip_bound(trail: List[tuple], new_stage, M: int, more_stages: int,
-                     trip_rest: float) -> Tuple[float, tuple]:
+                     trip_rest: float, stop_at: float = _INF) -> Tuple[float, tuple]:
     """(The bound for the path of `trail` plus `new_stage` with at most `more_stages` stages
     after it, the new stage's trail entry). The search calls it for most candidates, so
-    `trail_entry` is written out here (the same arithmetic)."""
+    `trail_entry` is written out here (the same arithmetic). The pass back over the path
+    stops at the first stage whose term reaches `stop_at` (the bound returned is then that
+    term, not above the bound, and at least `stop_at`: the search prunes the candidate
+    either way)."""
     n = len(trail)
     max_stages = n + 1 + more_stages
     tf, tb, F, B, AR, cap = new_stage                       # StageCost fields
@@ -65,30 +68,28 @@ def round_trip_bound(trail: List[tuple], new_stage, M: int, more_stages: int,
     link = fb + tf + tb
     entry = (acc_f, chain, runmin, F, fb, link)
     M1 = M - 1
-    k = 2 * (max_stages - n) - 1
-    if runmin < k:
-        k = runmin
-    if k < 1:
-        k = 1
+    # k = min(2 (max_stages - i) - 1, runmin) for stage i: both at least 1 (M >= 1, caps
+    # raised to 1, more_stages >= 0)
+    kr = 2 * (max_stages - n) - 1
+    k = runmin if runmin < kr else kr
     trip = trip_rest
     wait = trip - (k - 1) * F
     period = (fb + trip) / k
     best = acc_f + (wait if wait > 0.0 else 0.0) + \
         M1 * (period if period > fb else fb) + chain
+    if best >= stop_at:
+        return best, entry
     trip += link
-    i = n
     for tw_i, te_i, runmin, F, fb, link in reversed(trail):
-        i -= 1
-        k = 2 * (max_stages - i) - 1
-        if runmin < k:
-            k = runmin
-        if k < 1:
-            k = 1
+        kr += 2
+        k = runmin if runmin < kr else kr
         wait = trip - (k - 1) * F
         period = (fb + trip) / k
         value = tw_i + (wait if wait > 0.0 else 0.0) + \
             M1 * (period if period > fb else fb) + te_i
         if value > best:
             best = value
+            if best >= stop_at:
+                return best, entry
         trip += link
     return best, entry

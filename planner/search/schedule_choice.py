@@ -56,7 +56,8 @@ class ScheduleOption:
                  memory_bytes: Sequence[float] = (), device_memory_bytes: float = 0.0,
                  note: str = "",
                  make: Optional[Callable[[], Tuple[Plan, PlanCosts]]] = None,
-                 finish: Optional[Callable[[Plan, PlanCosts], Plan]] = None, tasks: int = 0):
+                 finish: Optional[Callable[[Plan, PlanCosts], Plan]] = None, tasks: int = 0,
+                 timeline: bool = False):
         self.name, self.device_memory_bytes = name, device_memory_bytes
         self.tasks = tasks      # compute tasks its simulation runs (`schedule_tasks`)
         self.spec = schedules.get(name)
@@ -64,6 +65,8 @@ class ScheduleOption:
         self._memory: Optional[List[float]] = list(memory_bytes) if make is None else None
         self._make, self._finish = make, finish
         self._costs: Optional[PlanCosts] = None
+        self._timed = False         # `iteration_ms` known from `PlanCosts.timing`
+        self._timeline = timeline   # the simulation wanted anyway: `iteration_ms` runs it
 
     def _made(self) -> Optional[Plan]:
         """The plan under this schedule, unfinished (None when it cannot be made)."""
@@ -107,8 +110,9 @@ class ScheduleOption:
 
     @property
     def simulated(self) -> bool:
-        """Whether its simulation has run (asking for `simulation` runs it)."""
-        return self._simulation is not None
+        """Whether its iteration is known (asking for `simulation` runs the simulator if
+        only `iteration_ms` was asked, the same numbers)."""
+        return self._simulation is not None or self._timed
 
     @property
     def simulation(self) -> Optional[SimulationResult]:
@@ -128,7 +132,15 @@ class ScheduleOption:
 
     @property
     def iteration_ms(self) -> Optional[float]:
-        """Simulated time per global batch (a relaxed schedule's run over its batches)."""
+        """Simulated time per global batch (a relaxed schedule's run over its batches); a
+        synchronous schedule's without the timeline (`PlanCosts.timing`) until `simulation`
+        is asked for."""
+        if self._simulation is None and not self._timeline and not self.relaxed and \
+                self.plan is not None and self._costs is not None:
+            self._timed = True
+            return self._costs.timing().batch_ms
+        if self._timeline and self._made() is not None and self._costs is not None:
+            self._costs.simulation()    # before finishing: its estimate reads it then
         return self.simulation.batch_ms if self.simulation is not None else None
 
     @property
@@ -233,9 +245,12 @@ def schedule_tasks(plan: Plan, name: str, virtual_stages: Optional[int] = None,
 def schedule_options(plan: Plan, profile: Profile, topology,
                      virtual_stages: Optional[int] = None,
                      names: Sequence[str] = schedules.names(),
-                     batches: Optional[int] = None) -> List[ScheduleOption]:
+                     batches: Optional[int] = None,
+                     timeline: bool = False) -> List[ScheduleOption]:
     """Each schedule of `names` on `plan`'s device groups (the relaxed ones over `batches`
-    global batches), made, sized and simulated when first asked."""
+    global batches), made, sized and simulated when first asked; `timeline`: a caller that
+    will ask for the simulations (a report) has them run for the iteration too, instead of
+    `PlanCosts.timing`'s pass."""
     def finish(variant: Plan, costs: PlanCosts) -> Plan:
         return finish_plan(variant, profile, topology, keep_warmup=True, costs=costs)
 
@@ -246,7 +261,8 @@ def schedule_options(plan: Plan, profile: Profile, topology,
         return schedule_tasks(plan, name, virtual_stages,
                               batches if schedules.get(name).takes("batches") else None)
     return [ScheduleOption(name, device_memory_bytes=topology.device_memory_bytes,
-                           make=make(name), finish=finish, tasks=tasks(name)) for name in names]
+                           make=make(name), finish=finish, tasks=tasks(name),
+                           timeline=timeline) for name in names]
 
 
 def fastest(options: Sequence[ScheduleOption]) -> ScheduleOption:
@@ -274,10 +290,11 @@ def fastest(options: Sequence[ScheduleOption]) -> ScheduleOption:
 
 
 def choose_schedule(plan: Plan, profile: Profile, topology, schedule: str = schedules.DEFAULT.name,
-                    virtual_stages: Optional[int] = None, batches: Optional[int] = None
-                    ) -> Tuple[Plan, List[ScheduleOption]]:
+                    virtual_stages: Optional[int] = None, batches: Optional[int] = None,
+                    timeline: bool = False) -> Tuple[Plan, List[ScheduleOption]]:
     """(`plan` under `schedule`, or under the fastest synchronous one that fits for "auto";
-    every option compared). An explicit schedule that does not fit in memory is a PlanError."""
+    every option compared; `timeline` as `schedule_options` takes it). An explicit schedule
+    that does not fit in memory is a PlanError."""
     if schedule not in CHOICES:
         raise PlanError(f"unknown schedule {schedule!r}; use one of {CHOICES}")
     spec = None if schedule == AUTO else schedules.get(schedule)
@@ -288,7 +305,8 @@ def choose_schedule(plan: Plan, profile: Profile, topology, schedule: str = sche
     if batches is not None and spec is not None and not spec.takes("batches"):
         raise PlanError(f"batches applies to {', '.join(schedules.takers('batches'))}, not "
                         f"{schedule!r}")
-    options = schedule_options(plan, profile, topology, virtual_stages, batches=batches)
+    options = schedule_options(plan, profile, topology, virtual_stages, batches=batches,
+                               timeline=timeline)
     if schedule == AUTO:
         return fastest(options).plan, options
     chosen = next(o for o in options if o.name == schedule)

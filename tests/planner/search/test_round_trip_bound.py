@@ -1,0 +1,74 @@
+"""The exact search's round-trip bound (`round_trip_bound`, built on a trail of prefix terms)
+against the bound computed from the stage costs directly (`reference`, as the oracle search
+of `search_oracle.py` computes it): bit for bit on random paths; with `stop_at`, the same
+bound when it is below `stop_at`, else a value from `stop_at` up to the bound (the search
+prunes the candidate either way)."""
+import math
+import random
+
+import pytest
+
+from planner.search.round_trip_bound import round_trip_bound, trail_entry
+
+
+def reference(costs, M, more_stages, trip_rest):
+    """The bound for the path of stage costs `costs` (StageCost fields: tf, tb, F, B, AR,
+    cap) with at most `more_stages` stages after it: each stage's pivot term at its least
+    trip and largest K, the maximum over the stages."""
+    n = len(costs)
+    max_stages = n + more_stages
+    tw, te, kmax = [0.0] * n, [0.0] * n, [0] * n
+    acc_f, chain, runmin = 0.0, -math.inf, M
+    for i, (tf, tb, F, B, AR, cap) in enumerate(costs):
+        acc_f += tf + F
+        tw[i] = acc_f
+        if i:
+            chain = max(chain + tb, tb)
+        chain = max(chain + B, AR + B)
+        te[i] = chain
+        runmin = min(runmin, max(1, cap))
+        kmax[i] = max(1, min(runmin, 2 * (max_stages - i) - 1))
+    best, trip = -math.inf, trip_rest
+    for i in range(n - 1, -1, -1):
+        tf, tb, F, B, _, _ = costs[i]
+        fb, k = F + B, kmax[i]
+        wait = trip - (k - 1) * F
+        period = (fb + trip) / k
+        value = tw[i] + (wait if wait > 0.0 else 0.0) + \
+            (M - 1) * (period if period > fb else fb) + te[i]
+        best = max(best, value)
+        trip += fb + tf + tb
+    return best
+
+
+def random_cost(rng):
+    return (rng.choice((0.0, rng.random())), rng.choice((0.0, rng.random())),
+            rng.random() * 5, rng.random() * 5, rng.choice((0.0, rng.random() * 3)),
+            rng.choice((0, 1, 2, 3, 5, 100)))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_bound_is_the_reference_and_stops_where_it_prunes(seed):
+    rng = random.Random(seed)
+    stopped = 0
+    for _ in range(2000):
+        M = rng.choice((1, 2, 3, 4, 8, 16, 32, 128))
+        costs = [random_cost(rng) for _ in range(rng.randint(1, 12))]
+        trail = []
+        for cost in costs[:-1]:
+            trail.append(trail_entry(trail, cost, M))
+        more, trip_rest = rng.randint(0, 10), rng.choice((0.0, rng.random() * 10))
+        want = reference(costs, M, more, trip_rest)
+        bound, entry = round_trip_bound(trail, costs[-1], M, more, trip_rest)
+        assert bound.hex() == want.hex()
+        assert entry == trail_entry(trail, costs[-1], M)
+        stop_at = rng.choice((want * 0.9, want, want * 1.1, math.nextafter(want, math.inf)))
+        stopped_bound, stopped_entry = round_trip_bound(trail, costs[-1], M, more, trip_rest,
+                                                        stop_at)
+        assert stopped_entry == entry
+        if want >= stop_at:
+            assert stop_at <= stopped_bound <= want
+            stopped += stopped_bound < want
+        else:
+            assert stopped_bound.hex() == want.hex()
+    assert stopped > 0          # the pass did stop early, below the full bound
