@@ -134,6 +134,10 @@ class HorovodTransport:
     """Builds only this rank's (stage, replica) units (one, or an interleaved group's chunks);
     moves boundaries with Horovod."""
 
+    # Transfers are named by `Crossing.label` and need no more than the sender's value, so a
+    # pipeline's loop body can hold them (`graph_rewrite.schedule_loop`).
+    slot_named_transfers = True
+
     def __init__(self, layout: RankLayout, process_sets):
         self.layout = layout
         self.sets = process_sets
@@ -211,7 +215,7 @@ class HorovodTransport:
         b, ids = crossing.boundary, crossing.ids
         self._send(pack([outputs[t] for t in ids], [crossing.specs[t] for t in ids]),
                    self.layout.send_splits(b, replica, b + 1, crossing.rows),
-                   f"dapple.f{b}.{crossing.micro_batch}", self._boundary_set(b),
+                   f"dapple.f{b}.{crossing.label}", self._boundary_set(b),
                    self.layout.send_row_order(b, replica, b + 1, crossing.rows))
 
     def receive_activations(self, crossing: Crossing, replica: int,
@@ -219,7 +223,7 @@ class HorovodTransport:
         b, ids = crossing.boundary, crossing.ids
         tensors = self._receive([crossing.specs[t] for t in ids],
                                 self.layout.received_pieces(b, b + 1, replica, crossing.rows),
-                                f"dapple.f{b}.{crossing.micro_batch}", self._boundary_set(b))
+                                f"dapple.f{b}.{crossing.label}", self._boundary_set(b))
         return dict(zip(ids, tensors))
 
     def send_gradients(self, crossing: Crossing, replica: int, grads: Tensors) -> None:
@@ -228,7 +232,7 @@ class HorovodTransport:
             return
         self._send(pack([grads[t] for t in ids], [crossing.specs[t] for t in ids]),
                    self.layout.send_splits(b + 1, replica, b, crossing.rows),
-                   f"dapple.b{b}.{crossing.micro_batch}", self._boundary_set(b),
+                   f"dapple.b{b}.{crossing.label}", self._boundary_set(b),
                    self.layout.send_row_order(b + 1, replica, b, crossing.rows))
 
     def receive_gradients(self, crossing: Crossing, replica: int, sent: Dict[int, Tensors],
@@ -238,7 +242,7 @@ class HorovodTransport:
             return {}
         tensors = self._receive([crossing.specs[t] for t in floats],
                                 self.layout.received_pieces(b + 1, b, replica, crossing.rows),
-                                f"dapple.b{b}.{crossing.micro_batch}", self._boundary_set(b))
+                                f"dapple.b{b}.{crossing.label}", self._boundary_set(b))
         received = dict(zip(floats, tensors))
         return {tid: received[tid] for tid in ids}
 
