@@ -39,8 +39,19 @@ moving statistics are then updated once per step, from all of them (`batch_stati
 
 Rows: micro-batch m of every unit is a slice of rows m * n + [lo, hi) (n = global batch / M),
 so a unit's inputs are taken as [M, rows, ...] and indexed by m, a tensor in the loop.
-Only this process's units on local devices (`LocalTransport`), without working copies, in
-training, with no recomputation, are looped; relaxed schedules and Horovod ranks run unrolled.
+
+Across processes (Horovod) every process plans the whole pipeline's lists, so all cut them into
+the same segments and run the same iterations of every loop, and builds only its own units'
+tasks. A transfer is built at the receiving task on both sides (the sender sends what its units
+left for another process's task there), so sender and receiver of a micro-batch meet in the
+same segment and iteration; inside a loop it is named by its slot (`Crossing.slot`: the loop's
+number and the task's relative micro-batch), one op carrying a micro-batch per iteration. Such
+loops run one iteration at a time (`parallel_iterations=1`): Horovod refuses a name while a
+transfer of it is in flight (GPipe's forward loop hit that). The body's transfers are kept by
+an exact-zero loop variable the step adds to its loss (`_kept`).
+Loops need units on local devices or a transport that names transfers so
+(`transfers_in_loops`), no working copies, training, no recomputation; relaxed schedules and
+TensorFlow cluster tasks run unrolled.
 """
 from __future__ import annotations
 

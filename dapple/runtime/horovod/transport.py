@@ -30,7 +30,10 @@ docs/stacks.md):
   which differs per rank (`stage0/replica0/F3` vs `stage1/replica0/F3`). Every collective gets
   a plan-wide name (`dapple.f<boundary>.<micro-batch>`, `dapple.b<boundary>.<micro-batch>`
   ...) with `ignore_name_scope=True`. Boundary tensors are packed in the receiving stage's
-  `input_ids` order (the ids themselves are process-local Python ids, the order is not).
+  `input_ids` order (the ids themselves are process-local Python ids, the order is not). In a
+  pipeline's loop (`graph_rewrite.schedule_loop`) one op carries a micro-batch per iteration,
+  named by its slot (`dapple.f<boundary>.l<loop>.<relative micro-batch>`, `Crossing.label`),
+  and the loop runs one iteration at a time: Horovod refuses a name still in flight.
 * Grappler hazards. Horovod ops are not marked stateful, so TF's graph optimizations treat
   them as pure functions: (1) common-subexpression elimination merges transfers with identical
   inputs and attributes (receives all send the same empty tensor; a layer like Add has the same
