@@ -26,6 +26,11 @@ CASES = [
                            "--virtual_stages=2", "--global_batch=32"]),
     # stage 0 on two ranks: one alltoall per slot splits the boundary's rows
     ("2:1", 3, ["--cuts=2", "--replicas=2,1", "--micro_batches=4", "--schedule=A"]),
+    # stage 1 on two ranks: one send per slot serves both receivers
+    ("1:2-gpipe", 3, ["--cuts=3", "--replicas=1,2", "--micro_batches=4", "--schedule=gpipe"]),
+    # dict inputs, the second entering late (relayed across a cut), two outputs
+    ("two_in_two_out-1:2:1", 4, ["--model=two_in_two_out", "--cuts=1,4", "--replicas=1,2,1",
+                                 "--micro_batches=4", "--schedule=A"]),
 ]
 
 
