@@ -4,8 +4,9 @@ Builds `dapple.PipelinedModel(model, plan)` (tests.models.mlp_with_skip, Adam), 
 (the step runs, so the graph counted is one that works), then reads the train step's graph and
 its function library and prints one `DAPPLE_RESULT <json>` line: the Horovod op types by count
 over the whole step, and those found in functions a while loop's body reaches (the
-data-parallel lane's loop over micro-batches, a pipeline's loops with `--pipeline_loop`), those an update of a variable depends on (what
-sits on the update's critical path), with the rank's stage.
+data-parallel lane's loop over micro-batches, a pipeline's loops with `--pipeline_loop`), those
+an update of a variable depends on (what sits on the update's critical path), with the rank's
+stage.
 """
 import argparse
 import collections
