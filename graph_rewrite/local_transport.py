@@ -13,7 +13,7 @@ processes, `dapple.runtime.horovod.transport` implements the same methods with H
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -33,6 +33,14 @@ class Crossing:
     specs: Dict[str, tf.TensorSpec]
     sender_rows: Rows                   # stage `boundary`'s replicas
     receiver_rows: Rows                 # stage `boundary + 1`'s replicas
+    # Inside a loop the same transfer op carries a micro-batch per iteration: it is named by
+    # its slot in the loop's period (`schedule_loop`), not by a micro-batch.
+    slot: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        """What names this crossing's transfers among a step's: its micro-batch, or its slot."""
+        return self.slot if self.slot is not None else str(self.micro_batch)
 
     @property
     def rows(self) -> int:

@@ -39,11 +39,23 @@ moving statistics are then updated once per step, from all of them (`batch_stati
 
 Rows: micro-batch m of every unit is a slice of rows m * n + [lo, hi) (n = global batch / M),
 so a unit's inputs are taken as [M, rows, ...] and indexed by m, a tensor in the loop.
-Only this process's units on local devices (`LocalTransport`), without working copies, in
-training, with no recomputation, are looped; relaxed schedules and Horovod ranks run unrolled.
+
+Across processes (Horovod) every process plans the whole pipeline's lists, so all cut them into
+the same segments and run the same iterations of every loop, and builds only its own units'
+tasks. A transfer is built at the receiving task on both sides (the sender sends what its units
+left for another process's task there), so sender and receiver of a micro-batch meet in the
+same segment and iteration; inside a loop it is named by its slot (`Crossing.slot`: the loop's
+number and the task's relative micro-batch), one op carrying a micro-batch per iteration. Such
+loops run one iteration at a time (`parallel_iterations=1`): Horovod refuses a name while a
+transfer of it is in flight (GPipe's forward loop hit that). The body's transfers are kept by
+an exact-zero loop variable the step adds to its loss (`_kept`).
+Loops need units on local devices or a transport that names transfers so
+(`transfers_in_loops`), no working copies, training, no recomputation; relaxed schedules and
+TensorFlow cluster tasks run unrolled.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -297,12 +309,20 @@ def _plan_with_period(lists, replicas, placement, period: int, stride: int
     return LoopPlan(segments + [last])
 
 
+def transfers_in_loops(transport) -> bool:
+    """Whether a loop body can hold `transport`'s boundary transfers: local ones, or those
+    of a transport between processes that names them by `Crossing.label` (a loop's slot) and
+    lets a rank send at the receiving task (`slot_named_transfers`, `ScheduleLoop`)."""
+    return isinstance(transport, LocalTransport) or getattr(transport, "slot_named_transfers",
+                                                            False)
+
+
 def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
     """The loop plan of `step`'s pipeline for this run, or None if it runs unrolled."""
     schedule = step.schedule
     S, M = len(step.stages), schedule.micro_batches
     if (not step.pipeline_loop or S < 2 or not state.backward or step.plan.recompute
-            or not isinstance(step.transport, LocalTransport)):
+            or not transfers_in_loops(step.transport)):
         return None
     if any(a.kind not in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
            for lst in schedule.lists for a in lst):
@@ -334,12 +354,18 @@ class ScheduleLoop:
         self.book = KeyBook(step.replicas)
         self.S, self.M = len(step.stages), step.schedule.micro_batches
         self.units = [(s, r) for s, R in enumerate(step.replicas) for r in range(R)]
-        self.lanes = sorted({step.lane(*u) for u in self.units})
-        self.splits = {unit: self._split(unit) for unit in self.units}
+        # This process's units; the plan covers all of them, so that every process cuts its
+        # lists into the same segments and runs the same iterations of every loop.
+        local = set(step.transport.local_units())
+        self.local = [u for u in self.units if u in local]
+        self.remote = not isinstance(step.transport, LocalTransport)
+        self.lanes = sorted({step.lane(*u) for u in self.local})
+        self.splits = {unit: self._split(unit) for unit in self.local}
+        self.loop_index: Optional[int] = None     # of the loop being built, else None
         # d(loss)/d(term), the same for every micro-batch: made once, outside the loop.
         with tf.device(step.device(self.S - 1, 0)):
             self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
-        self.by_micro_batch = {unit: self._micro_batch_arrays(unit) for unit in self.units}
+        self.by_micro_batch = {unit: self._micro_batch_arrays(unit) for unit in self.local}
 
     # ---- what every unit reads ----------------------------------------------------------------
     def _rows(self, unit: Unit) -> Tuple[int, int]:
@@ -373,20 +399,56 @@ class ScheduleLoop:
         return self.step.stage_split(self.state, unit, hi - lo, self.state.global_batch)
 
     # ---- tasks --------------------------------------------------------------------------------
-    def _crossing(self, boundary: int) -> Crossing:
-        """Micro-batch 0's crossing: the rows within a micro-batch, the same for every m."""
-        return self.step.crossing(boundary, 0, self.state.global_batch)
+    def _crossing(self, boundary: int, micro_batch: int) -> Crossing:
+        """The crossing of a task's `micro_batch` (relative to t inside a loop). Rows are the
+        same for every micro-batch; inside a loop its transfers are named by their slot in the
+        period (the loop's number and the relative micro-batch): the same op, under the same
+        name, carries one micro-batch per iteration, and the peer's op of that slot carries the
+        same micro-batch, since both build the same plan."""
+        crossing = self.step.crossing(boundary, micro_batch if self.loop_index is None else 0,
+                                      self.state.global_batch)
+        if self.loop_index is None:
+            return crossing
+        return dataclasses.replace(crossing, slot=f"l{self.loop_index}.{micro_batch}")
+
+    def _is_local(self, key: Key) -> bool:
+        return key[1:3] in self.splits
+
+    def _send(self, task: Task, m, values: dict) -> None:
+        """Another process's `task`: send it what this process's units left for it, each
+        value once (at its last reader), named as the receiving task names its receive."""
+        for key in self.book.needs(task):
+            if not self._is_local(key):
+                continue
+            last = values["readers"][key] == 1
+            value = self._take(values, key, m)
+            if not last:
+                continue
+            what, stage, replica, _ = key
+            with tf.device(self.step.device(stage, replica)), \
+                    tf.name_scope(f"stage{stage}/replica{replica}/send"):
+                if what == OUTPUTS:
+                    self.step.transport.send_activations(
+                        self._crossing(stage, task.micro_batch), replica, value)
+                elif what == GRADIENTS:
+                    crossing = self._crossing(stage - 1, task.micro_batch)
+                    self.step.transport.send_gradients(
+                        crossing, replica, _with_zeros(crossing, replica, value))
 
     def _run(self, task: Task, m, values: dict, carry: dict) -> None:
         """Build `task` for micro-batch index `m` (an int, or a tensor in the loop), reading
         and leaving `values` by key; `carry` holds the sums, loss, tokens (one per lane: a
         device's tasks run in list order, whichever stage they compute) and the arrays."""
         unit = (task.stage, task.replica)
+        if unit not in self.splits:
+            self._send(task, m, values)
+            return
         s, r = unit
         lane = self.step.lane(*unit)
         split = self.splits[unit]
         inputs_of, labels_of, weights_of = self.by_micro_batch[unit]
-        read = {k: self._take(values, k, m) for k in self.book.needs(task)}
+        # Another process's keys arrive through the transport (which ignores `sent`).
+        read = {k: self._take(values, k, m) for k in self.book.needs(task) if self._is_local(k)}
         with tf.device(self.step.device(*unit)), \
                 tf.name_scope(f"stage{s}/replica{r}/{task.kind}"), \
                 tf.control_dependencies([carry["token"][lane]]):
@@ -394,9 +456,10 @@ class ScheduleLoop:
                 if s == 0:
                     inputs = {tid: t[m] for tid, t in inputs_of.items()}
                 else:
-                    sent = {q: read[(OUTPUTS, s - 1, q, task.micro_batch)]
+                    sent = {q: read.get((OUTPUTS, s - 1, q, task.micro_batch))
                             for q in range(self.step.replicas[s - 1])}
-                    inputs = self.step.transport.receive_activations(self._crossing(s - 1), r, sent)
+                    inputs = self.step.transport.receive_activations(
+                        self._crossing(s - 1, task.micro_batch), r, sent)
                 labels = weights = None
                 if s == self.S - 1:
                     labels = [y[m] for y in labels_of]
@@ -421,10 +484,11 @@ class ScheduleLoop:
                 if s == self.S - 1:
                     dys = [self.loss_gradient]
                 else:
-                    sent = {q: read[(GRADIENTS, s + 1, q, task.micro_batch)]
+                    sent = {q: read.get((GRADIENTS, s + 1, q, task.micro_batch))
                             for q in range(self.step.replicas[s + 1])}
                     dys = self.step.transport.receive_gradients(
-                        self._crossing(s), r, sent, split.differentiated_outputs)
+                        self._crossing(s, task.micro_batch), r, sent,
+                        split.differentiated_outputs)
                     dys = [dys[tid] for tid in split.differentiated_outputs]
                 left = {}
                 if task.kind == BACKWARD_INPUT:
@@ -484,21 +548,26 @@ class ScheduleLoop:
         self.collections: Dict[tuple, Tuple[int, List[tf.TensorArray]]] = {}
         self.packing: Dict[tuple, PackedElements] = {}
         carry = {"token": {lane: self._zeros(self.step.device(*lane), []) for lane in self.lanes},
-                 "sums": {u: None for u in self.units}, "loss": [], "predictions": {},
+                 "sums": {u: None for u in self.local}, "loss": [], "predictions": {},
                  "statistics": {}}
+        if self.remote:     # read outside any loop body, which captures it
+            step.transport.salt()
+        loops = 0
         for part in self.plan.segments:
             if isinstance(part, Loop):
-                for unit in self.units:     # a unit with no backward yet starts from zero
+                for unit in self.local:     # a unit with no backward yet starts from zero
                     if carry["sums"][unit] is None:
                         carry["sums"][unit] = [
                             self._zeros(step.device(*unit), v.shape, v.dtype)
                             for v in step.stages[unit[0]].trainable_variables]
+                self.loop_index, loops = loops, loops + 1
                 self._loop(part, values, carry)
+                self.loop_index = None
                 continue
             for task in part:
                 self._run(task, task.micro_batch, values, carry)
             self._record(carry)
-        for unit in self.units:
+        for unit in self.local:
             sums = carry["sums"][unit]
             penalty = weight_penalty(step, state, unit, step.stages[unit[0]].trainable_variables)
             if penalty is not None:
@@ -533,14 +602,17 @@ class ScheduleLoop:
         """Build `loop`; `values` (absolute keys) then holds what is live after it, and
         `self.collections` what it collected."""
         step, iterations, stride = self.step, loop.iterations, loop.stride
-        readers = {k: values["readers"].pop(k) for k in loop.carried}
+        local_carried = [k for k in loop.carried if self._is_local(k)]
+        local_collected = [k for k in loop.collected if self._is_local(k)]
+        readers = {k: values["readers"].pop(k) for k in local_carried}
         forwards = {}                       # unit -> its forwards per period, in body order
         for task in loop.body:
-            if task.kind == FORWARD:
+            if task.kind == FORWARD and (task.stage, task.replica) in self.splits:
                 forwards.setdefault((task.stage, task.replica), []).append(task.micro_batch)
         last = [u for u in forwards if u[0] == self.S - 1]
 
-        backward = {(task.stage, task.replica) for task in loop.body if task.kind != FORWARD}
+        backward = {(task.stage, task.replica) for task in loop.body
+                    if task.kind != FORWARD and (task.stage, task.replica) in self.splits}
         sums = dict(carry["sums"])
         for u in backward:
             sums[u] = self._accumulators(u)
@@ -551,13 +623,13 @@ class ScheduleLoop:
                 return [tf.TensorArray(spec.dtype, size=size, element_shape=spec.shape)
                         for spec in specs]
 
-        carried = {k: CarriedValue(values[k], step.device(*k[1:3])) for k in loop.carried}
+        carried = {k: CarriedValue(values[k], step.device(*k[1:3])) for k in local_carried}
         start = {
             "t": tf.constant(0), "token": dict(carry["token"]),
             "loss": self._zeros(step.device(*last[0]) if last else None, []),
-            "values": {k: carried[k].pack_value(values.pop(k)) for k in loop.carried},
+            "values": {k: carried[k].pack_value(values.pop(k)) for k in local_carried},
             "collected": {k: self._packing(k).arrays(step.device(*k[1:3]), iterations)
-                          for k in loop.collected},
+                          for k in local_collected},
             "predictions": {u: arrays(u, [self._prediction_spec(u, k)
                                           for k in range(len(step.output_ids))],
                                       iterations * len(forwards[u])) for u in last},
@@ -565,6 +637,9 @@ class ScheduleLoop:
                                      iterations * len(forwards[u]))
                            for u in forwards if self.splits[u].statistics_keys},
         }
+        transport = step.transport
+        if self.remote:     # what keeps the body's transfers (see `_kept`)
+            start["kept"] = self._zeros(step.device(*self.local[0]), [])
 
         def body(now):
             t = now["t"]
@@ -572,8 +647,13 @@ class ScheduleLoop:
             values["readers"] = dict(readers)
             inner = {"token": dict(now["token"]), "sums": dict(sums), "loss": [],
                      "predictions": {}, "statistics": {}}
+            mark = len(transport.pending) if self.remote else 0
             for task in loop.body:
                 self._run(task, t * stride + task.micro_batch, values, inner)
+            kept = {}
+            if self.remote:
+                kept["kept"] = self._kept(now["kept"], transport.pending[mark:])
+                del transport.pending[mark:]
             collected = {}
             for k, written in now["collected"].items():
                 with tf.device(step.device(*k[1:3])):
@@ -599,12 +679,17 @@ class ScheduleLoop:
                     m2s = m2s.write(index, _joined([calls[k][1] for k in keys]))
                 statistics[u] = [means, m2s]
             return [{"t": t + 1, "loss": loss, "token": inner["token"],
-                     "values": {k: carried[k].pack_value(shifted[k]) for k in loop.carried},
+                     "values": {k: carried[k].pack_value(shifted[k]) for k in local_carried},
                      "collected": collected,
-                     "predictions": predictions, "statistics": statistics}]
+                     "predictions": predictions, "statistics": statistics, **kept}]
 
+        # Across processes one iteration at a time: a slot's transfer is one op under one
+        # name, and Horovod refuses a name while a transfer of it is still in flight.
         (end,) = tf.while_loop(lambda now: now["t"] < iterations, body, [start],
-                               maximum_iterations=iterations)
+                               maximum_iterations=iterations,
+                               parallel_iterations=1 if self.remote else 10)
+        if self.remote:
+            transport.pending.append(end["kept"])
         carry["token"] = end["token"]
         for u, accumulators in sums.items():
             if isinstance(accumulators, GradientAccumulators):
@@ -626,6 +711,18 @@ class ScheduleLoop:
                        for (w, s, r, m), v in end["values"].items()})
         values["readers"].update({(w, s, r, m + advance): n
                                   for (w, s, r, m), n in readers.items()})
+
+    def _kept(self, kept: tf.Tensor, outputs: List[tf.Tensor]) -> tf.Tensor:
+        """`kept` plus (first element of every transfer's output) * salt: an exact 0 that
+        makes the loop's result depend on each transfer of its body, which the step then adds
+        to its loss (collectives are not stateful ops: unread, TensorFlow drops them and the
+        peers wait forever; see `dapple.runtime.horovod.transport`)."""
+        if not outputs:
+            return kept
+        with tf.device(self.step.device(*self.local[0])):
+            firsts = [tf.reduce_sum(tf.cast(tf.reshape(o, [-1])[:1], kept.dtype))
+                      for o in outputs]
+            return kept + tf.add_n(firsts) * self.step.transport.salt()
 
     # ---- shapes of what the loop collects -----------------------------------------------------
     def _prediction_spec(self, unit: Unit, k: int):
@@ -758,6 +855,17 @@ class GradientAccumulators:
     def read(self, device: Optional[str]) -> List[tf.Tensor]:
         with tf.device(device):
             return [v.read_value() for v in self.variables]
+
+
+def _with_zeros(crossing: Crossing, replica: int, grads) -> dict:
+    """`grads` (a backward's input gradients by id) with zeros for the crossing's float
+    tensors the backward gives none: the transfer carries all of them."""
+    lo, hi = crossing.receiver_rows[replica]
+    out = dict(grads)
+    for tid, spec in crossing.specs.items():
+        if tid in crossing.ids and spec.dtype.is_floating and tid not in out:
+            out[tid] = tf.zeros([hi - lo] + spec.shape.as_list()[1:], spec.dtype)
+    return out
 
 
 def _joined(parts: List[tf.Tensor]) -> tf.Tensor:

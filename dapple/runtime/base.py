@@ -34,8 +34,8 @@ class Runtime(abc.ABC):
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
                   micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
         """The pipelined step of the units this process runs (`loss=None`: forward only);
-        `micro_batch_loop`: a data-parallel plan's lanes as loops; `pipeline_loop`: a local
-        pipeline's steady periods as one."""
+        `micro_batch_loop`: a data-parallel plan's lanes as loops; `pipeline_loop`: a
+        pipeline's steady periods as loops (locally and under Horovod)."""
 
     @abc.abstractmethod
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,

@@ -119,7 +119,8 @@ class HorovodRuntime(Runtime):
                   pipeline_loop: bool = False) -> HorovodPipelineStep:
         return HorovodPipelineStep(model, plan, loss, self.device, self.process_sets,
                                    self.layout, stages=self.stages,
-                                   micro_batch_loop=micro_batch_loop)
+                                   micro_batch_loop=micro_batch_loop,
+                                   pipeline_loop=pipeline_loop)
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int) -> HorovodPipelineStep:

@@ -30,7 +30,10 @@ docs/stacks.md):
   which differs per rank (`stage0/replica0/F3` vs `stage1/replica0/F3`). Every collective gets
   a plan-wide name (`dapple.f<boundary>.<micro-batch>`, `dapple.b<boundary>.<micro-batch>`
   ...) with `ignore_name_scope=True`. Boundary tensors are packed in the receiving stage's
-  `input_ids` order (the ids themselves are process-local Python ids, the order is not).
+  `input_ids` order (the ids themselves are process-local Python ids, the order is not). In a
+  pipeline's loop (`graph_rewrite.schedule_loop`) one op carries a micro-batch per iteration,
+  named by its slot (`dapple.f<boundary>.l<loop>.<relative micro-batch>`, `Crossing.label`),
+  and the loop runs one iteration at a time: Horovod refuses a name still in flight.
 * Grappler hazards. Horovod ops are not marked stateful, so TF's graph optimizations treat
   them as pure functions: (1) common-subexpression elimination merges transfers with identical
   inputs and attributes (receives all send the same empty tensor; a layer like Add has the same
@@ -134,6 +137,10 @@ class HorovodTransport:
     """Builds only this rank's (stage, replica) units (one, or an interleaved group's chunks);
     moves boundaries with Horovod."""
 
+    # Transfers are named by `Crossing.label` and need no more than the sender's value, so a
+    # pipeline's loop body can hold them (`graph_rewrite.schedule_loop`).
+    slot_named_transfers = True
+
     def __init__(self, layout: RankLayout, process_sets):
         self.layout = layout
         self.sets = process_sets
@@ -211,7 +218,7 @@ class HorovodTransport:
         b, ids = crossing.boundary, crossing.ids
         self._send(pack([outputs[t] for t in ids], [crossing.specs[t] for t in ids]),
                    self.layout.send_splits(b, replica, b + 1, crossing.rows),
-                   f"dapple.f{b}.{crossing.micro_batch}", self._boundary_set(b),
+                   f"dapple.f{b}.{crossing.label}", self._boundary_set(b),
                    self.layout.send_row_order(b, replica, b + 1, crossing.rows))
 
     def receive_activations(self, crossing: Crossing, replica: int,
@@ -219,7 +226,7 @@ class HorovodTransport:
         b, ids = crossing.boundary, crossing.ids
         tensors = self._receive([crossing.specs[t] for t in ids],
                                 self.layout.received_pieces(b, b + 1, replica, crossing.rows),
-                                f"dapple.f{b}.{crossing.micro_batch}", self._boundary_set(b))
+                                f"dapple.f{b}.{crossing.label}", self._boundary_set(b))
         return dict(zip(ids, tensors))
 
     def send_gradients(self, crossing: Crossing, replica: int, grads: Tensors) -> None:
@@ -228,7 +235,7 @@ class HorovodTransport:
             return
         self._send(pack([grads[t] for t in ids], [crossing.specs[t] for t in ids]),
                    self.layout.send_splits(b + 1, replica, b, crossing.rows),
-                   f"dapple.b{b}.{crossing.micro_batch}", self._boundary_set(b),
+                   f"dapple.b{b}.{crossing.label}", self._boundary_set(b),
                    self.layout.send_row_order(b + 1, replica, b, crossing.rows))
 
     def receive_gradients(self, crossing: Crossing, replica: int, sent: Dict[int, Tensors],
@@ -238,7 +245,7 @@ class HorovodTransport:
             return {}
         tensors = self._receive([crossing.specs[t] for t in floats],
                                 self.layout.received_pieces(b + 1, b, replica, crossing.rows),
-                                f"dapple.b{b}.{crossing.micro_batch}", self._boundary_set(b))
+                                f"dapple.b{b}.{crossing.label}", self._boundary_set(b))
         received = dict(zip(floats, tensors))
         return {tid: received[tid] for tid in ids}
 

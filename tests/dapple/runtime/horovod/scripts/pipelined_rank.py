@@ -39,6 +39,8 @@ parser.add_argument("--stall_rank", type=int, default=-1)
 parser.add_argument("--checkpoint", default="")
 parser.add_argument("--virtual_stages", type=int, default=0,
                     help="chunks per device group: an interleaved plan (--replicas per group)")
+parser.add_argument("--pipeline_loop", action="store_true",
+                    help="the steady periods as loops (reports how many traces built them)")
 args = parser.parse_args()
 
 builder = getattr(models, args.model)
@@ -57,7 +59,7 @@ if args.stage_devices:
     plan.validate()
 loss = models.losses_for(model)
 
-pm = dapple.PipelinedModel(model, plan)
+pm = dapple.PipelinedModel(model, plan, pipeline_loop=args.pipeline_loop)
 pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
 ref_opt = tf.keras.optimizers.Adam(1e-2)
 
@@ -102,5 +104,6 @@ print("DAPPLE_RESULT " + json.dumps({
     "loss_diff": loss_diff, "weight_diff": weight_diff, "own_gradients": own_gradients,
     "stage_variables": stage_vars, "final_loss": float(got_loss),
     "checkpoint_diff": checkpoint_diff,
+    "schedule_loops": pm.pipeline_step.schedule_loops,
     "unit_devices": [pm.pipeline_step.device(s, r) for s, st in enumerate(plan.stages)
                      for r in range(st.replicas)]}), flush=True)

@@ -4,8 +4,9 @@ Builds `dapple.PipelinedModel(model, plan)` (tests.models.mlp_with_skip, Adam), 
 (the step runs, so the graph counted is one that works), then reads the train step's graph and
 its function library and prints one `DAPPLE_RESULT <json>` line: the Horovod op types by count
 over the whole step, and those found in functions a while loop's body reaches (the
-data-parallel lane's loop over micro-batches), those an update of a variable depends on (what
-sits on the update's critical path), with the rank's stage.
+data-parallel lane's loop over micro-batches, a pipeline's loops with `--pipeline_loop`), those
+an update of a variable depends on (what sits on the update's critical path), with the rank's
+stage.
 """
 import argparse
 import collections
@@ -23,14 +24,16 @@ parser.add_argument("--cuts", default="")
 parser.add_argument("--replicas", default="2")
 parser.add_argument("--micro_batches", type=int, default=4)
 parser.add_argument("--global_batch", type=int, default=16)
+parser.add_argument("--schedule", default="A")
+parser.add_argument("--pipeline_loop", action="store_true")
 args = parser.parse_args()
 
 model = models.mlp_with_skip(seed=3)
 cuts = [int(c) for c in args.cuts.split(",") if c]
 replicas = [int(r) for r in args.replicas.split(",")]
 plan = straight_plan(cuts, len(layer_order(model)), args.micro_batches, args.global_batch,
-                     replicas=replicas)
-pm = dapple.PipelinedModel(model, plan)
+                     replicas=replicas, schedule=args.schedule)
+pm = dapple.PipelinedModel(model, plan, pipeline_loop=args.pipeline_loop)
 pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=models.losses_for(model))
 x, y = models.data_for(model, args.global_batch, seed=5)
 losses = [float(pm.train_step(x, y)) for _ in range(2)]
@@ -70,10 +73,10 @@ in_step = collections.Counter(n.op for n in graph.node if n.op.startswith("Horov
 for name in everything:
     in_step.update(n.op for n in functions[name].node_def if n.op.startswith("Horovod"))
 loop_bodies = set()
-for name in everything:
-    for node in functions[name].node_def:
-        if node.op in ("While", "StatelessWhile"):
-            loop_bodies.add(node.attr["body"].func.name)
+# in the step's own graph (a pipeline's loops) or in a function it calls (a lane's loop)
+for node in list(graph.node) + [n for name in everything for n in functions[name].node_def]:
+    if node.op in ("While", "StatelessWhile"):
+        loop_bodies.add(node.attr["body"].func.name)
 in_loops = collections.Counter()
 for name in reachable(loop_bodies):
     in_loops.update(n.op for n in functions[name].node_def if n.op.startswith("Horovod"))
