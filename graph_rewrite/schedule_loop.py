@@ -39,8 +39,11 @@ moving statistics are then updated once per step, from all of them (`batch_stati
 
 Rows: micro-batch m of every unit is a slice of rows m * n + [lo, hi) (n = global batch / M),
 so a unit's inputs are taken as [M, rows, ...] and indexed by m, a tensor in the loop.
-Only this process's units on local devices (`LocalTransport`), without working copies, in
-training, with no recomputation, are looped; relaxed schedules and Horovod ranks run unrolled.
+Units on one process's devices or on a TensorFlow cluster's tasks (`LocalTransport`: the
+partitioner cuts the loop by task, each task running its own frame of it, and the tensors
+crossing tasks move by Send/Recv inside it), reading their device's working copies where a
+runtime made them, in training, with no recomputation, are looped; relaxed schedules and
+Horovod ranks run unrolled.
 """
 from __future__ import annotations
 
@@ -307,12 +310,6 @@ def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
     if any(a.kind not in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
            for lst in schedule.lists for a in lst):
         return None             # updates in the list (relaxed schedules)
-    units = step.transport.local_units()
-    if any(step.functions[s].copies.on(step.device(s, r)) for s, r in units):
-        return None             # working copies: the unrolled actions read them
-    if any("/job:" in step.device(s, r) and "/job:localhost" not in step.device(s, r)
-           for s, r in units):
-        return None             # a cluster's tasks: not tried yet
     n = state.global_batch // M
     for s, R in enumerate(step.replicas):
         for r in range(R):

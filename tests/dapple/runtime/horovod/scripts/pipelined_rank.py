@@ -39,6 +39,8 @@ parser.add_argument("--stall_rank", type=int, default=-1)
 parser.add_argument("--checkpoint", default="")
 parser.add_argument("--virtual_stages", type=int, default=0,
                     help="chunks per device group: an interleaved plan (--replicas per group)")
+parser.add_argument("--pipeline_loop", action="store_true",
+                    help="PipelinedModel(..., pipeline_loop=True): steady periods as loops")
 args = parser.parse_args()
 
 builder = getattr(models, args.model)
@@ -57,7 +59,7 @@ if args.stage_devices:
     plan.validate()
 loss = models.losses_for(model)
 
-pm = dapple.PipelinedModel(model, plan)
+pm = dapple.PipelinedModel(model, plan, pipeline_loop=args.pipeline_loop)
 pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
 ref_opt = tf.keras.optimizers.Adam(1e-2)
 
@@ -94,6 +96,12 @@ if args.checkpoint:
     fresh.load_weights(args.checkpoint)
     checkpoint_diff = max(float(np.max(np.abs(a - b)))
                           for a, b in zip(fresh.get_weights(), reference.get_weights()))
+while_ops = None
+if args.pipeline_loop:      # While ops in the step's own graph, traced for a batch alike
+    x, y = models.data_for(model, args.global_batch, seed=0)
+    step_graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients
+                             ).get_concrete_function(x, y).graph
+    while_ops = sum(op.type in ("While", "StatelessWhile") for op in step_graph.get_operations())
 # This rank's device group runs chunks stage, stage + S, ... (one stage unless interleaved).
 stage_vars = sum(len(graph.trainable_variables) for c, graph in enumerate(pm.pipeline_step.stages)
                  if c % plan.num_positions == pm.stage)
@@ -101,6 +109,10 @@ print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.stage, "replica": pm.replica, "grad_diff": grad_diff,
     "loss_diff": loss_diff, "weight_diff": weight_diff, "own_gradients": own_gradients,
     "stage_variables": stage_vars, "final_loss": float(got_loss),
-    "checkpoint_diff": checkpoint_diff,
+    "checkpoint_diff": checkpoint_diff, "while_ops": while_ops,
+    "schedule_loops": pm.pipeline_step.schedule_loops,
+    "lane_loops": sum(lane.traces for lane in pm.pipeline_step.lane_loops),
+    "accumulator_devices": {f"{s},{r}": sorted({v.device for v in a.variables})
+                            for (s, r), a in pm.pipeline_step.loop_accumulators.items()},
     "unit_devices": [pm.pipeline_step.device(s, r) for s, st in enumerate(plan.stages)
                      for r in range(st.replicas)]}), flush=True)
