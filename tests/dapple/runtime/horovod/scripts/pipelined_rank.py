@@ -97,11 +97,13 @@ if args.checkpoint:
     checkpoint_diff = max(float(np.max(np.abs(a - b)))
                           for a, b in zip(fresh.get_weights(), reference.get_weights()))
 while_ops = None
-if args.pipeline_loop:      # While ops in the step's own graph, traced for a batch alike
+if args.pipeline_loop:      # While ops of the step, traced for a batch alike
     x, y = models.data_for(model, args.global_batch, seed=0)
     step_graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients
                              ).get_concrete_function(x, y).graph
-    while_ops = sum(op.type in ("While", "StatelessWhile") for op in step_graph.get_operations())
+    graph_def = step_graph.as_graph_def()     # its own ops and those of the functions it calls
+    while_ops = sum(node.op in ("While", "StatelessWhile") for node in list(graph_def.node) + [
+        n for f in graph_def.library.function for n in f.node_def])
 # This rank's device group runs chunks stage, stage + S, ... (one stage unless interleaved).
 stage_vars = sum(len(graph.trainable_variables) for c, graph in enumerate(pm.pipeline_step.stages)
                  if c % plan.num_positions == pm.stage)
