@@ -54,6 +54,7 @@ flags.DEFINE_integer("micro_batches", 8, "M")
 flags.DEFINE_integer("steps", 10, "timed steps per measurement (median kept)")
 flags.DEFINE_integer("repeats", 3, "rounds of alternating measurements (median kept)")
 flags.DEFINE_string("worker_plan", "", "internal: time this plan as one rank")
+flags.DEFINE_bool("worker_loop", False, "internal: the worker's pipeline with pipeline_loop=True")
 RESULT = "DAPPLE_SPLIT_MS "
 SCHEDULES = ("1f1b", "zb-h1", "interleaved")
 
@@ -84,7 +85,7 @@ def worker() -> None:
     from planner.formats.plan import Plan
     tf.get_logger().setLevel("ERROR")
     plan = Plan.load(FLAGS.worker_plan)
-    pm = dapple.PipelinedModel(build(**model_args()), plan)
+    pm = dapple.PipelinedModel(build(**model_args()), plan, pipeline_loop=FLAGS.worker_loop)
     pm.compile(tf.keras.optimizers.SGD(0.01),
                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.RandomState(0)

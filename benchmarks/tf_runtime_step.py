@@ -3,7 +3,7 @@ the Horovod runtime, measured side by side in one run (issue #27).
 
     python benchmarks/tf_runtime_step.py [--width=1024] [--depth=8] [--batch=256]
         [--micro_batches=8] [--steps=10] [--repeats=3] [--schedules=1f1b,interleaved,zb-h1]
-        [--onednn=true]
+        [--loop_schedules=1f1b] [--onednn=true]
 
 The model and plans are `benchmarks/schedule_step_time.py`'s (an MLP of `depth` Dense(width),
 2 stages cut in the middle; interleaved: v = 2). Every measurement is its own job, one intra-op
@@ -15,6 +15,8 @@ of `--repeats` rounds and the median over rounds is kept:
 * plain, accumulating M: the same process summing M micro-batches' gradients (one tape each)
   before one update: what micro-batching alone costs, with no pipeline;
 * tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
+* tensorflow/<schedule>, looped (`--loop_schedules`): the same with `pipeline_loop=True`, its
+  steady periods one `tf.while_loop` spanning both tasks (a schedule also in `--schedules`);
 * tensorflow/1f1b-grouped: the same with `--group_devices`: one process holding this host's 2
   devices (so no Send/Recv at all on one host), with 2 intra-op threads (the per-slot
   processes' threads together);
@@ -61,6 +63,8 @@ flags.DEFINE_bool("onednn", True, "TF_ENABLE_ONEDNN_OPTS=1 for every job, plain 
                   "and Eigen's products at micro-batch rows are slow: docs/cluster.md)")
 flags.DEFINE_bool("grouped", True, "also time tensorflow 1f1b with --group_devices: this "
                   "host's 2 devices in one process (transfers are device copies)")
+flags.DEFINE_list("loop_schedules", [], "also time these schedules on the TF runtime with "
+                  "pipeline_loop=True (steady periods as a tf.while_loop), e.g. 1f1b")
 flags.DEFINE_list("chief_weights", ["copies", "chief"], "also time tensorflow 1f1b with the "
                   "weights trained on the chief (DAPPLE_TF_WEIGHTS=copies: working copies "
                   "refreshed every step; =chief: every unit reads them there)")
@@ -118,13 +122,13 @@ def sizes() -> list:
             f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]
 
 
-def measure(kind: str, plan_path: str = "", extra_env=None) -> float:
+def measure(kind: str, plan_path: str = "", extra_env=None, loop: bool = False) -> float:
     if kind.startswith("plain"):
         cmd = [sys.executable, os.path.abspath(__file__), "--plain_worker"] + sizes() + (
             ["--accumulate"] if kind == "plain-accumulating" else [])
     else:
         worker = [sys.executable, os.path.join(HERE, "schedule_step_time.py"),
-                  f"--worker_plan={plan_path}"] + sizes()
+                  f"--worker_plan={plan_path}"] + sizes() + (["--worker_loop"] if loop else [])
         if kind == "horovod":
             cmd = sst.horovodrun(worker)
         else:
@@ -167,14 +171,19 @@ def main(argv):
     del argv
     if FLAGS.plain_worker:
         return plain_worker()
+    if set(FLAGS.loop_schedules) - set(FLAGS.schedules):
+        raise app.UsageError(f"--loop_schedules={','.join(FLAGS.loop_schedules)}: each needs its "
+                             f"unrolled step too; add it to --schedules")
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if FLAGS.onednn else "0"   # every job inherits it
     print("command: python benchmarks/tf_runtime_step.py " + " ".join(
         sizes() + [f"--repeats={FLAGS.repeats}", f"--schedules={','.join(FLAGS.schedules)}",
+                   f"--loop_schedules={','.join(FLAGS.loop_schedules)}",
                    f"--onednn={FLAGS.onednn}"]))
     every = sst.plans(FLAGS.depth + 1)
     jobs = [("plain", "plain", None),
             (f"plain, accumulating {FLAGS.micro_batches}", "plain-accumulating", None)] + [(f"tensorflow/{s}", "tensorflow", s)
                                          for s in FLAGS.schedules]
+    jobs += [(f"tensorflow/{s}, looped", "tensorflow", s) for s in FLAGS.loop_schedules]
     for mode in FLAGS.chief_weights:
         jobs.append((f"tensorflow/1f1b, weights on the chief ({mode})", "tensorflow", "1f1b"))
     if FLAGS.grouped:
@@ -191,7 +200,8 @@ def main(argv):
             for name, kind, schedule in jobs:
                 extra = ({"DAPPLE_TF_WEIGHTS": name.split("(")[1].rstrip(")")}
                          if "on the chief" in name else None)
-                figures[name].append(measure(kind, paths.get(schedule, ""), extra))
+                figures[name].append(measure(kind, paths.get(schedule, ""), extra,
+                                             loop=name.endswith(", looped")))
                 print(f"round {r + 1}: {name} {figures[name][-1]:.1f} ms "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
     ms = {name: statistics.median(v) for name, v in figures.items()}
@@ -212,6 +222,12 @@ def main(argv):
             name = f"tensorflow/1f1b, weights on the chief ({mode})"
             print(f"{name} / weights on each stage's device: "
                   f"{ms[name] / ms['tensorflow/1f1b']:.3f}")
+        for s in FLAGS.loop_schedules:
+            looped = ms[f"tensorflow/{s}, looped"]
+            print(f"tensorflow {s} looped / plain: {looped / ms['plain']:.3f} (target <= 1.25); "
+                  f"/ unrolled: {looped / ms[f'tensorflow/{s}']:.3f}" + (
+                      f"; horovod 1f1b / looped: {ms['horovod/1f1b'] / looped:.3f} "
+                      f"(target >= 1.6)" if s == "1f1b" and "horovod/1f1b" in ms else ""))
         for s in FLAGS.schedules:
             if s != "1f1b":
                 m = ms[f'tensorflow/{s}'] / ms['tensorflow/1f1b']

@@ -29,7 +29,8 @@ a TensorFlow cluster's tasks (`dapple.runtime.tf_cluster`). This class runs the 
 A data-parallel plan's lanes run as loops over their micro-batches
 (`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M; `micro_batch_loop=False`
 unrolls them as every other plan's. With `pipeline_loop=True` a pipeline's steady 1F1B,
-GPipe, zb-h1 or interleaved periods run as one loop too (`graph_rewrite.schedule_loop`):
+GPipe, zb-h1 or interleaved periods run as one loop too, in one process, across horovodrun's
+ranks or across a TensorFlow cluster's tasks (`graph_rewrite.schedule_loop`):
 opt-in until its steady step is shown as fast as the unrolled one's (docs/runtime.md,
 "Start-up").
 """

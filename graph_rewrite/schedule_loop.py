@@ -49,9 +49,12 @@ number and the task's relative micro-batch), one op carrying a micro-batch per i
 loops run one iteration at a time (`parallel_iterations=1`): Horovod refuses a name while a
 transfer of it is in flight (GPipe's forward loop hit that). The body's transfers are kept by
 an exact-zero loop variable the step adds to its loss (`_kept`).
-Loops need units on local devices or a transport that names transfers so
-(`transfers_in_loops`), no working copies, training, no recomputation; relaxed schedules and
-TensorFlow cluster tasks run unrolled.
+Units on one process's devices or on a TensorFlow cluster's tasks (`LocalTransport`: the
+partitioner cuts the loop by task, each task running its own frame of it, and the tensors
+crossing tasks move by Send/Recv inside it), reading their device's working copies where a
+runtime made them, or on Horovod ranks (a transport that names transfers so:
+`transfers_in_loops`), in training, with no recomputation, are looped; relaxed schedules run
+unrolled.
 """
 from __future__ import annotations
 
@@ -327,12 +330,6 @@ def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
     if any(a.kind not in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
            for lst in schedule.lists for a in lst):
         return None             # updates in the list (relaxed schedules)
-    units = step.transport.local_units()
-    if any(step.functions[s].copies.on(step.device(s, r)) for s, r in units):
-        return None             # working copies: the unrolled actions read them
-    if any("/job:" in step.device(s, r) and "/job:localhost" not in step.device(s, r)
-           for s, r in units):
-        return None             # a cluster's tasks: not tried yet
     n = state.global_batch // M
     for s, R in enumerate(step.replicas):
         for r in range(R):

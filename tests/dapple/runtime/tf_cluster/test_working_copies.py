@@ -3,8 +3,9 @@ variables' read per-device copies refreshed at every step (the TensorFlow-cluste
 step, `dapple.runtime.tf_cluster.runtime.CopyingStep`), run here on logical CPU devices of one process,
 where the model's variables live on the first. Training equals plain Keras's (3 steps, 1e-5) on
 every path that reads weights (SGD: Adam would scale up the float noise of the gradient of
-the bias before BatchNormalization, zero in exact arithmetic): unrolled, looped data parallelism, the split backward of zb-h1,
-BatchNormalization; and the copies are what is read (stale copies change the loss)."""
+the bias before BatchNormalization, zero in exact arithmetic): unrolled, looped data
+parallelism, the split backward of zb-h1, BatchNormalization, pipeline loops; and the copies
+are what is read, unrolled and looped (stale copies change the loss)."""
 import dapple  # noqa: F401  (Keras 2 and logical devices first)
 import pytest
 import tensorflow as tf
@@ -22,8 +23,8 @@ class CopyingRuntime(LocalRuntime):
                            pipeline_loop=pipeline_loop)
 
 
-def pipelined(model, plan):
-    pm = dapple.PipelinedModel(model, plan)
+def pipelined(model, plan, pipeline_loop=False):
+    pm = dapple.PipelinedModel(model, plan, pipeline_loop=pipeline_loop)
     pm.runtime = CopyingRuntime(plan)
     return pm
 
@@ -49,10 +50,23 @@ def test_training_with_copies_equals_plain_keras(builder, cuts, replicas, schedu
     assert any(made), "no unit got working copies"
 
 
-def test_units_read_the_copies(monkeypatch):
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_pipeline_loops_with_copies_train_as_plain_keras(schedule):
+    """The steady periods as loops whose stage splits read the copies (as on a cluster)."""
+    model, reference = models.mlp_with_skip(seed=3), models.mlp_with_skip(seed=3)
+    plan = straight_plan([2], len(layer_order(model)), 4, 24, schedule=schedule)
+    pm = pipelined(model, plan, pipeline_loop=True)
+    models.assert_trains_like_plain_model(pm, model, reference, models.losses_for(model),
+                                          lambda: tf.keras.optimizers.SGD(0.1), 24)
+    models.assert_ran_as_loops(pm)
+    assert pm.pipeline_step.functions[1].copies.on(pm.pipeline_step.device(1, 0))
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["unrolled", "pipeline-loop"])
+def test_units_read_the_copies(monkeypatch, loop):
     model = models.mlp_with_skip(seed=3)
     plan = straight_plan([2], len(layer_order(model)), 4, 24)
-    pm = pipelined(model, plan)
+    pm = pipelined(model, plan, pipeline_loop=loop)
     pm.compile(optimizer=tf.keras.optimizers.SGD(0.0), loss=models.losses_for(model))
     x, y = models.data_for(model, 24, seed=1)
     fresh = float(pm.train_step(x, y))
@@ -63,6 +77,7 @@ def test_units_read_the_copies(monkeypatch):
     for c in copies.on(pm.pipeline_step.device(1, 0)):
         c.assign(tf.zeros_like(c))
     assert abs(float(pm.train_step(x, y)) - fresh) > 1e-3
+    models.assert_ran_as_loops(pm, loop)
 
 
 def test_no_copies_where_a_read_could_bypass_them():

@@ -40,7 +40,8 @@ parser.add_argument("--checkpoint", default="")
 parser.add_argument("--virtual_stages", type=int, default=0,
                     help="chunks per device group: an interleaved plan (--replicas per group)")
 parser.add_argument("--pipeline_loop", action="store_true",
-                    help="the steady periods as loops (reports how many traces built them)")
+                    help="PipelinedModel(..., pipeline_loop=True): steady periods as loops "
+                         "(reports how many traces built them)")
 args = parser.parse_args()
 
 builder = getattr(models, args.model)
@@ -96,6 +97,14 @@ if args.checkpoint:
     fresh.load_weights(args.checkpoint)
     checkpoint_diff = max(float(np.max(np.abs(a - b)))
                           for a, b in zip(fresh.get_weights(), reference.get_weights()))
+while_ops = None
+if args.pipeline_loop:      # While ops of the step, traced for a batch alike
+    x, y = models.data_for(model, args.global_batch, seed=0)
+    step_graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients
+                             ).get_concrete_function(x, y).graph
+    graph_def = step_graph.as_graph_def()     # its own ops and those of the functions it calls
+    while_ops = sum(node.op in ("While", "StatelessWhile") for node in list(graph_def.node) + [
+        n for f in graph_def.library.function for n in f.node_def])
 # This rank's device group runs chunks stage, stage + S, ... (one stage unless interleaved).
 stage_vars = sum(len(graph.trainable_variables) for c, graph in enumerate(pm.pipeline_step.stages)
                  if c % plan.num_positions == pm.stage)
@@ -103,7 +112,10 @@ print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.stage, "replica": pm.replica, "grad_diff": grad_diff,
     "loss_diff": loss_diff, "weight_diff": weight_diff, "own_gradients": own_gradients,
     "stage_variables": stage_vars, "final_loss": float(got_loss),
-    "checkpoint_diff": checkpoint_diff,
+    "checkpoint_diff": checkpoint_diff, "while_ops": while_ops,
     "schedule_loops": pm.pipeline_step.schedule_loops,
+    "lane_loops": sum(lane.traces for lane in pm.pipeline_step.lane_loops),
+    "accumulator_devices": {f"{s},{r}": sorted({v.device for v in a.variables})
+                            for (s, r), a in pm.pipeline_step.loop_accumulators.items()},
     "unit_devices": [pm.pipeline_step.device(s, r) for s, st in enumerate(plan.stages)
                      for r in range(st.replicas)]}), flush=True)

@@ -2,7 +2,9 @@
 which every rank computes itself (same seed, same data). Prints `DAPPLE_RESULT <json>`.
 
 --case=batchnorm  Dense-input and Conv2D BatchNormalization, 2:1 plan, M = 4, learning rate 0,
-                  2 steps (--steps): moving statistics against plain `train_on_batch`.
+                  2 steps (--steps): moving statistics against plain `train_on_batch`;
+                  with --pipeline_loop, its steady periods as a loop (`schedule_loops` counts
+                  the traces that built one).
 --case=tied       tied input/output embedding across a 2-stage cut, 3 SGD steps: weights
                   against 3 plain steps, and this rank's copy of the embedding.
 --case=clip       `global_clipnorm=0.1`, 2:1 plan, 3 SGD steps: weights against plain steps.
@@ -27,6 +29,7 @@ from tests import models
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True)
 parser.add_argument("--steps", type=int, default=2, help="--case=batchnorm: steps")
+parser.add_argument("--pipeline_loop", action="store_true", help="--case=batchnorm: loop")
 args = parser.parse_args()
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -35,9 +38,9 @@ def diff(a, b):
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
-def pipelined(model, cuts, replicas, m, batch, optimizer):
+def pipelined(model, cuts, replicas, m, batch, optimizer, pipeline_loop=False):
     plan = straight_plan(cuts, len(layer_order(model)), m, batch, replicas=replicas)
-    pm = dapple.PipelinedModel(model, plan)
+    pm = dapple.PipelinedModel(model, plan, pipeline_loop=pipeline_loop)
     pm.compile(optimizer=optimizer, loss=LOSS)
     return pm
 
@@ -46,7 +49,8 @@ report = {}
 if args.case == "batchnorm":
     for builder, cut in ((models.dense_batchnorm, 2), (models.conv_batchnorm, 3)):
         model, reference = builder(), builder()
-        pm = pipelined(model, [cut], [2, 1], 4, 16, tf.keras.optimizers.SGD(0.0))
+        pm = pipelined(model, [cut], [2, 1], 4, 16, tf.keras.optimizers.SGD(0.0),
+                       args.pipeline_loop)
         reference.compile(tf.keras.optimizers.SGD(0.0), LOSS)
         rng = np.random.RandomState(0)
         for _ in range(args.steps):
@@ -60,6 +64,7 @@ if args.case == "batchnorm":
                                         reference.non_trainable_variables)
         report[builder.__name__ + "_moved"] = diff(initial.non_trainable_variables,
                                                    reference.non_trainable_variables)
+        report[builder.__name__ + "_schedule_loops"] = pm.pipeline_step.schedule_loops
 elif args.case == "tied":
     model, reference = models.tied_language_model(), models.tied_language_model()
     pm = pipelined(model, [5], [1, 1], 4, 16, tf.keras.optimizers.SGD(0.5))
