@@ -528,9 +528,10 @@ class ScheduleLoop:
     def _take(self, values: dict, key: Key, m):
         """The value of `key` for micro-batch index `m`: a live one (dropped after its last
         reader), or its element of an earlier loop's collection."""
-        if key not in values:
+        if key not in values:           # read and unpacked where the reader runs
             first, arrays = self.collections[key[:3]]
-            return self.packing[key[:3]].read(arrays, m - first)
+            with tf.device(self.step.device(*key[1:3])):
+                return self.packing[key[:3]].read(arrays, m - first)
         value = values[key]
         readers = values["readers"]
         readers[key] -= 1
@@ -581,6 +582,11 @@ class ScheduleLoop:
         with tf.device(device):
             return tf.zeros(shape, dtype)
 
+    @staticmethod
+    def _plus_one(device: Optional[str], counter: tf.Tensor) -> tf.Tensor:
+        with tf.device(device):
+            return counter + 1
+
     def _record(self, carry) -> None:
         """Move what unrolled tasks left in `carry` into the step's state."""
         state = self.state
@@ -615,6 +621,9 @@ class ScheduleLoop:
             sums[u] = self._accumulators(u)
             sums[u].start(carry["sums"][u], step.device(*u))
 
+        # t, one counter per device: a unit indexes its inputs and arrays with its own
+        devices = sorted({step.device(*u) for u in self.local}, key=str)
+
         def arrays(unit, specs, size):
             with tf.device(step.device(*unit)):
                 return [tf.TensorArray(spec.dtype, size=size, element_shape=spec.shape)
@@ -622,7 +631,8 @@ class ScheduleLoop:
 
         carried = {k: CarriedValue(values[k], step.device(*k[1:3])) for k in local_carried}
         start = {
-            "t": tf.constant(0), "token": dict(carry["token"]),
+            "token": dict(carry["token"]),
+            "counters": {d: self._zeros(d, [], tf.int32) for d in devices},
             "loss": self._zeros(step.device(*last[0]) if last else None, []),
             "values": {k: carried[k].pack_value(values.pop(k)) for k in local_carried},
             "collected": {k: self._packing(k).arrays(step.device(*k[1:3]), iterations)
@@ -639,14 +649,17 @@ class ScheduleLoop:
             start["kept"] = self._zeros(step.device(*self.local[0]), [])
 
         def body(now):
-            t = now["t"]
+            counters = now["counters"]
             values = {k: carried[k].unpack_value(v) for k, v in now["values"].items()}
             values["readers"] = dict(readers)
             inner = {"token": dict(now["token"]), "sums": dict(sums), "loss": [],
                      "predictions": {}, "statistics": {}}
             mark = len(transport.pending) if self.remote else 0
             for task in loop.body:
-                self._run(task, t * stride + task.micro_batch, values, inner)
+                device = step.device(task.stage, task.replica)
+                with tf.device(device):
+                    m = counters[device] * stride + task.micro_batch
+                self._run(task, m, values, inner)
             kept = {}
             if self.remote:
                 kept["kept"] = self._kept(now["kept"], transport.pending[mark:])
@@ -654,7 +667,8 @@ class ScheduleLoop:
             collected = {}
             for k, written in now["collected"].items():
                 with tf.device(step.device(*k[1:3])):
-                    collected[k] = self.packing[k[:3]].write(written, t, values.pop(k))
+                    collected[k] = self.packing[k[:3]].write(
+                        written, counters[step.device(*k[1:3])], values.pop(k))
             shifted = {(k[0], k[1], k[2], k[3] - stride): v for k, v in values.items()
                        if k != "readers"}
             loss = now["loss"]
@@ -664,27 +678,31 @@ class ScheduleLoop:
             predictions = {}
             for u, written in now["predictions"].items():
                 for i, (_, outs) in enumerate(inner["predictions"][u[1]]):
-                    index = t * len(forwards[u]) + i
-                    written = [a.write(index, o) for a, o in zip(written, outs)]
+                    with tf.device(step.device(*u)):
+                        index = counters[step.device(*u)] * len(forwards[u]) + i
+                        written = [a.write(index, o) for a, o in zip(written, outs)]
                 predictions[u] = written
             statistics = {}
             for u, (means, m2s) in now["statistics"].items():
                 keys = self.splits[u].statistics_keys
                 for i, calls in enumerate(inner["statistics"][u]):
-                    index = t * len(forwards[u]) + i
-                    means = means.write(index, _joined([calls[k][0] for k in keys]))
-                    m2s = m2s.write(index, _joined([calls[k][1] for k in keys]))
+                    with tf.device(step.device(*u)):
+                        index = counters[step.device(*u)] * len(forwards[u]) + i
+                        means = means.write(index, _joined([calls[k][0] for k in keys]))
+                        m2s = m2s.write(index, _joined([calls[k][1] for k in keys]))
                 statistics[u] = [means, m2s]
-            return [{"t": t + 1, "loss": loss, "token": inner["token"],
+            counters = {d: self._plus_one(d, c) for d, c in counters.items()}
+            return [{"counters": counters, "loss": loss, "token": inner["token"],
                      "values": {k: carried[k].pack_value(shifted[k]) for k in local_carried},
                      "collected": collected,
                      "predictions": predictions, "statistics": statistics, **kept}]
 
         # Across processes one iteration at a time: a slot's transfer is one op under one
         # name, and Horovod refuses a name while a transfer of it is still in flight.
-        (end,) = tf.while_loop(lambda now: now["t"] < iterations, body, [start],
-                               maximum_iterations=iterations,
-                               parallel_iterations=1 if self.remote else 10)
+        with tf.compat.v1.device(_identity_beside_its_input):
+            (end,) = tf.while_loop(lambda now: now["counters"][devices[0]] < iterations, body,
+                                   [start], maximum_iterations=iterations,
+                                   parallel_iterations=1 if self.remote else 10)
         if self.remote:
             transport.pending.append(end["kept"])
         carry["token"] = end["token"]
@@ -863,6 +881,15 @@ def _with_zeros(crossing: Crossing, replica: int, grads) -> dict:
         if tid in crossing.ids and spec.dtype.is_floating and tid not in out:
             out[tid] = tf.zeros([hi - lo] + spec.shape.as_list()[1:], spec.dtype)
     return out
+
+
+def _identity_beside_its_input(op) -> str:
+    """The device of an Identity made with none (the body's return values, which the while
+    loop's function adds) is its input's: left to the placer, a device's loop variable went
+    to the first device and back every iteration (two sends)."""
+    if op.type == "Identity" and not op.device and op.inputs and op.inputs[0].device:
+        return op.inputs[0].device
+    return op.device
 
 
 def _joined(parts: List[tf.Tensor]) -> tf.Tensor:

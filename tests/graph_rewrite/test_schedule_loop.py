@@ -210,6 +210,42 @@ def deep_mlp(depth):
     return tf.keras.Model(x, tf.keras.layers.Dense(5)(h))
 
 
+def _device(name: str) -> str:
+    return tf.DeviceSpec.from_string(name).to_string() if name else ""
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_every_loop_variable_stays_on_its_device_across_iterations(schedule):
+    """Each loop variable's value for the next iteration is made where the variable lives (the
+    device of its first value, where its Merge and NextIteration go): a body output made
+    elsewhere, as the while loop's own return Identity was when left to the placer, costs a
+    send there and back every iteration."""
+    model = mlp_with_skip()
+    pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, 16, schedule=schedule),
+                               pipeline_loop=True)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    x, y = data_for(model, 16, seed=0)
+    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
+    graph = fn.get_concrete_function(x, y).graph
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    assert loops
+    checked = 0
+    for loop in loops:
+        body = library[loop.get_attr("body").name]
+        nodes = {n.name: n for n in body.node_def}
+        for arg, start in zip(body.signature.output_arg, loop.inputs):
+            if start.dtype == tf.resource or not start.op.device:
+                continue        # invariants pass through; the loop's own counter
+            returned = nodes.get(body.ret[arg.name].split(":")[0])
+            if returned is None:
+                continue        # an argument returned as it came
+            assert _device(returned.device) == _device(start.op.device), (
+                loop.name, returned.name, returned.device, start.op.device)
+            checked += 1
+    assert checked >= 2 * len(loops)
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
 def test_loop_variables_do_not_grow_with_the_stages_depth(schedule):
     """Every loop variable runs executor nodes each iteration, so a loop adds gradients into
