@@ -435,8 +435,9 @@ class Search:
                         if devices_left < more:
                             more = devices_left
                     trip_rest = (rest - total_overhead) / M if rest else 0.0
+                    # the trail's K bounds are kept for G stages (a straight pipeline's count)
                     trip_bound, entry = round_trip_bound(trail, stage_cost, M, more, trip_rest,
-                                                         best_value)
+                                                         best_value, self.G)
                     if trip_bound > bound:
                         bound = trip_bound
                     if bound >= best_value:
@@ -455,7 +456,7 @@ class Search:
                 stats.pruned += 1
                 continue
             path.append((j, last, counts))
-            trail.append(entry or trail_entry(trail, stage_cost, M))
+            trail.append(entry or trail_entry(trail, stage_cost, M, self.G))
             path_costs.append(stage_cost)
             self._dfs(last + 1, new_used, counts, s1, path)
             path.pop()
