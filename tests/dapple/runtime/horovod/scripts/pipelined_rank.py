@@ -98,7 +98,9 @@ if args.checkpoint:
     checkpoint_diff = max(float(np.max(np.abs(a - b)))
                           for a, b in zip(fresh.get_weights(), reference.get_weights()))
 while_ops = None
-if args.pipeline_loop:      # While ops of the step, traced for a batch alike
+# While ops of the step, traced again for a batch alike: on the TF cluster, where tracing builds
+# no collectives (under horovodrun a second trace of the step wants process sets again).
+if args.pipeline_loop and type(pm.runtime).__name__ == "TFClusterRuntime":
     x, y = models.data_for(model, args.global_batch, seed=0)
     step_graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients
                              ).get_concrete_function(x, y).graph
