@@ -183,10 +183,8 @@ def test_zb_h1_input_and_weight_functions_do_the_backwards_work_once():
         assert weight_products and not weight_products & set(compute_ops(split.input_function))
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
-def test_loop_variables_start_on_their_units_devices(schedule):
-    """A lowered loop variable's Enter, Merge, Switch and NextIteration go where its first
-    value was made: one made on the default device would cross devices every iteration."""
+def looped_step_graph(schedule):
+    """The traced step graph of a looped 2-stage pipeline of `mlp_with_skip`, M = 4."""
     model = mlp_with_skip()
     pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, 16, schedule=schedule),
                                pipeline_loop=True)
@@ -194,6 +192,14 @@ def test_loop_variables_start_on_their_units_devices(schedule):
     x, y = data_for(model, 16, seed=0)
     fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
     graph = fn.get_concrete_function(x, y).graph
+    return graph
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_loop_variables_start_on_their_units_devices(schedule):
+    """A lowered loop variable's Enter, Merge, Switch and NextIteration go where its first
+    value was made: one made on the default device would cross devices every iteration."""
+    graph = looped_step_graph(schedule)
     (loop,) = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
     floats = [t for t in loop.inputs if t.dtype.is_floating]
     assert all(t.op.device for t in floats), [t.op.name for t in floats if not t.op.device]
@@ -220,13 +226,7 @@ def test_every_loop_variable_stays_on_its_device_across_iterations(schedule):
     device of its first value, where its Merge and NextIteration go): a body output made
     elsewhere, as the while loop's own return Identity was when left to the placer, costs a
     send there and back every iteration."""
-    model = mlp_with_skip()
-    pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, 16, schedule=schedule),
-                               pipeline_loop=True)
-    pm.compile(optimizer="sgd", loss=losses_for(model))
-    x, y = data_for(model, 16, seed=0)
-    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
-    graph = fn.get_concrete_function(x, y).graph
+    graph = looped_step_graph(schedule)
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
     loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
     assert loops
