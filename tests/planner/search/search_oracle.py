@@ -162,33 +162,8 @@ class OracleSearch:
         still possible, the memory caps D of stages 0..q). The wait and the steady period fall
         as K grows and rise with R, so those values give a lower bound of the final L(q), and
         the latency is the maximum over q."""
-        M = self.M
-        costs = self.path_costs + [new_stage]
-        n = len(costs)
-        max_stages = n + more_stages
-        tw, te, kmax = [0.0] * n, [0.0] * n, [0] * n
-        acc_f, chain, runmin = 0.0, -_INF, M
-        for i, (tf, tb, F, B, AR, cap) in enumerate(costs):      # StageCost fields
-            acc_f += tf + F
-            tw[i] = acc_f
-            if i:
-                chain = max(chain + tb, tb)
-            chain = max(chain + B, AR + B)
-            te[i] = chain
-            runmin = min(runmin, max(1, cap))
-            kmax[i] = max(1, min(runmin, 2 * (max_stages - i) - 1))
-        best, trip = -_INF, trip_rest
-        for i in range(n - 1, -1, -1):
-            tf, tb, F, B, _, _ = costs[i]
-            fb, k = F + B, kmax[i]
-            wait = trip - (k - 1) * F
-            period = (fb + trip) / k
-            value = tw[i] + (wait if wait > 0.0 else 0.0) + \
-                (M - 1) * (period if period > fb else fb) + te[i]
-            if value > best:
-                best = value
-            trip += fb + tf + tb
-        return best
+        return round_trip_reference(self.path_costs + [new_stage], self.M, more_stages,
+                                    trip_rest)
 
     def _sizes(self, free: int, mb: int) -> Iterable[int]:
         top = min(free, mb // self.min_slice)
@@ -302,3 +277,34 @@ def oracle_seed_search(search: OracleSearch, micro_batches: Sequence[int]) -> No
         model = StageModel(search.profile, search.topology, search.gbs, M)
         for stages in shapes:
             search.seed(M, stages, model)
+
+
+def round_trip_reference(costs, M: int, more_stages: int, trip_rest: float) -> float:
+    """The round-trip bound for the path of stage costs `costs` (StageCost fields: tf, tb, F,
+    B, AR, cap) with at most `more_stages` stages after it: each stage's pivot term at its
+    least trip and largest K, the maximum over the stages (see `_round_trip_bound`)."""
+    n = len(costs)
+    max_stages = n + more_stages
+    tw, te, kmax = [0.0] * n, [0.0] * n, [0] * n
+    acc_f, chain, runmin = 0.0, -_INF, M
+    for i, (tf, tb, F, B, AR, cap) in enumerate(costs):
+        acc_f += tf + F
+        tw[i] = acc_f
+        if i:
+            chain = max(chain + tb, tb)
+        chain = max(chain + B, AR + B)
+        te[i] = chain
+        runmin = min(runmin, max(1, cap))
+        kmax[i] = max(1, min(runmin, 2 * (max_stages - i) - 1))
+    best, trip = -_INF, trip_rest
+    for i in range(n - 1, -1, -1):
+        tf, tb, F, B, _, _ = costs[i]
+        fb, k = F + B, kmax[i]
+        wait = trip - (k - 1) * F
+        period = (fb + trip) / k
+        value = tw[i] + (wait if wait > 0.0 else 0.0) + \
+            (M - 1) * (period if period > fb else fb) + te[i]
+        if value > best:
+            best = value
+        trip += fb + tf + tb
+    return best

@@ -1,6 +1,6 @@
 """The exact search's round-trip bound (`round_trip_bound`, built on a trail of prefix terms)
-against the bound computed from the stage costs directly (`reference`, as the oracle search
-of `search_oracle.py` computes it): bit for bit on random paths; with `stop_at`, the same
+against the bound computed from the stage costs directly (`search_oracle.round_trip_reference`,
+the oracle search's own): bit for bit on random paths; with `stop_at`, the same
 bound when it is below `stop_at`, else a value from `stop_at` up to the bound (the search
 prunes the candidate either way). The trail's entries hold each stage's K bound for one count
 of stages (`usual_stages`): the pass reads them where the plan may have that many stages and
@@ -11,36 +11,7 @@ import random
 import pytest
 
 from planner.search.round_trip_bound import round_trip_bound, trail_entry
-
-
-def reference(costs, M, more_stages, trip_rest):
-    """The bound for the path of stage costs `costs` (StageCost fields: tf, tb, F, B, AR,
-    cap) with at most `more_stages` stages after it: each stage's pivot term at its least
-    trip and largest K, the maximum over the stages."""
-    n = len(costs)
-    max_stages = n + more_stages
-    tw, te, kmax = [0.0] * n, [0.0] * n, [0] * n
-    acc_f, chain, runmin = 0.0, -math.inf, M
-    for i, (tf, tb, F, B, AR, cap) in enumerate(costs):
-        acc_f += tf + F
-        tw[i] = acc_f
-        if i:
-            chain = max(chain + tb, tb)
-        chain = max(chain + B, AR + B)
-        te[i] = chain
-        runmin = min(runmin, max(1, cap))
-        kmax[i] = max(1, min(runmin, 2 * (max_stages - i) - 1))
-    best, trip = -math.inf, trip_rest
-    for i in range(n - 1, -1, -1):
-        tf, tb, F, B, _, _ = costs[i]
-        fb, k = F + B, kmax[i]
-        wait = trip - (k - 1) * F
-        period = (fb + trip) / k
-        value = tw[i] + (wait if wait > 0.0 else 0.0) + \
-            (M - 1) * (period if period > fb else fb) + te[i]
-        best = max(best, value)
-        trip += fb + tf + tb
-    return best
+from tests.planner.search.search_oracle import round_trip_reference
 
 
 def random_cost(rng):
@@ -64,7 +35,7 @@ def test_the_bound_is_the_reference_and_stops_where_it_prunes(seed):
         trail = []
         for cost in costs[:-1]:
             trail.append(trail_entry(trail, cost, M, usual))
-        want = reference(costs, M, more, trip_rest)
+        want = round_trip_reference(costs, M, more, trip_rest)
         bound, entry = round_trip_bound(trail, costs[-1], M, more, trip_rest,
                                         usual_stages=usual)
         assert bound.hex() == want.hex()
