@@ -12,14 +12,13 @@ import pytest
 from planner.estimate import compute_pass
 from planner.estimate.pipeline_costs import PipelineCosts
 from planner.estimate.simulator import simulate
-from planner.formats.plan import PlanError, straight_plan
+from planner.formats.plan import PlanError
 from planner.schedules.actions import ScheduleError, Schedule
 from planner.schedules.by_name import build_schedule
 from planner.search.schedule_choice import choose_schedule
 from tests.planner.estimate.test_simulator_equivalence import (generated, random_costs,
                                                                random_order)
-from tests.planner.search.test_schedule_choice import toy_profile
-from topology import parse_topology
+from tests.planner.search.test_schedule_choice_pruning import random_choice_case
 
 
 def reference(schedule, costs, duplex="full", rendezvous=False):
@@ -142,15 +141,7 @@ def test_a_hand_timed_gpipe():
 def test_choose_schedule_the_same_without_it(seed, monkeypatch):
     """The plan `auto` chooses, its estimate, and every option's iteration, with the pass and
     with the simulator alone."""
-    rng = random.Random(seed)
-    layers = rng.randint(4, 10)
-    profile = toy_profile(tuple(rng.choice((0.5, 1.0, 2.0, 3.0)) for _ in range(layers)))
-    stages = rng.randint(2, min(4, layers))
-    cuts = sorted(rng.sample(range(1, layers), stages - 1))
-    M = rng.choice((1, 2, 4, 8, 16))
-    plan = straight_plan(cuts, layers, micro_batches=M, global_batch_size=8 * M)
-    topology = parse_topology(rng.choice((f"1x{stages}", f"1x{stages},net=1Gbps",
-                                          f"{stages}x1,net=10Gbps")))
+    plan, profile, topology = random_choice_case(seed)
 
     def choice():
         try:

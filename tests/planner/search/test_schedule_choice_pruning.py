@@ -46,8 +46,9 @@ def test_auto_chooses_as_brute_force_on_table_v_simulating_less(simulations):
     assert simulated < 2 * len(CELLS)           # of 4 synchronous schedules each
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_auto_chooses_as_brute_force_on_random_plans(seed):
+def random_choice_case(seed):
+    """(plan, profile, topology): a straight plan of 2-4 stages over 4-10 toy layers at
+    M = 1-16, on one server or across servers, drawn from `seed`."""
     rng = random.Random(seed)
     layers = rng.randint(4, 10)
     profile = toy_profile(tuple(rng.choice((0.5, 1.0, 2.0, 3.0)) for _ in range(layers)))
@@ -57,6 +58,12 @@ def test_auto_chooses_as_brute_force_on_random_plans(seed):
     plan = straight_plan(cuts, layers, micro_batches=M, global_batch_size=8 * M)
     topology = parse_topology(rng.choice((f"1x{stages}", f"1x{stages},net=1Gbps",
                                           f"{stages}x1,net=10Gbps")))
+    return plan, profile, topology
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_auto_chooses_as_brute_force_on_random_plans(seed):
+    plan, profile, topology = random_choice_case(seed)
     try:
         want = brute_force(plan, profile, topology)
     except PlanError:
