@@ -62,10 +62,11 @@ def best_of(repeat, run):
 
 def forget_schedules():
     """Empty the process's schedule caches (built schedules by parameters, and through them
-    their lowerings, which are remembered by the schedule's identity; interned actions), so a
-    repeat is timed as the first plan of a process is."""
+    their lowerings, which are remembered by the schedule's identity; interned actions and
+    runs of actions), so a repeat is timed as the first plan of a process is."""
     by_name._built.cache_clear()
     actions.shared_action.cache_clear()
+    actions.micro_batch_action_run.cache_clear()
 
 
 def in_process(profile, topology, gbs):
