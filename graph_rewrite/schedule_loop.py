@@ -728,16 +728,11 @@ class ScheduleLoop:
                                   for (w, s, r, m), n in readers.items()})
 
     def _kept(self, kept: tf.Tensor, outputs: List[tf.Tensor]) -> tf.Tensor:
-        """`kept` plus (first element of every transfer's output) * salt: an exact 0 that
-        makes the loop's result depend on each transfer of its body, which the step then adds
-        to its loss (collectives are not stateful ops: unread, TensorFlow drops them and the
-        peers wait forever; see `dapple.runtime.horovod.transport`)."""
-        if not outputs:
-            return kept
+        """The transport's `kept`: an exact 0 added to `kept` that makes the loop's result
+        depend on each transfer of its body (the step then adds it to its loss; unread,
+        TensorFlow drops a collective and the peers wait forever)."""
         with tf.device(self.step.device(*self.local[0])):
-            firsts = [tf.reduce_sum(tf.cast(tf.reshape(o, [-1])[:1], kept.dtype))
-                      for o in outputs]
-            return kept + tf.add_n(firsts) * self.step.transport.salt()
+            return self.step.transport.kept(kept, outputs)
 
     # ---- shapes of what the loop collects -----------------------------------------------------
     def _prediction_spec(self, unit: Unit, k: int):

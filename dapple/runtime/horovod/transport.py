@@ -167,6 +167,20 @@ class HorovodTransport:
             self._salt = self._salt_variable.read_value()
         return self._salt
 
+    def kept(self, total: tf.Tensor, outputs: Sequence[tf.Tensor]) -> tf.Tensor:
+        """`total` plus (the first element of each of `outputs`) * salt: an exact 0 that makes
+        whatever reads the result depend on every one of these transfers. Sends' outputs are
+        empty and a received gradient may go unused, and collectives are not stateful ops:
+        unread, TensorFlow drops them and the peers wait forever (a control dependency alone
+        did not keep them: the job hung, see the module docstring). One element each, not a
+        sum over megabytes on the rank's one thread between two transfers; the salt is a
+        variable read, which Grappler cannot fold."""
+        if not outputs:
+            return total
+        firsts = [tf.reduce_sum(tf.cast(tf.reshape(out, [-1])[:1], total.dtype))
+                  for out in outputs]
+        return total + tf.add_n(firsts) * self.salt()
+
     def _zero(self) -> tf.Tensor:
         """An exact 0.0 that Grappler can neither fold nor share with another transfer of the
         step: the salt (a variable read worth 0) times the transfer's number, counted from 1
@@ -378,15 +392,7 @@ class HorovodPipelineStep(PipelineStep):
                 raise AssertionError("the step's loss changed after its allreduce")
             return StepResult(loss=loss, gradients=result.gradients,
                               predictions=result.predictions, global_batch=result.global_batch)
-        # Sends' outputs are empty; summing them adds an exact 0 and keeps them in the graph
-        # (a control dependency alone did not: the job hung, see the module docstring).
-        kept = result.loss
-        for out in self.transport.pending:
-            # one element * salt: an exact 0 that depends on the transfer, which Grappler
-            # cannot fold (the salt is a variable read); one element, not a sum over megabytes
-            # on the rank's one thread between two transfers
-            first = tf.reshape(out, [-1])[:1]
-            kept = kept + tf.reduce_sum(tf.cast(first, kept.dtype)) * self.transport.salt()
+        kept = self.transport.kept(result.loss, self.transport.pending)
         # After this rank's gradients (their allreduces negotiated first), not before them:
         # the update does not wait for the loss.
         with tf.control_dependencies([g for g in result.gradients if g is not None]):
