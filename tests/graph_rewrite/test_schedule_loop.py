@@ -353,3 +353,66 @@ def test_the_steps_calls_do_not_grow_with_the_micro_batches(schedule, loops, m):
                                                 step_calls(16, False, schedule))
     assert none4 == none16 == 0
     assert unrolled16 > unrolled4
+
+
+def weight_sends_per_step(pm, x, y, logdir) -> int:
+    """Transfers between devices of variable values in one traced step, counted in a profiler
+    trace of the step as it ran (each execution of a `_Send` of a `ReadVariableOp`'s value):
+    the runtime's own account, whatever built the graph."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    pm.train_step(x, y).numpy()         # traced and optimized before the trace starts
+    tf.profiler.experimental.start(str(logdir))
+    pm.train_step(x, y).numpy()
+    tf.profiler.experimental.stop()
+    (path,) = logdir.glob("**/*.xplane.pb")
+    space = xplane_pb2.XSpace.FromString(path.read_bytes())
+    names = [plane.event_metadata[event.metadata_id].name for plane in space.planes
+             for line in plane.lines for event in line.events]
+    return sum(n.endswith(":_Send") and "ReadVariableOp" in n for n in names)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_a_looped_step_moves_each_weight_across_devices_at_most_twice(schedule, tmp_path):
+    """The second stage's weights live on the first device (Keras makes every variable on the
+    default one). A loop body reading them crossed devices every iteration, in the forward and
+    again in the split backward; a looped step reads copies on the stage's device instead,
+    refreshed once a step: each weight out and its gradient sum back, twice per variable at
+    most, whatever M. Unrolled, the same count grows with M (the count sees the reads)."""
+    model = deep_mlp(8)
+    n = len(layer_order(model))
+    counts = {}
+    for loop in (True, False):
+        pm = dapple.PipelinedModel(model, straight_plan([n // 2], n, 8, 16, schedule=schedule),
+                                   pipeline_loop=loop)
+        pm.compile(optimizer="sgd", loss=losses_for(model))
+        x, y = data_for(model, 16, seed=0)
+        counts[loop] = weight_sends_per_step(pm, x, y, tmp_path / str(loop))
+        assert_looped(pm, loop)
+    variables = len(model.trainable_variables)
+    assert counts[True] <= 2 * variables < counts[False], counts
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "interleaved"])
+def test_an_inlined_split_function_has_one_call_site(schedule):
+    """The optimizer rewrites an inlined function's copy at every call site: a split function
+    is inlined only where a loop body calls it once, and otherwise called as one function
+    (warm-up and cool-down; interleaved's body, two micro-batches a chunk). Inlined at each of
+    interleaved's sites, MobileNetV2's first call at M = 16 was 2.4 times M = 2's."""
+    model = mlp_with_skip()
+    plan = plan_of([1, 2, 3] if schedule == "interleaved" else [2], 8, schedule, [1, 1],
+                   batch=32)
+    pm = dapple.PipelinedModel(model, plan, pipeline_loop=True)
+    pm.compile(optimizer="sgd", loss=losses_for(model))
+    x, y = data_for(model, 32, seed=0)
+    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
+    graph_def = fn.get_concrete_function(x, y).graph.as_graph_def()
+    assert_looped(pm)
+    library = {f.signature.name: f for f in graph_def.library.function}
+    inlined = [f for f in library.values() if not f.attr["_noinline"].b]
+    # Sites in the step and what is inlined into it (loop bodies); a `_noinline` function is
+    # optimized once, whoever calls it, so a call inside it is one copy.
+    nodes = list(graph_def.node) + [n for f in inlined for n in f.node_def]
+    sites = collections.Counter(n.attr["f"].func.name for n in nodes if n.op in CALLS)
+    inlinable = {name: n for name, n in sites.items()
+                 if not library[name].attr["_noinline"].b}
+    assert max(inlinable.values(), default=0) <= 1, inlinable

@@ -12,6 +12,7 @@ import tensorflow as tf
 from dapple.checkpoint import save_weights_atomically
 from dapple.devices import local_devices
 from dapple.runtime.base import Runtime, apply_present, unscaled
+from dapple.runtime.local.copying_step import CopyingStep
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.model_graph import StageGraph
 from graph_rewrite.pipeline import PipelineStep, StepResult
@@ -31,8 +32,10 @@ class LocalRuntime(Runtime):
 
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
                   micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
-        return PipelineStep(model, plan, loss, self.devices, stages=self.stages,
-                            micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
+        # A looped pipeline reads its weights every iteration: beside each unit, as copies.
+        step_class = CopyingStep if pipeline_loop and len(plan.stages) > 1 else PipelineStep
+        return step_class(model, plan, loss, self.devices, stages=self.stages,
+                          micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int) -> PipelineStep:

@@ -36,6 +36,7 @@ import tensorflow as tf
 from dapple.checkpoint import save_weights_atomically
 from dapple.eager_build import build_optimizer
 from dapple.runtime.base import global_clipnorm, unscaled
+from dapple.runtime.local.copying_step import CopyingStep
 from dapple.runtime.local.runtime import LocalRuntime
 from graph_rewrite.losses import PipelineLoss
 from graph_rewrite.pipeline import PipelineStep, StepResult
@@ -52,22 +53,6 @@ def weight_mode() -> str:
         raise ValueError(f"{ENV_WEIGHTS}={mode!r}: expected one of {', '.join(WEIGHT_MODES)} "
                          f"(stage: each stage's weights on its device, the default)")
     return mode
-
-
-class CopyingStep(PipelineStep):
-    """The local step whose units read working copies of their stage's weights on their own
-    device where the weights live elsewhere, refreshed at the start of every step."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        for s, r in self.transport.local_units():
-            self.functions[s].copies.make(self.device(s, r))
-
-    @tf.autograph.experimental.do_not_convert
-    def run(self, *args, **kwargs):
-        for function in self.functions:
-            function.copies.refresh()
-        return super().run(*args, **kwargs)
 
 
 def apply_beside_weights(optimizer, pairs, devices: List[str]) -> None:
@@ -173,8 +158,9 @@ class StageWeightsRuntime(LocalRuntime):
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
                   micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
         mode = weight_mode()
-        if mode == "chief":
-            return super().make_step(model, plan, loss, micro_batch_loop, pipeline_loop)
+        if mode == "chief":         # no copies, even for loops
+            return PipelineStep(model, plan, loss, self.devices, stages=self.stages,
+                                micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
         self._leave()                   # a new step (compile again): keep what was trained
         step = CopyingStep(model, plan, loss, self.devices, stages=self.stages,
                            micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)

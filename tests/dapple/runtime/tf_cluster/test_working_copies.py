@@ -1,6 +1,6 @@
 """Working copies (`graph_rewrite.working_copies`): units on a device other than their
 variables' read per-device copies refreshed at every step (the TensorFlow-cluster runtime's
-step, `dapple.runtime.tf_cluster.runtime.CopyingStep`), run here on logical CPU devices of one process,
+step, `dapple.runtime.local.copying_step.CopyingStep`), run here on logical CPU devices of one process,
 where the model's variables live on the first. Training equals plain Keras's (3 steps, 1e-5) on
 every path that reads weights (SGD: Adam would scale up the float noise of the gradient of
 the bias before BatchNormalization, zero in exact arithmetic): unrolled, looped data
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from dapple.runtime.local.runtime import LocalRuntime
-from dapple.runtime.tf_cluster.stage_weights import CopyingStep
+from dapple.runtime.local.copying_step import CopyingStep
 from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests import models
