@@ -321,16 +321,43 @@ def transfers_in_loops(transport) -> bool:
                                                             False)
 
 
-def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
-    """The loop plan of `step`'s pipeline for this run, or None if it runs unrolled."""
+def training_loop_plan(step) -> Optional[LoopPlan]:
+    """The loop plan of `step`'s pipeline in training as far as the step decides it (`loop_plan`
+    checks a run's rows too), or None if it runs unrolled."""
     schedule = step.schedule
-    S, M = len(step.stages), schedule.micro_batches
-    if (not step.pipeline_loop or S < 2 or not state.backward or step.plan.recompute
+    if (not step.pipeline_loop or len(step.stages) < 2 or step.plan.recompute
             or not transfers_in_loops(step.transport)):
         return None
     if any(a.kind not in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
            for lst in schedule.lists for a in lst):
         return None             # updates in the list (relaxed schedules)
+    return plan_loop([[(a.kind, a.chunk, a.micro_batch) for a in lst] for lst in schedule.lists],
+                     step.replicas, schedule.placement)
+
+
+def make_accumulators(step) -> None:
+    """Make the gradient sums of the step's units that a loop of its training plan adds to, if
+    not made yet (`GradientAccumulators`). Called when the step is made: a `tf.function` that
+    creates a variable while it traces traces again (`tf.init_scope` does not stop that)."""
+    plan = training_loop_plan(step)
+    local = set(step.transport.local_units())
+    for loop in plan.loops if plan is not None else ():
+        for task in loop.body:
+            unit = (task.stage, task.replica)
+            if task.kind != FORWARD and unit in local and unit not in step.loop_accumulators:
+                with tf.init_scope(), tf.device(step.device(*unit)):
+                    step.loop_accumulators[unit] = GradientAccumulators(
+                        step.stages[unit[0]].trainable_variables, unit)
+
+
+def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
+    """The loop plan of `step`'s pipeline for this run, or None if it runs unrolled."""
+    if not state.backward:
+        return None
+    plan = training_loop_plan(step)
+    if plan is None:
+        return None
+    M = step.schedule.micro_batches
     n = state.global_batch // M
     for s, R in enumerate(step.replicas):
         for r in range(R):
@@ -338,8 +365,7 @@ def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
             if any(step.rows(s, r, m, state.global_batch) != (m * n + lo, m * n + hi)
                    for m in range(M)):
                 return None     # not the [micro-batch, rows] layout the loop indexes
-    return plan_loop([[(a.kind, a.chunk, a.micro_batch) for a in lst] for lst in schedule.lists],
-                     step.replicas, schedule.placement)
+    return plan
 
 
 class ScheduleLoop:
@@ -521,11 +547,9 @@ class ScheduleLoop:
         return self.step._accumulate(sums, grads)
 
     def _accumulators(self, unit: Unit) -> "GradientAccumulators":
-        """The unit's accumulators, made once (outside any trace) and kept by the step."""
+        """The unit's accumulators, made with the step (`make_accumulators`) and kept by it."""
         if unit not in self.step.loop_accumulators:
-            with tf.init_scope(), tf.device(self.step.device(*unit)):
-                self.step.loop_accumulators[unit] = GradientAccumulators(
-                    self.step.stages[unit[0]].trainable_variables, unit)
+            make_accumulators(self.step)
         return self.step.loop_accumulators[unit]
 
     def _packing(self, key: Key) -> "PackedElements":

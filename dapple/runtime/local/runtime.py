@@ -34,6 +34,12 @@ class LocalRuntime(Runtime):
                   micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
         # A looped pipeline reads its weights every iteration: beside each unit, as copies.
         step_class = CopyingStep if pipeline_loop and len(plan.stages) > 1 else PipelineStep
+        return self._step(step_class, model, plan, loss, micro_batch_loop, pipeline_loop)
+
+    def _step(self, step_class, model: tf.keras.Model, plan: Plan,
+              loss: Optional[PipelineLoss], micro_batch_loop: bool,
+              pipeline_loop: bool) -> PipelineStep:
+        """A `step_class` (`PipelineStep` or a subclass) on this runtime's devices."""
         return step_class(model, plan, loss, self.devices, stages=self.stages,
                           micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
 

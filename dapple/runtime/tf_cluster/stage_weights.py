@@ -159,11 +159,9 @@ class StageWeightsRuntime(LocalRuntime):
                   micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
         mode = weight_mode()
         if mode == "chief":         # no copies, even for loops
-            return PipelineStep(model, plan, loss, self.devices, stages=self.stages,
-                                micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
+            return self._step(PipelineStep, model, plan, loss, micro_batch_loop, pipeline_loop)
         self._leave()                   # a new step (compile again): keep what was trained
-        step = CopyingStep(model, plan, loss, self.devices, stages=self.stages,
-                           micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
+        step = self._step(CopyingStep, model, plan, loss, micro_batch_loop, pipeline_loop)
         if mode == "stage":
             self._keep(step, replicas_in_place=not global_clipnorm(model.optimizer))
         return step

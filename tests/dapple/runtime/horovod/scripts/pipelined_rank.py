@@ -17,6 +17,7 @@ import dapple
 import numpy as np
 import tensorflow as tf
 
+from dapple.runtime.tf_cluster.runtime import TFClusterRuntime
 from graph_rewrite.model_graph import layer_order
 from planner.search.chunking import interleaved_plan
 from planner.formats.plan import straight_plan
@@ -100,7 +101,7 @@ if args.checkpoint:
 while_ops = None
 # While ops of the step, traced again for a batch alike: on the TF cluster, where tracing builds
 # no collectives (under horovodrun a second trace of the step wants process sets again).
-if args.pipeline_loop and type(pm.runtime).__name__ == "TFClusterRuntime":
+if args.pipeline_loop and isinstance(pm.runtime, TFClusterRuntime):
     x, y = models.data_for(model, args.global_batch, seed=0)
     step_graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients
                              ).get_concrete_function(x, y).graph
