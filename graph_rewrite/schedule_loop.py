@@ -546,12 +546,6 @@ class ScheduleLoop:
             return sums
         return self.step._accumulate(sums, grads)
 
-    def _accumulators(self, unit: Unit) -> "GradientAccumulators":
-        """The unit's accumulators, made with the step (`make_accumulators`) and kept by it."""
-        if unit not in self.step.loop_accumulators:
-            make_accumulators(self.step)
-        return self.step.loop_accumulators[unit]
-
     def _packing(self, key: Key) -> "PackedElements":
         """How a collected residual's tensors are packed (by kind, stage, replica)."""
         if key[:3] not in self.packing:
@@ -653,7 +647,7 @@ class ScheduleLoop:
                     if task.kind != FORWARD and (task.stage, task.replica) in self.splits}
         sums = dict(carry["sums"])
         for u in backward:
-            sums[u] = self._accumulators(u)
+            sums[u] = step.loop_accumulators[u]     # made with the step (`make_accumulators`)
             sums[u].start(carry["sums"][u], step.device(*u))
 
         # t, one counter per device: a unit indexes its inputs and arrays with its own
