@@ -26,13 +26,12 @@ Where the step runs is a `Runtime` (`dapple.runtime.base`) chosen once, when it 
 Horovod rank under horovodrun (`dapple.runtime.horovod.runtime`), or every unit from this process on
 a TensorFlow cluster's tasks (`dapple.runtime.tf_cluster`). This class runs the same actions on all.
 
-A data-parallel plan's lanes run as loops over their micro-batches
-(`graph_rewrite.micro_batch_loop`), so the first call hardly grows with M; `micro_batch_loop=False`
-unrolls them as every other plan's. With `pipeline_loop=True` a pipeline's steady 1F1B,
-GPipe, zb-h1 or interleaved periods run as one loop too, in one process, across horovodrun's
-ranks or across a TensorFlow cluster's tasks (`graph_rewrite.schedule_loop`):
-opt-in until its steady step is shown as fast as the unrolled one's (docs/runtime.md,
-"Start-up").
+A step's micro-batches run as loops, so its first call hardly grows with M: a data-parallel
+plan's lanes (`graph_rewrite.micro_batch_loop`) and a pipeline's steady 1F1B, GPipe, zb-h1 or
+interleaved periods (`graph_rewrite.schedule_loop`), in one process, across horovodrun's ranks or
+across a TensorFlow cluster's tasks. `micro_batch_loop=False` unrolls every step, for comparison;
+`pipeline_loop` decides for pipelines alone (default: as `micro_batch_loop`). Recomputing plans,
+relaxed schedules and evaluation run unrolled (docs/runtime.md, "Start-up").
 """
 from __future__ import annotations
 
@@ -61,7 +60,7 @@ from planner.formats.slicing import check_even
 class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
                  runtime: Optional[str] = None, micro_batch_loop: bool = True,
-                 pipeline_loop: bool = False):
+                 pipeline_loop: Optional[bool] = None):
         require_keras2_model(model, "PipelinedModel", keras3_functional=Keras3.is_graph_model)
         self.model = model
         self._keras3 = is_keras3(model)
@@ -73,7 +72,7 @@ class PipelinedModel:
         require_runtime_support(self.plan)
         self.runtime = make_runtime(runtime, model, self.plan, devices)
         self.micro_batch_loop = micro_batch_loop
-        self.pipeline_loop = pipeline_loop
+        self.pipeline_loop = micro_batch_loop if pipeline_loop is None else pipeline_loop
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None     # relaxed plans: their synchronous step
         self._relaxed: Optional[RelaxedTraining] = None

@@ -81,7 +81,8 @@ ORDER_CASES = [CASES[0], CASES[3], CASES[5]]
 def test_every_schedule_edge_is_enforced_per_device(case):
     model = case[0]()
     plan = plan_for(model, case)
-    pm = dapple.PipelinedModel(model, plan)
+    # The unrolled lowering's ops, named per action (a loop's order tokens: test_schedule_loop)
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=False)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, GLOBAL_BATCH, seed=0)
     graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients) \

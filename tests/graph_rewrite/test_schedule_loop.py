@@ -268,13 +268,18 @@ def test_loop_variables_do_not_grow_with_the_stages_depth(schedule):
     assert counts[0] == counts[1], counts
 
 
-def test_pipelines_run_unrolled_unless_asked():
-    """Opt-in until the looped steady step is shown as fast as the unrolled one's."""
+@pytest.mark.parametrize("flags, looped", [({}, True), ({"micro_batch_loop": False}, False),
+                                            ({"pipeline_loop": False}, False),
+                                            ({"micro_batch_loop": False, "pipeline_loop": True},
+                                             True)])
+def test_pipelines_run_as_loops_unless_told_not_to(flags, looped):
+    """Loops by default; `micro_batch_loop=False` unrolls every step, `pipeline_loop` decides
+    for pipelines alone."""
     model = mlp_with_skip()
-    pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, GLOBAL_BATCH))
+    pm = dapple.PipelinedModel(model, straight_plan([2], 5, 4, GLOBAL_BATCH), **flags)
     pm.compile(tf.keras.optimizers.SGD(0.1), losses_for(model))
     pm.train_step(*data_for(model, GLOBAL_BATCH, seed=1))
-    assert_looped(pm, False)
+    assert_looped(pm, looped)
 
 
 def test_looped_fit_evaluate_with_sample_weights_two_outputs_equal_plain_keras():

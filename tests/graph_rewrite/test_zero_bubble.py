@@ -75,7 +75,7 @@ def step_graph(builder, schedule, m):
     model cut in two at M = m."""
     model = builder()
     plan = straight_plan([2], len(layer_order(model)), m, GLOBAL_BATCH, schedule=schedule)
-    pm = dapple.PipelinedModel(model, plan)
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=False)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, GLOBAL_BATCH, seed=7)
     step = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
@@ -131,7 +131,8 @@ def test_the_graph_enforces_every_position_order(reps, m):
     from planner.schedules.by_name import plan_schedule
     model = mlp_with_skip()
     plan = straight_plan([2], 5, m, GLOBAL_BATCH, replicas=reps, schedule="zb-h1")
-    pm = dapple.PipelinedModel(model, plan)
+    # The unrolled lowering's actions (a loop orders its tasks by tokens: test_schedule_loop)
+    pm = dapple.PipelinedModel(model, plan, micro_batch_loop=False)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, GLOBAL_BATCH, seed=0)
     tasks = ops_by_action(pm, x, y)
