@@ -6,10 +6,14 @@ all tensors that cross one boundary for one micro-batch travel
 together: each tensor's rows are reinterpreted as bytes (`tf.bitcast`, no arithmetic) and the
 tensors put side by side, row by row; splitting by rows (split, concat) works on the matrix as
 on each tensor. Shapes after the batch dimension must be static.
+
+`PackedElements` packs a stage's residuals the same way, flat, one tensor per dtype, inside the
+functions that make and read them (`graph_rewrite.stage_split`), so that a loop carries and
+collects few tensors and a call site holds no per-tensor ops.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -56,3 +60,70 @@ def unpack(packed: tf.Tensor, specs: Sequence[tf.TensorSpec]) -> List[tf.Tensor]
             t = t if dtype == tf.uint8 else tf.bitcast(t, dtype)
         out.append(tf.cast(t, tf.bool) if spec.dtype == tf.bool else t)
     return out
+
+
+# Tensors up to this many elements (64 KiB of float32) are packed into one tensor per dtype:
+# each loop variable costs a few executor nodes per iteration (tens of microseconds), about
+# what copying 64 KiB costs.
+PACKED_ELEMENTS = 1 << 14
+
+
+class PackedElements:
+    """A collection's element (one micro-batch's residuals) as one flat tensor per dtype, so a
+    loop writes and carries one array per dtype, not one per residual: each array is a loop
+    variable whose control nodes run every iteration. Only small tensors are packed (up to
+    `PACKED_ELEMENTS`), where those nodes cost more than copying them; larger ones and those of
+    a shape not fully known keep an array of their own."""
+
+    def __init__(self, specs: Sequence[tf.TensorSpec]):
+        self.specs = list(specs)
+        groups: Dict[object, List[int]] = {}
+        self.groups: List[List[int]] = []
+        self.packed: List[bool] = []        # per group: joined (else one tensor as it is)
+        for i, spec in enumerate(self.specs):
+            if spec.shape.is_fully_defined() and spec.shape.num_elements() <= PACKED_ELEMENTS:
+                if spec.dtype not in groups:
+                    groups[spec.dtype] = []
+                    self.groups.append(groups[spec.dtype])
+                    self.packed.append(True)
+                groups[spec.dtype].append(i)
+            else:
+                self.groups.append([i])
+                self.packed.append(False)
+
+    def arrays(self, device: Optional[str], size: int) -> List[tf.TensorArray]:
+        with tf.device(device):
+            return [tf.TensorArray(self.specs[g[0]].dtype, size=size,
+                                   element_shape=[sum(self.specs[i].shape.num_elements()
+                                                      for i in g)] if packed
+                                   else self.specs[g[0]].shape)
+                    for g, packed in zip(self.groups, self.packed)]
+
+    def pack(self, values: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        """One tensor per group: the group's tensors flattened and joined."""
+        return [tf.concat([tf.reshape(values[i], [-1]) for i in g], 0) if packed
+                else values[g[0]] for g, packed in zip(self.groups, self.packed)]
+
+    def unpack(self, packed: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        out: List[Optional[tf.Tensor]] = [None] * len(self.specs)
+        for element, g, joined in zip(packed, self.groups, self.packed):
+            if not joined:
+                out[g[0]] = element
+                continue
+            parts = tf.split(element, [self.specs[i].shape.num_elements() for i in g])
+            for i, part in zip(g, parts):
+                out[i] = tf.reshape(part, self.specs[i].shape)
+        return out
+
+    def packed_specs(self) -> List[tf.TensorSpec]:
+        """The specs of what `pack` returns."""
+        return [tf.TensorSpec([sum(self.specs[i].shape.num_elements() for i in g)],
+                              self.specs[g[0]].dtype) if packed else self.specs[g[0]]
+                for g, packed in zip(self.groups, self.packed)]
+
+    def write(self, arrays: List[tf.TensorArray], index, values: Sequence[tf.Tensor]
+              ) -> List[tf.TensorArray]:
+        return [a.write(index, p) for a, p in zip(arrays, self.pack(values))]
+
+    def read(self, arrays: List[tf.TensorArray], index) -> List[tf.Tensor]:
+        return self.unpack([a.read(index) for a in arrays])

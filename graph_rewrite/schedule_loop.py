@@ -68,16 +68,13 @@ import tensorflow as tf
 from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.local_transport import Crossing, LocalTransport, Unit
 from graph_rewrite.micro_batch_loop import weight_penalty
+from graph_rewrite.packing import PackedElements
 from graph_rewrite.stage_gradients import scaled_one
 from graph_rewrite.stage_split import StageSplit
 from graph_rewrite.step_state import StepState
 from planner.schedules.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 
 OUTPUTS, RESIDUALS, GRADIENTS, PENDING = "outputs", "residuals", "gradients", "pending"
-# Tensors up to this many elements (64 KiB of float32) are packed into one loop variable per
-# dtype: each loop variable costs a few executor nodes per iteration (tens of microseconds),
-# about what copying 64 KiB costs.
-PACKED_ELEMENTS = 1 << 14
 Key = Tuple[str, int, int, int]      # (what, stage, replica, micro-batch)
 
 
@@ -549,7 +546,7 @@ class ScheduleLoop:
     def _packing(self, key: Key) -> "PackedElements":
         """How a collected residual's tensors are packed (by kind, stage, replica)."""
         if key[:3] not in self.packing:
-            self.packing[key[:3]] = PackedElements(self.splits[key[1:3]].residual_specs)
+            self.packing[key[:3]] = PackedElements(self.splits[key[1:3]].packed_residual_specs)
         return self.packing[key[:3]]
 
     def _take(self, values: dict, key: Key, m):
@@ -794,61 +791,6 @@ class ScheduleLoop:
             self.state.statistics[unit].by_node.setdefault(id(function.nodes[key]), []).append(
                 bstats.SliceStatistics(rows[key] * forwards, tf.reshape(mean, shape),
                                        tf.reshape(m2, shape)))
-
-
-class PackedElements:
-    """A collection's element (one micro-batch's residuals) as one flat tensor per dtype, so a
-    loop writes and carries one array per dtype, not one per residual: each array is a loop
-    variable whose control nodes run every iteration. Only small tensors are packed (up to
-    `PACKED_ELEMENTS`), where those nodes cost more than copying them; larger ones and those of
-    a shape not fully known keep an array of their own."""
-
-    def __init__(self, specs: Sequence[tf.TensorSpec]):
-        self.specs = list(specs)
-        groups: Dict[object, List[int]] = {}
-        self.groups: List[List[int]] = []
-        self.packed: List[bool] = []        # per group: joined (else one tensor as it is)
-        for i, spec in enumerate(self.specs):
-            if spec.shape.is_fully_defined() and spec.shape.num_elements() <= PACKED_ELEMENTS:
-                if spec.dtype not in groups:
-                    groups[spec.dtype] = []
-                    self.groups.append(groups[spec.dtype])
-                    self.packed.append(True)
-                groups[spec.dtype].append(i)
-            else:
-                self.groups.append([i])
-                self.packed.append(False)
-
-    def arrays(self, device: Optional[str], size: int) -> List[tf.TensorArray]:
-        with tf.device(device):
-            return [tf.TensorArray(self.specs[g[0]].dtype, size=size,
-                                   element_shape=[sum(self.specs[i].shape.num_elements()
-                                                      for i in g)] if packed
-                                   else self.specs[g[0]].shape)
-                    for g, packed in zip(self.groups, self.packed)]
-
-    def pack(self, values: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-        """One tensor per group: the group's tensors flattened and joined."""
-        return [tf.concat([tf.reshape(values[i], [-1]) for i in g], 0) if packed
-                else values[g[0]] for g, packed in zip(self.groups, self.packed)]
-
-    def unpack(self, packed: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-        out: List[Optional[tf.Tensor]] = [None] * len(self.specs)
-        for element, g, joined in zip(packed, self.groups, self.packed):
-            if not joined:
-                out[g[0]] = element
-                continue
-            parts = tf.split(element, [self.specs[i].shape.num_elements() for i in g])
-            for i, part in zip(g, parts):
-                out[i] = tf.reshape(part, self.specs[i].shape)
-        return out
-
-    def write(self, arrays: List[tf.TensorArray], index, values: Sequence[tf.Tensor]
-              ) -> List[tf.TensorArray]:
-        return [a.write(index, p) for a, p in zip(arrays, self.pack(values))]
-
-    def read(self, arrays: List[tf.TensorArray], index) -> List[tf.Tensor]:
-        return self.unpack([a.read(index) for a in arrays])
 
 
 class CarriedValue:

@@ -9,6 +9,11 @@ carry them:
     forward(inputs, labels, weights) -> (outputs, term, statistics, residuals)
     backward(residuals, output gradients) -> (input gradients, weight gradients)
 
+The residuals travel packed, one flat tensor per dtype for the small ones
+(`packing.PackedElements`), packed inside the forward's function and unpacked inside the
+backward's: a call site, or a loop carrying them, holds a few tensors, not one op per residual
+(MobileNetV2's interleaved loop at M = 8 held 2,600 Reshape ops before).
+
 Both come from one graph, traced once with `tf.compat.v1.wrap_function`: the stage's forward
 (`StageFunction.inline`, so BatchNormalization statistics are returned as in the unrolled
 step) and `tape.gradient` of its targets with respect to its float inputs and weights, weighted
@@ -44,6 +49,7 @@ from typing import Dict, List, Optional, Sequence
 import tensorflow as tf
 
 from graph_rewrite.local_transport import Tensors
+from graph_rewrite.packing import PackedElements
 from graph_rewrite.stage_function import StageFunction
 from graph_rewrite.stage_gradients import is_float, watch_inputs
 
@@ -68,12 +74,55 @@ class StageSplit:
     input_function: object = None       # (*residuals, *dys) -> [input gradients, W's from I]
     weight_function: object = None      # (*W's from the forward, *W's from I) -> weight grads
     weight_residuals: List[int] = None  # the residuals W reads, by index
+    pending_specs: List[tf.TensorSpec] = None   # what W reads: those residuals, then I's
+    kept_called: bool = False           # its functions stay call ops (`called`)
     _called: Optional["StageSplit"] = dataclasses.field(default=None, repr=False, compare=False)
+    _functions: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        # The residuals leave the forward packed and are unpacked inside what reads them, so a
+        # call site (a loop carrying them, every warm-up call) holds no per-residual ops.
+        self.residual_packing = PackedElements(self.residual_specs)
+
+    @property
+    def packed_residual_specs(self) -> List[tf.TensorSpec]:
+        """The residuals as `forward` returns them."""
+        return self.residual_packing.packed_specs()
+
+    def _function(self, name: str, run):
+        """`run` as a `tf.function`, made once per split: inlined where it is called unless
+        `kept_called`."""
+        if name not in self._functions:
+            self._functions[name] = tf.function(
+                run, autograph=False,
+                experimental_attributes={"_noinline": True} if self.kept_called else None)
+        return self._functions[name]
+
+    def _forward_packed(self, *args):
+        flat = list(self.forward_function(*args)[0])
+        cut = len(flat) - len(self.residual_specs)
+        return flat[:cut] + self.residual_packing.pack(flat[cut:])
+
+    def _backward_packed(self, *args):
+        n = len(self.residual_packing.groups)
+        return self.backward_function(*self.residual_packing.unpack(list(args[:n])), *args[n:])
+
+    def _input_packed(self, *args):
+        n = len(self.residual_packing.groups)
+        residuals = self.residual_packing.unpack(list(args[:n]))
+        flat = list(self.input_function(*residuals, *args[n:]))
+        k = len(self.differentiated_inputs)
+        pending = [residuals[i] for i in self.weight_residuals] + flat[k:]
+        return flat[:k] + PackedElements(self.pending_specs).pack(pending)
+
+    def _weight_packed(self, *pending):
+        return self.weight_function(*PackedElements(self.pending_specs).unpack(list(pending)))
 
     def forward(self, inputs: Tensors, labels=None, weights=None):
         """(outputs by id, loss term or None, {key: (mean, m2)}, residuals)."""
         extra = [t for t in list(labels or []) + list(weights or []) if t is not None]
-        flat = self.forward_function(*[inputs[t] for t in self.input_ids], *extra)[0]
+        flat = self._function("forward", self._forward_packed)(
+            *[inputs[t] for t in self.input_ids], *extra)
         n = len(self.output_ids)
         outputs = dict(zip(self.output_ids, flat[:n]))
         term = flat[n] if self.has_term else None
@@ -85,7 +134,7 @@ class StageSplit:
     def backward(self, residuals: Sequence[tf.Tensor], output_gradients: Sequence[tf.Tensor]):
         """(gradients of the differentiated inputs by id, gradients of the stage's weights);
         `output_gradients`: of the loss term (last stage) or of `differentiated_outputs`."""
-        flat = self.backward_function(*residuals, *output_gradients)
+        flat = self._function("backward", self._backward_packed)(*residuals, *output_gradients)
         for g, shape in zip(flat, self.gradient_shapes):   # a pruned graph may lose them
             g.set_shape(shape)
         n = len(self.differentiated_inputs)
@@ -93,28 +142,25 @@ class StageSplit:
 
     def backward_input(self, residuals: Sequence[tf.Tensor],
                        output_gradients: Sequence[tf.Tensor]):
-        """I: (gradients of the differentiated inputs by id, what W reads)."""
-        flat = self.input_function(*residuals, *output_gradients)
+        """I: (gradients of the differentiated inputs by id, what W reads, packed)."""
+        flat = self._function("input", self._input_packed)(*residuals, *output_gradients)
         n = len(self.differentiated_inputs)
         for g, shape in zip(flat[:n], self.gradient_shapes):
             g.set_shape(shape)
-        pending = [residuals[i] for i in self.weight_residuals] + list(flat[n:])
-        return dict(zip(self.differentiated_inputs, flat[:n])), pending
+        return dict(zip(self.differentiated_inputs, flat[:n])), list(flat[n:])
 
     def called(self) -> "StageSplit":
         """The same split whose functions stay call ops when the step is optimized (an
         unrolled step calls them once per micro-batch: inlined, the optimizer would rewrite a
         copy of each per call, as `StageFunction` says). A loop calls them once in its body."""
         if self._called is None:
-            self._called = dataclasses.replace(self, **{
-                name: _not_inlined(getattr(self, name)) for name in (
-                    "forward_function", "backward_function", "input_function",
-                    "weight_function") if getattr(self, name) is not None})
+            self._called = dataclasses.replace(self, kept_called=True, _called=None,
+                                               _functions={})
         return self._called
 
     def backward_weight(self, pending: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         """W: the gradients of the stage's weights from what I left."""
-        flat = self.weight_function(*pending)
+        flat = self._function("weight", self._weight_packed)(*pending)
         for g, shape in zip(flat, self.gradient_shapes[len(self.differentiated_inputs):]):
             g.set_shape(shape)
         return list(flat)
@@ -194,12 +240,8 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
         split.weight_function = _prune_exactly(wrapped, from_forward + from_input, gradients[n:])
         index = {t.ref(): i for i, t in enumerate(residuals)}
         split.weight_residuals = [index[t.ref()] for t in from_forward]
+        split.pending_specs = [tf.TensorSpec(t.shape, t.dtype) for t in from_forward + from_input]
     return split
-
-
-def _not_inlined(function):
-    return tf.function(lambda *args: function(*args), autograph=False,
-                       experimental_attributes={"_noinline": True})
 
 
 def _prune_exactly(wrapped, feeds: Sequence[tf.Tensor], fetches: Sequence[tf.Tensor]):

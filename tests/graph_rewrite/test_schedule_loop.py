@@ -360,6 +360,50 @@ def test_the_steps_calls_do_not_grow_with_the_micro_batches(schedule, loops, m):
     assert unrolled16 > unrolled4
 
 
+def deep_layer_norm(depth, seed=0):
+    """`depth` x (Dense -> LayerNormalization), then Dense: each adds small residuals (and no
+    moving statistics, which a loop collects per BatchNormalization call)."""
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((6,), name="x")
+    h = x
+    for i in range(depth):
+        h = tf.keras.layers.LayerNormalization(name=f"ln{i}")(tf.keras.layers.Dense(6)(h))
+    return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
+
+
+def call_site_ops(depth, schedule, m=8):
+    """Ops of the traced step's own graph and of its loops' bodies, not of the functions they
+    call, for `deep_layer_norm(depth)` cut in the middle."""
+    model = deep_layer_norm(depth)
+    layers = len(layer_order(model))
+    plan = plan_of([layers // 2] if schedule != "interleaved" else
+                   [layers // 4, layers // 2, 3 * layers // 4], m, schedule, [1, 1], layers, 4 * m)
+    pm = dapple.PipelinedModel(model, plan)
+    pm.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(True))
+    x = np.random.RandomState(0).randn(4 * m, 6).astype("float32")
+    y = np.zeros(4 * m, "int32")
+    fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
+    graph_def = fn.get_concrete_function(x, y).graph.as_graph_def()
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    nodes = list(graph_def.node)
+    bodies = [n.attr["body"].func.name for n in nodes if n.op in ("While", "StatelessWhile")]
+    assert bodies, "no loop"
+    for body in bodies:
+        nodes += list(functions[body].node_def)
+    return collections.Counter(n.op for n in nodes)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1", "interleaved"])
+def test_residuals_add_no_ops_where_they_are_carried(schedule):
+    """A stage's residuals are packed inside its forward's function and unpacked inside its
+    backward's: three more normalized layers per stage add no Reshape, split or
+    concat at the call sites (unpacked there, each residual added a Reshape at each end of
+    every iteration and at every warm-up and cool-down call)."""
+    shallow, deep = call_site_ops(2, schedule), call_site_ops(8, schedule)
+    for op in ("Reshape", "SplitV", "Split", "ConcatV2"):
+        assert deep[op] == shallow[op], (op, shallow[op], deep[op])
+
+
 def weight_sends_per_step(pm, x, y, logdir) -> int:
     """Transfers between devices of variable values in one traced step, counted in a profiler
     trace of the step as it ran (each execution of a `_Send` of a `ReadVariableOp`'s value):
