@@ -24,7 +24,9 @@ of `--repeats` rounds and the median over rounds is kept:
   trained on the chief instead of on each stage's device (`DAPPLE_TF_WEIGHTS`): `copies`, a
   remote stage reads working copies refreshed every step; `chief`, every unit reads the
   weights on the chief, once per micro-batch and again in its backward;
-* horovod/1f1b: `horovodrun -np 2` (HOROVOD_CYCLE_TIME=0.1, as schedule_step_time.py).
+* horovod/1f1b: `horovodrun -np 2` (HOROVOD_CYCLE_TIME=0.1, as schedule_step_time.py); with
+  1f1b in `--loop_schedules`, also looped (both runtimes as `PipelinedModel` runs a pipeline
+  by default).
 
 Prints every figure, then the ratios: tensorflow 1f1b / plain, horovod / tensorflow (1f1b),
 and each schedule's step over 1f1b's, measured and simulated with this runtime's transfer
@@ -190,6 +192,8 @@ def main(argv):
         jobs.append(("tensorflow/1f1b-grouped", "tensorflow-grouped", "1f1b"))
     if FLAGS.horovod:
         jobs.append(("horovod/1f1b", "horovod", "1f1b"))
+        if "1f1b" in FLAGS.loop_schedules:   # both runtimes as `PipelinedModel` runs them
+            jobs.append(("horovod/1f1b, looped", "horovod", "1f1b"))
     figures = {name: [] for name, _, _ in jobs}
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
@@ -227,7 +231,10 @@ def main(argv):
             print(f"tensorflow {s} looped / plain: {looped / ms['plain']:.3f} (target <= 1.25); "
                   f"/ unrolled: {looped / ms[f'tensorflow/{s}']:.3f}" + (
                       f"; horovod 1f1b / looped: {ms['horovod/1f1b'] / looped:.3f} "
-                      f"(target >= 1.6)" if s == "1f1b" and "horovod/1f1b" in ms else ""))
+                      f"(target >= 1.6)" if s == "1f1b" and "horovod/1f1b" in ms else "") + (
+                      f"; horovod 1f1b looped / tensorflow looped: "
+                      f"{ms['horovod/1f1b, looped'] / looped:.3f} (target >= 1.6)"
+                      if s == "1f1b" and "horovod/1f1b, looped" in ms else ""))
         for s in FLAGS.schedules:
             if s != "1f1b":
                 m = ms[f'tensorflow/{s}'] / ms['tensorflow/1f1b']

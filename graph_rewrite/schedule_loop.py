@@ -493,7 +493,9 @@ class ScheduleLoop:
                 if s == self.S - 1:
                     labels = [y[m] for y in labels_of]
                     weights = [None if w is None else w[m] for w in weights_of]
-                outputs, term, statistics, residuals = split.forward(inputs, labels, weights)
+                # In a loop body the statistics come joined (`_loop` writes them as one row).
+                outputs, term, statistics, residuals = split.forward(
+                    inputs, labels, weights, joined_statistics=self.loop_index is not None)
                 left = {(RESIDUALS, s, r, task.micro_batch): residuals}
                 if s < self.S - 1:
                     left[(OUTPUTS, s, r, task.micro_batch)] = outputs
@@ -710,12 +712,10 @@ class ScheduleLoop:
                 predictions[u] = written
             statistics = {}
             for u, (means, m2s) in now["statistics"].items():
-                keys = self.splits[u].statistics_keys
-                for i, calls in enumerate(inner["statistics"][u]):
+                for i, (mean, m2) in enumerate(inner["statistics"][u]):
                     with tf.device(step.device(*u)):
                         index = counters[step.device(*u)] * len(forwards[u]) + i
-                        means = means.write(index, _joined([calls[k][0] for k in keys]))
-                        m2s = m2s.write(index, _joined([calls[k][1] for k in keys]))
+                        means, m2s = means.write(index, mean), m2s.write(index, m2)
                 statistics[u] = [means, m2s]
             counters = {d: self._plus_one(d, c) for d, c in counters.items()}
             return [{"counters": counters, "loss": loss, "token": inner["token"],
@@ -856,10 +856,6 @@ def _identity_beside_its_input(op) -> str:
     if op.type == "Identity" and not op.device and op.inputs and op.inputs[0].device:
         return op.inputs[0].device
     return op.device
-
-
-def _joined(parts: List[tf.Tensor]) -> tf.Tensor:
-    return tf.concat([tf.reshape(t, [-1]) for t in parts], 0)
 
 
 def run_schedule_loop(step, state: StepState, plan: LoopPlan) -> None:

@@ -78,6 +78,8 @@ class StageSplit:
     kept_called: bool = False           # its functions stay call ops (`called`)
     _called: Optional["StageSplit"] = dataclasses.field(default=None, repr=False, compare=False)
     _functions: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _pending: Optional[PackedElements] = dataclasses.field(default=None, repr=False,
+                                                           compare=False)
 
     def __post_init__(self):
         # The residuals leave the forward packed and are unpacked inside what reads them, so a
@@ -103,6 +105,16 @@ class StageSplit:
         cut = len(flat) - len(self.residual_specs)
         return flat[:cut] + self.residual_packing.pack(flat[cut:])
 
+    def _forward_joined(self, *args):
+        """`_forward_packed` with the BatchNormalization statistics as one flat (means, m2s)
+        pair: a loop writes them in two ops whatever the layers."""
+        flat = self._forward_packed(*args)
+        k = len(self.output_ids) + int(self.has_term)
+        n = 2 * len(self.statistics_keys)
+        statistics = flat[k:k + n]
+        joined = [joined_flat(statistics[0::2]), joined_flat(statistics[1::2])] if n else []
+        return flat[:k] + joined + flat[k + n:]
+
     def _backward_packed(self, *args):
         n = len(self.residual_packing.groups)
         return self.backward_function(*self.residual_packing.unpack(list(args[:n])), *args[n:])
@@ -113,23 +125,38 @@ class StageSplit:
         flat = list(self.input_function(*residuals, *args[n:]))
         k = len(self.differentiated_inputs)
         pending = [residuals[i] for i in self.weight_residuals] + flat[k:]
-        return flat[:k] + PackedElements(self.pending_specs).pack(pending)
+        return flat[:k] + self._pending_packing().pack(pending)
 
     def _weight_packed(self, *pending):
-        return self.weight_function(*PackedElements(self.pending_specs).unpack(list(pending)))
+        return self.weight_function(*self._pending_packing().unpack(list(pending)))
 
-    def forward(self, inputs: Tensors, labels=None, weights=None):
-        """(outputs by id, loss term or None, {key: (mean, m2)}, residuals)."""
+    def _pending_packing(self) -> PackedElements:
+        """How I hands W what it reads (`pending_specs`, set after the split is made)."""
+        if self._pending is None:
+            self._pending = PackedElements(self.pending_specs)
+        return self._pending
+
+    def forward(self, inputs: Tensors, labels=None, weights=None,
+                joined_statistics: bool = False):
+        """(outputs by id, loss term or None, {key: (mean, m2)}, residuals); with
+        `joined_statistics` the statistics are one (means, m2s) pair of flat tensors, the
+        keys' in order (None without BatchNormalization)."""
         extra = [t for t in list(labels or []) + list(weights or []) if t is not None]
-        flat = self._function("forward", self._forward_packed)(
+        run = self._forward_joined if joined_statistics else self._forward_packed
+        flat = self._function("forward_joined" if joined_statistics else "forward", run)(
             *[inputs[t] for t in self.input_ids], *extra)
         n = len(self.output_ids)
         outputs = dict(zip(self.output_ids, flat[:n]))
         term = flat[n] if self.has_term else None
         k = n + int(self.has_term)
-        statistics = {key: (flat[k + 2 * i], flat[k + 2 * i + 1])
-                      for i, key in enumerate(self.statistics_keys)}
-        return outputs, term, statistics, list(flat[k + 2 * len(self.statistics_keys):])
+        if joined_statistics:
+            width = 2 if self.statistics_keys else 0
+            statistics = tuple(flat[k:k + 2]) if width else None
+        else:
+            width = 2 * len(self.statistics_keys)
+            statistics = {key: (flat[k + 2 * i], flat[k + 2 * i + 1])
+                          for i, key in enumerate(self.statistics_keys)}
+        return outputs, term, statistics, list(flat[k + width:])
 
     def backward(self, residuals: Sequence[tf.Tensor], output_gradients: Sequence[tf.Tensor]):
         """(gradients of the differentiated inputs by id, gradients of the stage's weights);
@@ -164,6 +191,11 @@ class StageSplit:
         for g, shape in zip(flat, self.gradient_shapes[len(self.differentiated_inputs):]):
             g.set_shape(shape)
         return list(flat)
+
+
+def joined_flat(parts: Sequence[tf.Tensor]) -> tf.Tensor:
+    """`parts` flattened and joined end to end."""
+    return tf.concat([tf.reshape(t, [-1]) for t in parts], 0)
 
 
 def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int,
@@ -313,19 +345,7 @@ def _weight_residuals(graph, dys, input_gradients, weight_gradients, residuals):
 
 def _residuals(graph, dys: Sequence[tf.Tensor], fetched: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """The tensors computed without the output gradients that the backward reads."""
-    control_users: Dict[tf.Operation, List[tf.Operation]] = {}
-    for op in graph.get_operations():
-        for c in op.control_inputs:
-            control_users.setdefault(c, []).append(op)
-    backward, todo = set(), [d.op for d in dys]
-    while todo:
-        op = todo.pop()
-        if op in backward:
-            continue
-        backward.add(op)
-        for t in op.outputs:
-            todo.extend(t.consumers())
-        todo.extend(control_users.get(op, []))
+    backward = _after(graph, dys)
     captured = {id(t) for t in graph.internal_captures}
 
     def kept(t) -> bool:

@@ -371,10 +371,21 @@ def deep_layer_norm(depth, seed=0):
     return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
 
 
-def call_site_ops(depth, schedule, m=8):
-    """Ops of the traced step's own graph and of its loops' bodies, not of the functions they
-    call, for `deep_layer_norm(depth)` cut in the middle."""
-    model = deep_layer_norm(depth)
+def deep_batch_norm(depth, seed=0):
+    """`depth` x (Dense -> BatchNormalization), then Dense: each adds a pair of moving
+    statistics the step collects from every forward."""
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((6,), name="x")
+    h = x
+    for i in range(depth):
+        h = tf.keras.layers.BatchNormalization(name=f"bn{i}")(tf.keras.layers.Dense(6)(h))
+    return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
+
+
+def call_site_ops(depth, schedule, m=8, builder=deep_layer_norm, bodies_only=False):
+    """Ops of the traced step's own graph and of its loops' bodies (or of the bodies alone),
+    not of the functions they call, for `builder(depth)` cut in the middle."""
+    model = builder(depth)
     layers = len(layer_order(model))
     plan = plan_of([layers // 2] if schedule != "interleaved" else
                    [layers // 4, layers // 2, 3 * layers // 4], m, schedule, [1, 1], layers, 4 * m)
@@ -388,6 +399,8 @@ def call_site_ops(depth, schedule, m=8):
     nodes = list(graph_def.node)
     bodies = [n.attr["body"].func.name for n in nodes if n.op in ("While", "StatelessWhile")]
     assert bodies, "no loop"
+    if bodies_only:
+        nodes = []
     for body in bodies:
         nodes += list(functions[body].node_def)
     return collections.Counter(n.op for n in nodes)
@@ -401,6 +414,18 @@ def test_residuals_add_no_ops_where_they_are_carried(schedule):
     every iteration and at every warm-up and cool-down call)."""
     shallow, deep = call_site_ops(2, schedule), call_site_ops(8, schedule)
     for op in ("Reshape", "SplitV", "Split", "ConcatV2"):
+        assert deep[op] == shallow[op], (op, shallow[op], deep[op])
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_a_loop_body_collects_batch_statistics_in_as_many_ops_whatever_the_layers(schedule):
+    """Each forward in a loop's body returns its BatchNormalization statistics joined inside
+    its function, so the body writes one row of each per forward: three more normalized
+    layers per stage add no Reshape or concat to the body (joined there, each layer added a
+    Reshape per statistic per forward)."""
+    shallow = call_site_ops(2, schedule, builder=deep_batch_norm, bodies_only=True)
+    deep = call_site_ops(8, schedule, builder=deep_batch_norm, bodies_only=True)
+    for op in ("Reshape", "ConcatV2"):
         assert deep[op] == shallow[op], (op, shallow[op], deep[op])
 
 
