@@ -360,26 +360,26 @@ def test_the_steps_calls_do_not_grow_with_the_micro_batches(schedule, loops, m):
     assert unrolled16 > unrolled4
 
 
-def deep_layer_norm(depth, seed=0):
-    """`depth` x (Dense -> LayerNormalization), then Dense: each adds small residuals (and no
-    moving statistics, which a loop collects per BatchNormalization call)."""
+def deep_normalized(depth, normalization, seed=0):
+    """`depth` x (Dense -> `normalization`), then Dense."""
     tf.keras.utils.set_random_seed(seed)
     x = tf.keras.Input((6,), name="x")
     h = x
     for i in range(depth):
-        h = tf.keras.layers.LayerNormalization(name=f"ln{i}")(tf.keras.layers.Dense(6)(h))
+        h = normalization(name=f"norm{i}")(tf.keras.layers.Dense(6)(h))
     return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
 
 
-def deep_batch_norm(depth, seed=0):
-    """`depth` x (Dense -> BatchNormalization), then Dense: each adds a pair of moving
-    statistics the step collects from every forward."""
-    tf.keras.utils.set_random_seed(seed)
-    x = tf.keras.Input((6,), name="x")
-    h = x
-    for i in range(depth):
-        h = tf.keras.layers.BatchNormalization(name=f"bn{i}")(tf.keras.layers.Dense(6)(h))
-    return tf.keras.Model(x, tf.keras.layers.Dense(3, name="out")(h))
+def deep_layer_norm(depth):
+    """Each LayerNormalization adds small residuals (and no moving statistics, which a loop
+    collects per BatchNormalization call)."""
+    return deep_normalized(depth, tf.keras.layers.LayerNormalization)
+
+
+def deep_batch_norm(depth):
+    """Each BatchNormalization adds a pair of moving statistics the step collects from every
+    forward."""
+    return deep_normalized(depth, tf.keras.layers.BatchNormalization)
 
 
 def call_site_ops(depth, schedule, m=8, builder=deep_layer_norm, bodies_only=False):
