@@ -107,6 +107,12 @@ def combine(parts: Sequence[SliceStatistics]) -> SliceStatistics:
     return SliceStatistics(n, mean, m2)
 
 
+def joined(parts: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Statistics of several calls as one vector, end to end (a loop writes each forward's
+    as one row, whatever the layers)."""
+    return tf.concat([t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in parts], 0)
+
+
 def combine_stacked(count, means: tf.Tensor, m2s: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     """(mean, m2) of K parts of equal row counts, their means and m2s stacked on axis 0
     (`combine` for equal parts). `count`: rows of one part, a number or a tensor that

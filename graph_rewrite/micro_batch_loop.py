@@ -160,10 +160,6 @@ class LaneLoop:
         keys = sorted(statistics)
         widths = [statistics[k][0].shape.num_elements() for k in keys]
 
-        def joined(statistics, i):      # all calls' means (i = 0) or m2s (1) as one vector
-            parts = [statistics[k][i] for k in keys]
-            return tf.concat([t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in parts], 0)
-
         def arrays(tensors):
             return [tf.TensorArray(t.dtype, size=M, element_shape=t.shape) for t in tensors]
 
@@ -174,7 +170,8 @@ class LaneLoop:
             loss = loss if term is None else loss + term
             return (j + 1, loss, sums,
                     [a.write(j, outputs[t]) for a, t in zip(predictions, output_ids)],
-                    [a.write(j, joined(statistics, i)) for i, a in enumerate(statistics_arrays)])
+                    [a.write(j, bstats.joined([statistics[k][i] for k in keys]))
+                     for i, a in enumerate(statistics_arrays)])
 
         # Statistics travel as two arrays, not two per call: every loop variable is a handful
         # of nodes per lane in the lowered graph, which the graph passes then process.

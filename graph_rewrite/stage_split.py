@@ -48,6 +48,7 @@ from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
+from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.local_transport import Tensors
 from graph_rewrite.packing import PackedElements
 from graph_rewrite.stage_function import StageFunction
@@ -112,7 +113,7 @@ class StageSplit:
         k = len(self.output_ids) + int(self.has_term)
         n = 2 * len(self.statistics_keys)
         statistics = flat[k:k + n]
-        joined = [joined_flat(statistics[0::2]), joined_flat(statistics[1::2])] if n else []
+        joined = [bstats.joined(statistics[0::2]), bstats.joined(statistics[1::2])] if n else []
         return flat[:k] + joined + flat[k + n:]
 
     def _backward_packed(self, *args):
@@ -191,11 +192,6 @@ class StageSplit:
         for g, shape in zip(flat, self.gradient_shapes[len(self.differentiated_inputs):]):
             g.set_shape(shape)
         return list(flat)
-
-
-def joined_flat(parts: Sequence[tf.Tensor]) -> tf.Tensor:
-    """`parts` flattened and joined end to end."""
-    return tf.concat([tf.reshape(t, [-1]) for t in parts], 0)
 
 
 def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int,
