@@ -3,6 +3,7 @@ own gradient accumulation, at M = 1, 2, 8 micro-batches (issue #28, items 2 and 
 
     python benchmarks/dp_step_horovod.py [--width=1024] [--blocks=4] [--batch=256]
         [--micro_batches=1,2,8] [--steps=10] [--repeats=3] [--timeline_dir=DIR]
+        [--lane_depth=K]
 
 The model is a residual MLP (`build`: `blocks` blocks of two Dense(width) layers and a skip
 add, then a 10-way classifier), sparse categorical cross-entropy, SGD. For each M:
@@ -14,6 +15,8 @@ add, then a 10-way classifier), sparse categorical cross-entropy, SGD. For each 
   gradient (what `hvd.DistributedGradientTape` does; at M = 1 it is that tape), SGD apply;
 * keras: one process, one thread, one rank's half of the batch, the same accumulation without
   Horovod: what a step costs with no collective at all;
+* dapple_deep (with `--lane_depth=K`, K > 1): dapple's plan warming up min(K, M) deep, so a
+  lane keeps that many micro-batches in flight (a forward beside the previous backward);
 * tensorflow (with `--tensorflow`): dapple's same plan on the TensorFlow-cluster runtime,
   `dapple launch --runtime=tensorflow`, 2 processes (wall time only).
 
@@ -59,6 +62,9 @@ flags.DEFINE_bool("tensorflow", False, "also time dapple's data-parallel step on
 flags.DEFINE_string("worker", "", "internal: time this kind (dapple, horovod, keras, "
                     "tensorflow)")
 flags.DEFINE_integer("worker_m", 1, "internal: the worker's M")
+flags.DEFINE_integer("lane_depth", 1, "also time dapple with the plan warming up this deep "
+                     "(`warmup: [K]`, K = min(this, M)): K micro-batches in flight per lane "
+                     "(`graph_rewrite.micro_batch_loop`), the kind `dapple_deep`")
 KINDS = ("dapple", "horovod", "keras")
 
 
@@ -114,8 +120,9 @@ def worker() -> None:
     x = tf.constant(rng.randn(FLAGS.batch, FLAGS.width).astype("float32"))
     y = tf.constant(rng.randint(0, 10, FLAGS.batch).astype("int32"))
     model = build(FLAGS.width, FLAGS.blocks)
-    if kind in ("dapple", "tensorflow"):
-        pm = dapple.PipelinedModel(model, data_parallel_plan(model, M))
+    if kind in ("dapple", "dapple_deep", "tensorflow"):
+        depth = FLAGS.lane_depth if kind == "dapple_deep" else 1
+        pm = dapple.PipelinedModel(model, data_parallel_plan(model, M, depth))
         pm.compile(tf.keras.optimizers.SGD(0.01),
                    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return report(pm, *median_step_times(pm, x, y, FLAGS.steps))
@@ -134,11 +141,13 @@ def worker() -> None:
            *median_step_times(step, x[mine], y[mine], FLAGS.steps))
 
 
-def data_parallel_plan(model, M: int):
-    """One stage, 2 replicas, M micro-batches."""
+def data_parallel_plan(model, M: int, depth: int = 1):
+    """One stage, 2 replicas, M micro-batches, min(depth, M) of them in flight per lane."""
     from graph_rewrite.model_graph import layer_order
     from planner.formats.plan import straight_plan
-    return straight_plan([], len(layer_order(model)), M, FLAGS.batch, replicas=[2])
+    plan = straight_plan([], len(layer_order(model)), M, FLAGS.batch, replicas=[2])
+    plan.warmup = [min(depth, M)] if depth > 1 else None
+    return plan
 
 
 # ---- the parent ----------------------------------------------------------------------------------
@@ -150,7 +159,7 @@ def measure(kind: str, M: int, timeline: str = ""):
     """(wall ms, CPU ms) of one step of `kind` at `M` (rank 0's, for the 2-rank kinds)."""
     argv = [sys.executable, os.path.abspath(__file__), f"--worker={kind}", f"--worker_m={M}",
             f"--width={FLAGS.width}", f"--blocks={FLAGS.blocks}", f"--batch={FLAGS.batch}",
-            f"--steps={FLAGS.steps}"]
+            f"--steps={FLAGS.steps}", f"--lane_depth={FLAGS.lane_depth}"]
     if kind == "tensorflow":
         argv = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
                 f"--plan={plan_file(M)}", "--"] + argv
@@ -183,8 +192,11 @@ def main(argv):
           f"--blocks={FLAGS.blocks} --batch={FLAGS.batch} "
           f"--micro_batches={','.join(map(str, Ms))} --steps={FLAGS.steps} "
           f"--repeats={FLAGS.repeats}" + (f" --timeline_dir={FLAGS.timeline_dir}"
-                                           if FLAGS.timeline_dir else ""))
-    kinds = KINDS + (("tensorflow",) if FLAGS.tensorflow else ())
+                                           if FLAGS.timeline_dir else "") +
+          (f" --lane_depth={FLAGS.lane_depth}" if FLAGS.lane_depth > 1 else ""))
+    deep = FLAGS.lane_depth > 1
+    kinds = KINDS + (("dapple_deep",) if deep else ()) + \
+        (("tensorflow",) if FLAGS.tensorflow else ())
     measured = {(k, M): [] for k in kinds for M in Ms}
     loads = []
     for round_ in range(FLAGS.repeats):
@@ -207,12 +219,20 @@ def main(argv):
               f"= keras at M / keras at M={Ms[0]}; check = dapple / (horovod at M={Ms[0]} x "
               f"accumulation), the issue's bound 1.1")
         print(f"{'M':>3}{'dapple':>9}{'horovod':>9}{'keras':>9}{'dapple/hvd':>12}"
-              f"{'accumulation':>14}{'check':>8}")
+              f"{'accumulation':>14}{'check':>8}" +
+              (f"{'deep':>9}{'deep/hvd':>10}{'check':>8}" if deep else ""))
         for M in Ms:
             d, h, k = (med[(kind, M)] for kind in KINDS)
             factor = k / med[("keras", Ms[0])]
-            check = d / (med[("horovod", Ms[0])] * factor)
-            print(f"{M:>3}{d:>9.1f}{h:>9.1f}{k:>9.1f}{d / h:>12.3f}{factor:>14.3f}{check:>8.3f}")
+            bound = med[("horovod", Ms[0])] * factor
+            row = f"{M:>3}{d:>9.1f}{h:>9.1f}{k:>9.1f}{d / h:>12.3f}{factor:>14.3f}{d / bound:>8.3f}"
+            if deep:
+                e = med[("dapple_deep", M)]
+                row += f"{e:>9.1f}{e / h:>10.3f}{e / bound:>8.3f}"
+            print(row)
+        if deep:
+            print(f"deep: dapple with K = min({FLAGS.lane_depth}, M) micro-batches in flight "
+                  f"per lane (the plan's warm-up depth; K = 1 at M = 1)")
         if FLAGS.tensorflow and what == "wall":
             print("dapple on the TensorFlow-cluster runtime (2 processes), wall ms; / dapple "
                   "under horovodrun: " + ", ".join(

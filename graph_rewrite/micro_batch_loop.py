@@ -20,11 +20,16 @@ step.
 What the loop carries: the gradient sums (from zero), the loss sum, and arrays of the
 predictions and BatchNormalization statistics, which the step then reads as the unrolled
 actions would have left them. Micro-batch j + 1 starts after j's backward (its slice waits on
-the sums), as the list says: a lane holds one micro-batch's activations. The weight penalties,
-added to the first unit's term when unrolled, are differentiated once after replica 0's loop.
+the sums), as the list says: a lane holds one micro-batch's activations. A plan whose one stage
+warms up K > 1 deep (`warmup: [K]`, the list F0 .. F(K-1) B0 FK B1 ...) lets K micro-batches
+be in flight instead: the loop runs K iterations at once (`parallel_iterations`), so a forward
+can run beside the previous backward where the device has threads to spare (a CPU's inter-op
+threads; a GPU's one compute stream gains nothing), for K micro-batches' activations. The weight
+penalties, added to the first unit's term when unrolled, are differentiated once after replica
+0's loop.
 
-Lists this loop cannot express (GPipe's forwards before backwards, split backwards, updates in
-the list) run unrolled; so does M = 1. Plans with several stages loop their steady periods
+GPipe's one stage (all forwards, then all backwards) is K = M. Lists this loop cannot express
+(split backwards, updates in the list) run unrolled; so does M = 1. Plans with several stages loop their steady periods
 instead (`schedule_loop.py`: stages split into forward and backward, since there a backward
 runs iterations after its forward).
 
@@ -43,7 +48,15 @@ from graph_rewrite import batch_statistics as bstats
 from graph_rewrite.local_transport import Unit
 from graph_rewrite.stage_gradients import scaled_one, stage_gradients
 from graph_rewrite.step_state import StepState
-from planner.schedules.actions import ALLREDUCE, BACKWARD, FORWARD, Action
+from planner.schedules.actions import ALLREDUCE, BACKWARD, FORWARD
+from planner.schedules.by_name import first_backward_depths
+from planner.schedules.forward_backward import stage_actions
+
+
+def lane_depth(schedule) -> int:
+    """The micro-batches a one-stage schedule's lanes keep in flight: K of the first list
+    (its forwards before its first backward)."""
+    return first_backward_depths(schedule)[0]
 
 
 def loops_lanes(step, state: StepState) -> bool:
@@ -58,9 +71,9 @@ def loops_lanes(step, state: StepState) -> bool:
     if any(step.rows(0, r, m, state.global_batch) != (m * n + r * n // R, m * n + (r + 1) * n // R)
            for r in range(R) for m in range(M)) or n % R:
         return False        # rows not in the [micro-batch, replica, row] layout `run_lane` reads
-    alternating = tuple(Action(0, kind, m) for m in range(M) for kind in (FORWARD, BACKWARD))
+    early_backward = tuple(stage_actions(0, M, lane_depth(schedule)))
     return not state.backward or all(
-        tuple(a for a in lst if a.kind != ALLREDUCE) == alternating for lst in schedule.lists)
+        tuple(a for a in lst if a.kind != ALLREDUCE) == early_backward for lst in schedule.lists)
 
 
 def run_lane(step, state: StepState, unit: Unit) -> None:
@@ -80,9 +93,10 @@ def run_lane(step, state: StepState, unit: Unit) -> None:
     inputs = {tid: lane_rows(state.inputs[tid]) for tid in step.stages[stage].input_ids}
     labels = [lane_rows(y) for y in state.labels] if labelled else None
     weights = [lane_rows(w) for w in state.sample_weights] if labelled else None
+    depth = lane_depth(step.schedule) if state.backward else 1
     sums, loss, predictions, statistics = step.lane_loops[stage](
         inputs, labels, weights, state.loss_scale, state.training, state.backward,
-        state.global_batch, step.functions[stage].on(step.device(*unit)))
+        state.global_batch, step.functions[stage].on(step.device(*unit)), depth)
 
     if loss is not None:
         state.loss_terms.append(loss)
@@ -123,9 +137,10 @@ class LaneLoop:
         return self._lane.experimental_get_tracing_count()
 
     def __call__(self, inputs, labels, weights, loss_scale, training: bool, backward: bool,
-                 global_rows: int, scratch=()):
+                 global_rows: int, scratch=(), depth: int = 1):
+        """`depth`: micro-batches in flight (1: j + 1 starts after j's backward)."""
         return self._lane(inputs, labels, weights, loss_scale, training, backward, global_rows,
-                          [list(s) for s in scratch])
+                          [list(s) for s in scratch], depth)
 
     def _one(self, inputs, labels, weights, sums, loss_scale, training, backward, global_rows,
              scratch):
@@ -142,7 +157,7 @@ class LaneLoop:
         return sums, outputs, term, statistics
 
     def _loop(self, inputs, labels, weights, loss_scale, training, backward, global_rows,
-              scratch):
+              scratch, depth):
         M = int(next(iter(inputs.values())).shape[0])
         output_ids = self.function.output_ids
         sums = [tf.zeros(v.shape, v.dtype) for v in self.graph.trainable_variables
@@ -164,8 +179,9 @@ class LaneLoop:
             return [tf.TensorArray(t.dtype, size=M, element_shape=t.shape) for t in tensors]
 
         def body(j, loss, sums, predictions, statistics_arrays):
-            with tf.control_dependencies(sums):            # after the previous backward
-                j = tf.identity(j)
+            if depth == 1:
+                with tf.control_dependencies(sums):        # after the previous backward
+                    j = tf.identity(j)
             sums, outputs, term, statistics = self._micro_batch(*arguments(j, sums))
             loss = loss if term is None else loss + term
             return (j + 1, loss, sums,
@@ -179,7 +195,8 @@ class LaneLoop:
         start = (tf.constant(0), tf.zeros([], tf.float32 if term is None else term.dtype), sums,
                  arrays([outputs[t] for t in output_ids]), arrays(statistics_specs))
         _, loss, sums, predictions, statistics_arrays = tf.while_loop(
-            lambda j, *_: j < M, body, start, maximum_iterations=M)
+            lambda j, *_: j < M, body, start, maximum_iterations=M,
+            parallel_iterations=depth if depth > 1 else 10)   # 1: the dependency above orders
         combined = {}
         if keys:    # over the lane's micro-batches, all calls at once
             rows = self.function.statistics_rows

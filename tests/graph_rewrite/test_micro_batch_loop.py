@@ -19,15 +19,21 @@ from tests.dapple.test_sample_weights import BATCH, ROWS, assert_same, pair, wei
 CALLS = ("StatefulPartitionedCall", "PartitionedCall")
 
 
-def step_ops(m, schedule, replicas=2, loop=True):
-    """Op types of the traced step, its loop bodies and every function it calls."""
+def step_graph(m, schedule, replicas=2, loop=True, warmup=None):
+    """The traced step's GraphDef (its functions in its library)."""
     model = mlp_with_skip()
     plan = straight_plan([], 5, m, 8 * m, replicas=[replicas], schedule=schedule)
+    plan.warmup = warmup
     pm = dapple.PipelinedModel(model, plan, micro_batch_loop=loop)
     pm.compile(optimizer="sgd", loss=losses_for(model))
     x, y = data_for(model, 8 * m, seed=0)
     fn = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients)
-    graph_def = fn.get_concrete_function(x, y).graph.as_graph_def()
+    return fn.get_concrete_function(x, y).graph.as_graph_def()
+
+
+def step_ops(m, schedule, replicas=2, loop=True):
+    """Op types of the traced step, its loop bodies and every function it calls."""
+    graph_def = step_graph(m, schedule, replicas, loop)
     outer = collections.Counter(n.op for n in graph_def.node)
     every = outer + collections.Counter(n.op for f in graph_def.library.function
                                         for n in f.node_def)
@@ -40,13 +46,43 @@ def test_as_many_calls_and_loops_whatever_the_micro_batches():
     assert every2["While"] == every8["While"] == 1            # one loop, called per replica
     assert sum(outer2[c] for c in CALLS) == sum(outer8[c] for c in CALLS) >= 2
     assert sum(every2[c] for c in CALLS) == sum(every8[c] for c in CALLS)
-    # Unrolled (by default, or GPipe's forwards first, which cannot loop), the calls grow
-    # with M: the count sees it.
-    for schedule, loop in (("gpipe", True), ("1f1b", False)):
-        _, unrolled2 = step_ops(2, schedule, loop=loop)
-        _, unrolled8 = step_ops(8, schedule, loop=loop)
-        assert unrolled2["While"] == unrolled8["While"] == 0
-        assert sum(unrolled8[c] for c in CALLS) > sum(unrolled2[c] for c in CALLS)
+    # Unrolled, the calls grow with M: the count sees it.
+    _, unrolled2 = step_ops(2, "1f1b", loop=False)
+    _, unrolled8 = step_ops(8, "1f1b", loop=False)
+    assert unrolled2["While"] == unrolled8["While"] == 0
+    assert sum(unrolled8[c] for c in CALLS) > sum(unrolled2[c] for c in CALLS)
+
+
+def lane_loop_parallel_iterations(graph_def):
+    """`parallel_iterations` of every While op in the step's functions."""
+    return [n.attr["parallel_iterations"].i for f in graph_def.library.function
+            for n in f.node_def if n.op == "While"]
+
+
+@pytest.mark.parametrize("schedule,warmup,depth", [("1f1b", [2], 2), ("1f1b", [3], 3),
+                                                   ("gpipe", None, 4)],
+                         ids=["1f1b-K2", "1f1b-K3", "gpipe"])
+def test_a_lane_warming_up_k_deep_loops_k_micro_batches_at_once(schedule, warmup, depth):
+    # The list F0 .. F(K-1) B0 FK B1 ... (GPipe's one stage: K = M) is one loop running K
+    # iterations at once; K = 1 orders each micro-batch after the previous backward instead.
+    assert lane_loop_parallel_iterations(step_graph(4, schedule, warmup=warmup)) == [depth]
+    assert lane_loop_parallel_iterations(step_graph(4, "1f1b")) == [10]
+
+
+@pytest.mark.parametrize("schedule,warmup", [("1f1b", [2]), ("gpipe", None)],
+                         ids=["1f1b-K2", "gpipe"])
+def test_a_lane_with_micro_batches_in_flight_trains_as_plain_keras(schedule, warmup):
+    plan = straight_plan([], 5, 4, BATCH, replicas=[2], schedule=schedule)
+    plan.warmup = warmup
+    plain = mlp_with_skip(seed=3)
+    plain.compile(tf.keras.optimizers.SGD(0.1), losses_for(plain))
+    pm = dapple.PipelinedModel(mlp_with_skip(seed=3), plan)
+    pm.compile(tf.keras.optimizers.SGD(0.1), losses_for(plain))
+    x, y = data_for(plain, ROWS, seed=5)
+    h1 = pm.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    h2 = plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert_same(pm, plain, h1, h2)
+    assert_ran_as_loops(pm, True)
 
 
 def test_looped_fit_evaluate_predict_equal_plain_keras_two_outputs_sample_weights():
