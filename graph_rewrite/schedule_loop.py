@@ -342,9 +342,7 @@ def make_accumulators(step) -> None:
         for task in loop.body:
             unit = (task.stage, task.replica)
             if task.kind != FORWARD and unit in local and unit not in step.loop_accumulators:
-                with tf.init_scope(), tf.device(step.device(*unit)):
-                    step.loop_accumulators[unit] = GradientAccumulators(
-                        step.stages[unit[0]].trainable_variables, unit)
+                step.loop_accumulators[unit] = GradientAccumulators(step._accumulate, unit)
 
 
 def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
@@ -508,7 +506,7 @@ class ScheduleLoop:
             elif task.kind == BACKWARD_WEIGHT:
                 grads = split.backward_weight(read[(PENDING, s, r, task.micro_batch)])
                 left = {}
-                carry["sums"][unit] = self._accumulate(carry["sums"][unit], grads)
+                carry["sums"][unit] = self._accumulate(unit, carry["sums"][unit], grads)
                 produced = grads
             else:
                 residuals = read[(RESIDUALS, s, r, task.micro_batch)]
@@ -528,7 +526,7 @@ class ScheduleLoop:
                     produced = list(grads_in.values()) + pending
                 else:
                     grads_in, grads = split.backward(residuals, dys)
-                    carry["sums"][unit] = self._accumulate(carry["sums"][unit], grads)
+                    carry["sums"][unit] = self._accumulate(unit, carry["sums"][unit], grads)
                     produced = list(grads_in.values()) + grads
                 if s:
                     left[(GRADIENTS, s, r, task.micro_batch)] = grads_in
@@ -538,12 +536,12 @@ class ScheduleLoop:
             values[k] = v
             values.setdefault("readers", {})[k] = self.book.leaves(task)[k]
 
-    def _accumulate(self, sums, grads):
+    def _accumulate(self, unit, sums, grads):
         """`sums` + `grads`: in place inside a loop, else the step's `Accumulator`."""
         if isinstance(sums, GradientAccumulators):
             sums.add(grads)
             return sums
-        return self.step._accumulate(sums, grads)
+        return self.step._accumulate(sums, grads, unit)
 
     def _packing(self, key: Key) -> "PackedElements":
         """How a collected residual's tensors are packed (by kind, stage, replica)."""
@@ -813,17 +811,19 @@ class CarriedValue:
 
 
 class GradientAccumulators:
-    """A unit's gradient sums during a loop: a variable per trainable variable, on the unit's
-    device, set before the loop, added to in place by each iteration's backward and read after
-    it (TensorFlow orders the assignments and reads of one variable as written). Kept by the
-    step between calls: the memory of one set of the stage's gradients."""
+    """A unit's gradient sums during a loop: the step's `Accumulator`'s sums of the unit
+    (variables on its device), holding what the warm-up added, added to in place by each
+    iteration's backward and read after it (TensorFlow orders the assignments and reads of one
+    variable as written); the cool-down adds on in place. Kept by the step between calls: the
+    memory of one set of the stage's gradients."""
 
-    def __init__(self, variables, unit: Unit):
-        self.variables = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                                      name=f"gradient_sum_s{unit[0]}r{unit[1]}")
-                          for v in variables]
+    def __init__(self, accumulator, unit: Unit):
+        self.accumulator, self.unit = accumulator, unit
+        self.variables = accumulator.own_sums[unit]
 
     def start(self, sums: List[tf.Tensor], device: Optional[str]) -> None:
+        if self.accumulator.holds(self.unit, sums):
+            return                  # the warm-up added there already
         with tf.device(device):
             for v, s in zip(self.variables, sums):
                 v.assign(s)
@@ -835,7 +835,7 @@ class GradientAccumulators:
 
     def read(self, device: Optional[str]) -> List[tf.Tensor]:
         with tf.device(device):
-            return [v.read_value() for v in self.variables]
+            return self.accumulator.held(self.unit, [v.read_value() for v in self.variables])
 
 
 def _with_zeros(crossing: Crossing, replica: int, grads) -> dict:
