@@ -822,7 +822,7 @@ class GradientAccumulators:
         self.variables = accumulator.own_sums[unit]
 
     def start(self, sums: List[tf.Tensor], device: Optional[str]) -> None:
-        if self.accumulator.holds(self.unit, sums):
+        if self.accumulator.holds(self.unit, sums) and all(s is not None for s in sums):
             return                  # the warm-up added there already
         with tf.device(device):
             for v, s in zip(self.variables, sums):
