@@ -512,6 +512,12 @@ def _assign_in_place(variables, values):
     return [v.read_value() for v in variables]
 
 
+def _assign_sums(variables, accumulated, gradients):
+    for v, a, g in zip(variables, accumulated, gradients):
+        v.assign(a + g)
+    return [v.read_value() for v in variables]
+
+
 def _add_in_place(variables, values):
     for v, x in zip(variables, values):
         v.assign_add(x)
@@ -544,6 +550,7 @@ class Accumulator:
         self._add = tf.function(_add_lists, experimental_attributes={"_noinline": True})
         self._assign_in_place = tf.function(_assign_in_place,
                                             experimental_attributes={"_noinline": True})
+        self._assign_sums = tf.function(_assign_sums, experimental_attributes={"_noinline": True})
         self._add_in_place = tf.function(_add_in_place,
                                          experimental_attributes={"_noinline": True})
         self.own_sums: Dict[tuple, List[tf.Variable]] = {}     # by unit
@@ -585,13 +592,14 @@ class Accumulator:
         return InPlaceSums(values, unit, self._adds.get(unit, 0))
 
     def _in_place(self, unit, sums, accumulated, gradients):
+        if accumulated is None:
+            return list(gradients)      # nothing to add yet: one micro-batch copies nothing
         held = self.holds(unit, accumulated)
         count = self._adds.get(unit, 0) + 1
         self._adds[unit] = count
         out = [None] * len(gradients)
-        add, assign, values = [], [], []
-        for i, g in enumerate(gradients):
-            a = None if accumulated is None else accumulated[i]
+        assign, values, add, pairs = [], [], [], []
+        for i, (a, g) in enumerate(zip(accumulated, gradients)):
             if g is None:
                 out[i] = a
                 if a is not None and not held:
@@ -602,16 +610,16 @@ class Accumulator:
                 values.append(g)
             elif held:
                 add.append(i)
-            else:           # a sum from elsewhere (a loop's): set, then add
-                assign.append(i)
-                values.append(a + g)
-        if assign:
-            for i, r in zip(assign, self._assign_in_place([sums[i] for i in assign], values)):
-                out[i] = r
-        if add:
-            for i, r in zip(add, self._add_in_place([sums[i] for i in add],
-                                                    [gradients[i] for i in add])):
-                out[i] = r
+            else:       # the first add, or a sum read elsewhere (a loop's): set to the sum
+                pairs.append(i)
+        for indices, function, arguments in (
+                (assign, self._assign_in_place, [values]),
+                (pairs, self._assign_sums, [[accumulated[i] for i in pairs],
+                                            [gradients[i] for i in pairs]]),
+                (add, self._add_in_place, [[gradients[i] for i in add]])):
+            if indices:
+                for i, r in zip(indices, function([sums[i] for i in indices], *arguments)):
+                    out[i] = r
         return InPlaceSums(out, unit, count)
 
 
