@@ -29,9 +29,9 @@ penalties, added to the first unit's term when unrolled, are differentiated once
 0's loop.
 
 GPipe's one stage (all forwards, then all backwards) is K = M. Lists this loop cannot express
-(split backwards, updates in the list) run unrolled; so does M = 1. Plans with several stages loop their steady periods
-instead (`schedule_loop.py`: stages split into forward and backward, since there a backward
-runs iterations after its forward).
+(split backwards, updates in the list) run unrolled; so does M = 1. Plans with several stages
+loop their steady periods instead (`schedule_loop.py`: stages split into forward and backward,
+since there a backward runs iterations after its forward).
 
 `PipelinedModel` loops by default (`micro_batch_loop=False` unrolls; `PipelineStep` itself
 unrolls unless told). Each lane's function is optimized per device, and the lowered loop is
