@@ -3,20 +3,22 @@ own gradient accumulation, at M = 1, 2, 8 micro-batches (issue #28, items 2 and 
 
     python benchmarks/dp_step_horovod.py [--width=1024] [--blocks=4] [--batch=256]
         [--micro_batches=1,2,8] [--steps=10] [--repeats=3] [--timeline_dir=DIR]
-        [--lane_depth=K]
+        [--lane_depth=K] [--tensorflow]
 
 The model is a residual MLP (`build`: `blocks` blocks of two Dense(width) layers and a skip
 add, then a 10-way classifier), sparse categorical cross-entropy, SGD. For each M:
 
 * dapple: `horovodrun -np 2 -H localhost:2 --gloo`, a data-parallel plan (one stage, 2
-  replicas, M micro-batches: the lane's loop for M > 1), `PipelinedModel.train_step`;
+  replicas, M micro-batches: the lane's loop for M > 1, two micro-batches in flight on a CPU),
+  `PipelinedModel.train_step`;
 * horovod: the same 2 ranks, plain Horovod: each rank its half of the batch, M micro-batches'
   gradients summed in a Python loop inside one `tf.function`, then one `hvd.allreduce` per
   gradient (what `hvd.DistributedGradientTape` does; at M = 1 it is that tape), SGD apply;
 * keras: one process, one thread, one rank's half of the batch, the same accumulation without
   Horovod: what a step costs with no collective at all;
-* dapple_deep (with `--lane_depth=K`, K > 1): dapple's plan warming up min(K, M) deep, so a
-  lane keeps that many micro-batches in flight (a forward beside the previous backward);
+* dapple_k (with `--lane_depth=K`): dapple with its lanes keeping min(K, M) micro-batches in
+  flight (`graph_rewrite.micro_batch_loop.CPU_LANE_DEPTH = K`; K = 1: the plan's one, each
+  forward after the previous backward);
 * tensorflow (with `--tensorflow`): dapple's same plan on the TensorFlow-cluster runtime,
   `dapple launch --runtime=tensorflow`, 2 processes (wall time only).
 
@@ -62,9 +64,9 @@ flags.DEFINE_bool("tensorflow", False, "also time dapple's data-parallel step on
 flags.DEFINE_string("worker", "", "internal: time this kind (dapple, horovod, keras, "
                     "tensorflow)")
 flags.DEFINE_integer("worker_m", 1, "internal: the worker's M")
-flags.DEFINE_integer("lane_depth", 1, "also time dapple with the plan warming up this deep "
-                     "(`warmup: [K]`, K = min(this, M)): K micro-batches in flight per lane "
-                     "(`graph_rewrite.micro_batch_loop`), the kind `dapple_deep`")
+flags.DEFINE_integer("lane_depth", 0, "also time dapple with its lanes keeping this many "
+                     "micro-batches in flight on a CPU (`graph_rewrite.micro_batch_loop."
+                     "CPU_LANE_DEPTH`, 2 by default; 1: the plan's one), the kind `dapple_k`")
 KINDS = ("dapple", "horovod", "keras")
 
 
@@ -120,9 +122,11 @@ def worker() -> None:
     x = tf.constant(rng.randn(FLAGS.batch, FLAGS.width).astype("float32"))
     y = tf.constant(rng.randint(0, 10, FLAGS.batch).astype("int32"))
     model = build(FLAGS.width, FLAGS.blocks)
-    if kind in ("dapple", "dapple_deep", "tensorflow"):
-        depth = FLAGS.lane_depth if kind == "dapple_deep" else 1
-        pm = dapple.PipelinedModel(model, data_parallel_plan(model, M, depth))
+    if kind in ("dapple", "dapple_k", "tensorflow"):
+        if kind == "dapple_k":
+            from graph_rewrite import micro_batch_loop
+            micro_batch_loop.CPU_LANE_DEPTH = FLAGS.lane_depth
+        pm = dapple.PipelinedModel(model, data_parallel_plan(model, M))
         pm.compile(tf.keras.optimizers.SGD(0.01),
                    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return report(pm, *median_step_times(pm, x, y, FLAGS.steps))
@@ -141,13 +145,11 @@ def worker() -> None:
            *median_step_times(step, x[mine], y[mine], FLAGS.steps))
 
 
-def data_parallel_plan(model, M: int, depth: int = 1):
-    """One stage, 2 replicas, M micro-batches, min(depth, M) of them in flight per lane."""
+def data_parallel_plan(model, M: int):
+    """One stage, 2 replicas, M micro-batches (the plan's lanes: one in flight)."""
     from graph_rewrite.model_graph import layer_order
     from planner.formats.plan import straight_plan
-    plan = straight_plan([], len(layer_order(model)), M, FLAGS.batch, replicas=[2])
-    plan.warmup = [min(depth, M)] if depth > 1 else None
-    return plan
+    return straight_plan([], len(layer_order(model)), M, FLAGS.batch, replicas=[2])
 
 
 # ---- the parent ----------------------------------------------------------------------------------
@@ -193,9 +195,10 @@ def main(argv):
           f"--micro_batches={','.join(map(str, Ms))} --steps={FLAGS.steps} "
           f"--repeats={FLAGS.repeats}" + (f" --timeline_dir={FLAGS.timeline_dir}"
                                            if FLAGS.timeline_dir else "") +
-          (f" --lane_depth={FLAGS.lane_depth}" if FLAGS.lane_depth > 1 else ""))
-    deep = FLAGS.lane_depth > 1
-    kinds = KINDS + (("dapple_deep",) if deep else ()) + \
+          (f" --lane_depth={FLAGS.lane_depth}" if FLAGS.lane_depth else "") +
+          (" --tensorflow" if FLAGS.tensorflow else ""))
+    compared = FLAGS.lane_depth > 0
+    kinds = KINDS + (("dapple_k",) if compared else ()) + \
         (("tensorflow",) if FLAGS.tensorflow else ())
     measured = {(k, M): [] for k in kinds for M in Ms}
     loads = []
@@ -220,19 +223,19 @@ def main(argv):
               f"accumulation), the issue's bound 1.1")
         print(f"{'M':>3}{'dapple':>9}{'horovod':>9}{'keras':>9}{'dapple/hvd':>12}"
               f"{'accumulation':>14}{'check':>8}" +
-              (f"{'deep':>9}{'deep/hvd':>10}{'check':>8}" if deep else ""))
+              (f"{'K=' + str(FLAGS.lane_depth):>9}{'K/hvd':>10}{'check':>8}" if compared else ""))
         for M in Ms:
             d, h, k = (med[(kind, M)] for kind in KINDS)
             factor = k / med[("keras", Ms[0])]
             bound = med[("horovod", Ms[0])] * factor
             row = f"{M:>3}{d:>9.1f}{h:>9.1f}{k:>9.1f}{d / h:>12.3f}{factor:>14.3f}{d / bound:>8.3f}"
-            if deep:
-                e = med[("dapple_deep", M)]
+            if compared:
+                e = med[("dapple_k", M)]
                 row += f"{e:>9.1f}{e / h:>10.3f}{e / bound:>8.3f}"
             print(row)
-        if deep:
-            print(f"deep: dapple with K = min({FLAGS.lane_depth}, M) micro-batches in flight "
-                  f"per lane (the plan's warm-up depth; K = 1 at M = 1)")
+        if compared:
+            print(f"K={FLAGS.lane_depth}: dapple with min({FLAGS.lane_depth}, M) micro-batches "
+                  f"in flight per lane (dapple: the default, 2 on a CPU)")
         if FLAGS.tensorflow and what == "wall":
             print("dapple on the TensorFlow-cluster runtime (2 processes), wall ms; / dapple "
                   "under horovodrun: " + ", ".join(

@@ -25,8 +25,8 @@ of `--repeats` rounds and the median over rounds is kept:
   remote stage reads working copies refreshed every step; `chief`, every unit reads the
   weights on the chief, once per micro-batch and again in its backward;
 * horovod/1f1b: `horovodrun -np 2` (HOROVOD_CYCLE_TIME=0.1, as schedule_step_time.py); with
-  1f1b in `--loop_schedules`, also looped (both runtimes as `PipelinedModel` runs a pipeline
-  by default).
+  1f1b in `--loop_schedules`, also looped. Across processes `PipelinedModel` runs a pipeline
+  unrolled by default: the unrolled figures are what a user gets.
 
 Prints every figure, then the ratios: tensorflow 1f1b / plain, horovod / tensorflow (1f1b),
 and each schedule's step over 1f1b's, measured and simulated with this runtime's transfer
@@ -192,7 +192,7 @@ def main(argv):
         jobs.append(("tensorflow/1f1b-grouped", "tensorflow-grouped", "1f1b"))
     if FLAGS.horovod:
         jobs.append(("horovod/1f1b", "horovod", "1f1b"))
-        if "1f1b" in FLAGS.loop_schedules:   # both runtimes as `PipelinedModel` runs them
+        if "1f1b" in FLAGS.loop_schedules:   # both runtimes looped
             jobs.append(("horovod/1f1b, looped", "horovod", "1f1b"))
     figures = {name: [] for name, _, _ in jobs}
     with tempfile.TemporaryDirectory() as tmp:

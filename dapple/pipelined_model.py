@@ -30,8 +30,10 @@ A step's micro-batches run as loops, so its first call hardly grows with M: a da
 plan's lanes (`graph_rewrite.micro_batch_loop`) and a pipeline's steady 1F1B, GPipe, zb-h1 or
 interleaved periods (`graph_rewrite.schedule_loop`), in one process, across horovodrun's ranks or
 across a TensorFlow cluster's tasks. `micro_batch_loop=False` unrolls every step, for comparison;
-`pipeline_loop` decides for pipelines alone (default: as `micro_batch_loop`). Recomputing plans,
-relaxed schedules and evaluation run unrolled (docs/runtime.md, "Start-up").
+`pipeline_loop` decides for pipelines alone; by default they loop in one process and run unrolled
+across processes (Horovod's ranks, a cluster's tasks), where every iteration of a loop waits on
+the other processes and a looped step measured 18-44% slower (docs/runtime.md, "Which steps loop
+by default"). Recomputing plans, relaxed schedules and evaluation run unrolled.
 """
 from __future__ import annotations
 
@@ -72,7 +74,8 @@ class PipelinedModel:
         require_runtime_support(self.plan)
         self.runtime = make_runtime(runtime, model, self.plan, devices)
         self.micro_batch_loop = micro_batch_loop
-        self.pipeline_loop = micro_batch_loop if pipeline_loop is None else pipeline_loop
+        self.pipeline_loop = (micro_batch_loop and self.runtime.loops_pipelines
+                              if pipeline_loop is None else pipeline_loop)
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None     # relaxed plans: their synchronous step
         self._relaxed: Optional[RelaxedTraining] = None

@@ -24,7 +24,9 @@ the sums), as the list says: a lane holds one micro-batch's activations. A plan 
 warms up K > 1 deep (`warmup: [K]`, the list F0 .. F(K-1) B0 FK B1 ...) lets K micro-batches
 be in flight instead: the loop runs K iterations at once (`parallel_iterations`), so a forward
 can run beside the previous backward where the device has threads to spare (a CPU's inter-op
-threads; a GPU's one compute stream gains nothing), for K micro-batches' activations. The weight
+threads; a GPU's one compute stream gains nothing), for K micro-batches' activations. A lane
+alone in its process on a CPU (a Horovod rank's, a cluster task's) keeps two in flight even
+where the plan says one (`CPU_LANE_DEPTH`): the sums, added in order either way, are the same. The weight
 penalties, added to the first unit's term when unrolled, are differentiated once after replica
 0's loop.
 
@@ -53,10 +55,32 @@ from planner.schedules.by_name import first_backward_depths
 from planner.schedules.forward_backward import stage_actions
 
 
+# A lane alone in its process on a CPU keeps at least this many micro-batches in flight, whatever
+# the plan's K: a forward then runs beside the previous backward on the threads the one lane
+# leaves idle, as TensorFlow overlaps plain unrolled accumulation (docs/cluster.md: dapple /
+# plain Horovod 1.32 at K = 1, 1.05 at 2). Where a process runs several lanes they already fill
+# its threads (2 lanes on 2 cores: 5-9% slower at 2), and a GPU's one compute stream gains
+# nothing: there the plan's K holds. 1 keeps the plan's everywhere.
+CPU_LANE_DEPTH = 2
+
+
 def lane_depth(schedule) -> int:
     """The micro-batches a one-stage schedule's lanes keep in flight: K of the first list
     (its forwards before its first backward)."""
     return first_backward_depths(schedule)[0]
+
+
+def lanes_in_flight(step, unit: Unit) -> int:
+    """The micro-batches `unit`'s lane runs at once: the plan's K, raised to `CPU_LANE_DEPTH`
+    (at most M) on a CPU device whose process runs no other lane of the step."""
+    depth = lane_depth(step.schedule)
+    spec = tf.DeviceSpec.from_string(step.device(*unit))
+    process = lambda s: (s.job, s.replica, s.task)   # noqa: E731
+    alone = not any(other != unit and process(tf.DeviceSpec.from_string(step.device(*other)))
+                    == process(spec) for other in step.transport.local_units())
+    if spec.device_type == "CPU" and alone:
+        depth = max(depth, min(CPU_LANE_DEPTH, step.schedule.micro_batches))
+    return depth
 
 
 def loops_lanes(step, state: StepState) -> bool:
@@ -93,7 +117,7 @@ def run_lane(step, state: StepState, unit: Unit) -> None:
     inputs = {tid: lane_rows(state.inputs[tid]) for tid in step.stages[stage].input_ids}
     labels = [lane_rows(y) for y in state.labels] if labelled else None
     weights = [lane_rows(w) for w in state.sample_weights] if labelled else None
-    depth = lane_depth(step.schedule) if state.backward else 1
+    depth = lanes_in_flight(step, unit) if state.backward else 1
     sums, loss, predictions, statistics = step.lane_loops[stage](
         inputs, labels, weights, state.loss_scale, state.training, state.backward,
         state.global_batch, step.functions[stage].on(step.device(*unit)), depth)

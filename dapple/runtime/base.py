@@ -29,6 +29,10 @@ class Runtime(abc.ABC):
     devices: List[str]              # by plan device id
     shuffle_seed: Optional[int]     # fit's shuffle seed (one for all ranks under Horovod)
     stages: Optional[List[StageGraph]]  # the model cut by the plan, once (`choice`)
+    # Whether a pipeline's steady periods loop by default (`PipelinedModel(pipeline_loop=None)`).
+    # In one process a loop costs nothing per step; across processes each iteration coordinates
+    # the processes (docs/runtime.md, "Which steps loop by default").
+    loops_pipelines: bool = True
 
     @abc.abstractmethod
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],

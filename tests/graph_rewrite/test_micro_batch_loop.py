@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from graph_rewrite import micro_batch_loop
 from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests.models import (assert_ran_as_loops, conv_batchnorm, data_for,
@@ -64,9 +65,21 @@ def lane_loop_parallel_iterations(graph_def):
                          ids=["1f1b-K2", "1f1b-K3", "gpipe"])
 def test_a_lane_warming_up_k_deep_loops_k_micro_batches_at_once(schedule, warmup, depth):
     # The list F0 .. F(K-1) B0 FK B1 ... (GPipe's one stage: K = M) is one loop running K
-    # iterations at once; K = 1 orders each micro-batch after the previous backward instead.
+    # iterations at once.
     assert lane_loop_parallel_iterations(step_graph(4, schedule, warmup=warmup)) == [depth]
-    assert lane_loop_parallel_iterations(step_graph(4, "1f1b")) == [10]
+
+
+def test_a_cpu_lane_alone_in_its_process_keeps_two_micro_batches_in_flight(monkeypatch):
+    # One lane in this process (a Horovod rank's, a cluster task's): two in flight where the
+    # plan says one, more where it says more.
+    assert lane_loop_parallel_iterations(step_graph(4, "1f1b", replicas=1)) == [2]
+    assert lane_loop_parallel_iterations(step_graph(4, "1f1b", 1, warmup=[3])) == [3]
+    # Two lanes in one process already fill its threads: the plan's K = 1, each micro-batch
+    # after the previous backward (an ordering dependency, TensorFlow's default
+    # parallel_iterations).
+    assert lane_loop_parallel_iterations(step_graph(4, "1f1b")) == [10]    # one function
+    monkeypatch.setattr(micro_batch_loop, "CPU_LANE_DEPTH", 1)      # the plan's K everywhere
+    assert lane_loop_parallel_iterations(step_graph(4, "1f1b", replicas=1)) == [10]
 
 
 @pytest.mark.parametrize("schedule,warmup", [("1f1b", [2]), ("gpipe", None)],

@@ -81,6 +81,8 @@ def _install_failure_report(who: str) -> None:
 
 
 class HorovodRuntime(Runtime):
+    loops_pipelines = False     # a loop's iterations run one at a time, each its transfers
+
     def __init__(self, model: tf.keras.Model, plan: Plan, stages: List[StageGraph],
                  devices=None):
         size = hvd.size() if hvd.is_initialized() else _world_size_from_env()

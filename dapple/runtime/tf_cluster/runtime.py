@@ -48,3 +48,5 @@ class TFClusterRuntime(StageWeightsRuntime):
                                f"slots, e.g. --hosts=localhost:{needed}")
         super().__init__(plan, devices if devices is not None else task_devices(counts),
                          stages)
+        # A loop spanning tasks waits each iteration on the leader's predicate and control.
+        self.loops_pipelines = len(tasks) == 1

@@ -68,6 +68,8 @@ def test_gradients_and_weights_equal_plain_model(case):
     reports = check_ranks(result, ranks)
     stages = sorted({rep["stage"] for rep in reports.values()})     # device groups
     assert stages == list(range(len(args[1].split("=")[1].split(",")))), reports
+    for rep in reports.values():    # across ranks a pipeline runs unrolled by default
+        assert rep["pipeline_loop"] is False and rep["schedule_loops"] == 0, rep
 
 
 @pytest.mark.horovod

@@ -46,6 +46,9 @@ def test_weights_after_3_steps_equal_plain_keras(tmp_path, case, processes, args
     assert rep["loss_diff"] < TOLERANCE, rep
     assert rep["weight_diff"] < TOLERANCE, rep
     assert rep["own_gradients"] > 0, rep                    # the chief holds every gradient
+    # across tasks a pipeline runs unrolled by default; a one-stage plan's lanes still loop
+    assert rep["pipeline_loop"] is False and rep["schedule_loops"] == 0, rep
+    assert (rep["lane_loops"] > 0) == (case == "dp2"), rep
     no_server_left(result)
 
 

@@ -40,9 +40,9 @@ parser.add_argument("--stall_rank", type=int, default=-1)
 parser.add_argument("--checkpoint", default="")
 parser.add_argument("--virtual_stages", type=int, default=0,
                     help="chunks per device group: an interleaved plan (--replicas per group)")
-parser.add_argument("--pipeline_loop", action="store_true",
+parser.add_argument("--pipeline_loop", action="store_true", default=None,
                     help="PipelinedModel(..., pipeline_loop=True): steady periods as loops "
-                         "(reports how many traces built them)")
+                         "(reports how many traces built them); without it, the default")
 args = parser.parse_args()
 
 builder = getattr(models, args.model)
@@ -116,7 +116,7 @@ print("DAPPLE_RESULT " + json.dumps({
     "loss_diff": loss_diff, "weight_diff": weight_diff, "own_gradients": own_gradients,
     "stage_variables": stage_vars, "final_loss": float(got_loss),
     "checkpoint_diff": checkpoint_diff, "while_ops": while_ops,
-    "schedule_loops": pm.pipeline_step.schedule_loops,
+    "schedule_loops": pm.pipeline_step.schedule_loops, "pipeline_loop": pm.pipeline_loop,
     "lane_loops": sum(lane.traces for lane in pm.pipeline_step.lane_loops),
     "accumulator_devices": {f"{s},{r}": sorted({v.device for v in a.variables})
                             for (s, r), a in pm.pipeline_step.loop_accumulators.items()},
