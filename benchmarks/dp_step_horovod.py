@@ -17,7 +17,7 @@ add, then a 10-way classifier), sparse categorical cross-entropy, SGD. For each 
 * keras: one process, one thread, one rank's half of the batch, the same accumulation without
   Horovod: what a step costs with no collective at all;
 * dapple_k (with `--lane_depth=K`): dapple with its lanes keeping min(K, M) micro-batches in
-  flight (`graph_rewrite.micro_batch_loop.CPU_LANE_DEPTH = K`; K = 1: the plan's one, each
+  flight (`graph_rewrite.in_flight.CPU_LANE_DEPTH = K`; K = 1: the plan's one, each
   forward after the previous backward);
 * tensorflow (with `--tensorflow`): dapple's same plan on the TensorFlow-cluster runtime,
   `dapple launch --runtime=tensorflow`, 2 processes (wall time only).
@@ -65,7 +65,7 @@ flags.DEFINE_string("worker", "", "internal: time this kind (dapple, horovod, ke
                     "tensorflow)")
 flags.DEFINE_integer("worker_m", 1, "internal: the worker's M")
 flags.DEFINE_integer("lane_depth", 0, "also time dapple with its lanes keeping this many "
-                     "micro-batches in flight on a CPU (`graph_rewrite.micro_batch_loop."
+                     "micro-batches in flight on a CPU (`graph_rewrite.in_flight."
                      "CPU_LANE_DEPTH`, 2 by default; 1: the plan's one), the kind `dapple_k`")
 KINDS = ("dapple", "horovod", "keras")
 
@@ -124,8 +124,8 @@ def worker() -> None:
     model = build(FLAGS.width, FLAGS.blocks)
     if kind in ("dapple", "dapple_k", "tensorflow"):
         if kind == "dapple_k":
-            from graph_rewrite import micro_batch_loop
-            micro_batch_loop.CPU_LANE_DEPTH = FLAGS.lane_depth
+            from graph_rewrite import in_flight
+            in_flight.CPU_LANE_DEPTH = FLAGS.lane_depth
         pm = dapple.PipelinedModel(model, data_parallel_plan(model, M))
         pm.compile(tf.keras.optimizers.SGD(0.01),
                    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))

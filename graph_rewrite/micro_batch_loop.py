@@ -26,7 +26,8 @@ be in flight instead: the loop runs K iterations at once (`parallel_iterations`)
 can run beside the previous backward where the device has threads to spare (a CPU's inter-op
 threads; a GPU's one compute stream gains nothing), for K micro-batches' activations. A lane
 alone in its process on a CPU (a Horovod rank's, a cluster task's) keeps two in flight even
-where the plan says one (`CPU_LANE_DEPTH`): the sums, added in order either way, are the same. The weight
+where the plan says one (`graph_rewrite.in_flight`): the sums, added in order either way, are
+the same. The weight
 penalties, added to the first unit's term when unrolled, are differentiated once after replica
 0's loop.
 
@@ -47,21 +48,13 @@ from typing import List
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
+from graph_rewrite import in_flight
 from graph_rewrite.local_transport import Unit
 from graph_rewrite.stage_gradients import scaled_one, stage_gradients
 from graph_rewrite.step_state import StepState
 from planner.schedules.actions import ALLREDUCE, BACKWARD, FORWARD
 from planner.schedules.by_name import first_backward_depths
 from planner.schedules.forward_backward import stage_actions
-
-
-# A lane alone in its process on a CPU keeps at least this many micro-batches in flight, whatever
-# the plan's K: a forward then runs beside the previous backward on the threads the one lane
-# leaves idle, as TensorFlow overlaps plain unrolled accumulation (docs/cluster.md: dapple /
-# plain Horovod 1.32 at K = 1, 1.05 at 2). Where a process runs several lanes they already fill
-# its threads (2 lanes on 2 cores: 5-9% slower at 2), and a GPU's one compute stream gains
-# nothing: there the plan's K holds. 1 keeps the plan's everywhere.
-CPU_LANE_DEPTH = 2
 
 
 def lane_depth(schedule) -> int:
@@ -72,14 +65,10 @@ def lane_depth(schedule) -> int:
 
 def lanes_in_flight(step, unit: Unit) -> int:
     """The micro-batches `unit`'s lane runs at once: the plan's K, raised to `CPU_LANE_DEPTH`
-    (at most M) on a CPU device whose process runs no other lane of the step."""
+    (at most M) on a CPU whose process runs no other lane (`graph_rewrite.in_flight`)."""
     depth = lane_depth(step.schedule)
-    spec = tf.DeviceSpec.from_string(step.device(*unit))
-    process = lambda s: (s.job, s.replica, s.task)   # noqa: E731
-    alone = not any(other != unit and process(tf.DeviceSpec.from_string(step.device(*other)))
-                    == process(spec) for other in step.transport.local_units())
-    if spec.device_type == "CPU" and alone:
-        depth = max(depth, min(CPU_LANE_DEPTH, step.schedule.micro_batches))
+    if in_flight.alone_on_cpu(step, unit):
+        depth = max(depth, min(in_flight.CPU_LANE_DEPTH, step.schedule.micro_batches))
     return depth
 
 

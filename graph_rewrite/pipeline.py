@@ -50,6 +50,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
+from graph_rewrite import in_flight
 from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
 from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane, weight_penalty
@@ -206,6 +207,7 @@ class PipelineStep:
         for s, r in units:
             by_stage.setdefault(s, []).append(r)
         state.previous = {self.lane(s, r): [] for s, r in units}
+        depths = {self.lane(s, r): in_flight.order_depth(self, (s, r)) for s, r in units}
         moving_before = bstats.read_moving_statistics(self.stages, units) if training else {}
         if training:
             state.statistics = {u: bstats.StatisticsRecorder() for u in units}
@@ -230,12 +232,14 @@ class PipelineStep:
                 continue
             for replica in by_stage[stage]:
                 lane = self.lane(stage, replica)
+                history, depth = state.previous[lane], depths[lane]
                 with tf.device(self.device(stage, replica)), \
                         tf.name_scope(task_scope(stage, replica, action.kind, action.micro_batch)), \
-                        tf.control_dependencies(state.previous[lane]):
+                        tf.control_dependencies(in_flight.waits(history, depth)):
                     done = self.dispatch[action.kind](state, (stage, replica), action)
                 if done is not None:
-                    state.previous[lane] = done
+                    history.append(done)
+                    del history[:-(2 * depth - 1)]
 
         loss = tf.add_n(state.loss_terms) if state.loss_terms else tf.constant(0.0)
         if training:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graph_rewrite import micro_batch_loop
+from graph_rewrite import in_flight
 from graph_rewrite.model_graph import layer_order
 from planner.formats.plan import straight_plan
 from tests.models import (assert_ran_as_loops, conv_batchnorm, data_for,
@@ -78,7 +78,7 @@ def test_a_cpu_lane_alone_in_its_process_keeps_two_micro_batches_in_flight(monke
     # after the previous backward (an ordering dependency, TensorFlow's default
     # parallel_iterations).
     assert lane_loop_parallel_iterations(step_graph(4, "1f1b")) == [10]    # one function
-    monkeypatch.setattr(micro_batch_loop, "CPU_LANE_DEPTH", 1)      # the plan's K everywhere
+    monkeypatch.setattr(in_flight, "CPU_LANE_DEPTH", 1)      # the plan's K everywhere
     assert lane_loop_parallel_iterations(step_graph(4, "1f1b", replicas=1)) == [10]
 
 

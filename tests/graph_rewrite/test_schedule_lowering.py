@@ -74,14 +74,14 @@ def descendants(ops):
     return seen
 
 
-def unenforced_edges(graph, schedule, replicas):
-    """Consecutive actions of a position's list (on each of its `replicas`) whose order the
-    graph does not enforce. Ops are named by chunk (`stage{chunk}`)."""
+def unenforced_edges(graph, schedule, replicas, gap=1):
+    """Actions `gap` apart in a position's list (on each of its `replicas`; 1: consecutive ones)
+    whose order the graph does not enforce. Ops are named by chunk (`stage{chunk}`)."""
     tasks = ops_by_task(graph)
     missing = []
     for s, task_list in enumerate(schedule.lists):
         for r in range(replicas[s]):
-            for before, after in zip(task_list, task_list[1:]):
+            for before, after in zip(task_list, task_list[gap:]):
                 a = tasks[(before.chunk, r, before.kind, before.micro_batch)]
                 b = tasks[(after.chunk, r, after.kind, after.micro_batch)]
                 assert a and b, f"no ops traced for stage {s} replica {r} {before} / {after}"
