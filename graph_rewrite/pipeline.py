@@ -25,8 +25,10 @@ simulator replays):
 * Order. Every op of an action depends on the previous compute action of its device (its lane:
   position and replica; an interleaved position runs several chunks, and `stage` below means
   the chunk), through control dependencies on its tensors; a send does not hold its device back,
-  a receive does. Each action is built under the name scope `stage{s}/replica{r}/{kind}{m}`
-  so the traced graph can be read back and checked
+  a receive does. A lane alone in its process on a CPU keeps two actions in flight instead
+  (`graph_rewrite.in_flight`): an action waits for those two and three back. Each action is
+  built under the name scope `stage{s}/replica{r}/{kind}{m}` so the traced graph can be read
+  back and checked
   (`tests/graph_rewrite/test_schedule_lowering.py`); TF names the gradient ops a tape builds
   `gradient_tape/<forward op name>`: those belong to B{m}.
 * Loops: with `micro_batch_loop`, a one-stage plan's lanes as loops (`micro_batch_loop.py`),
