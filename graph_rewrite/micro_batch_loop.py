@@ -64,12 +64,10 @@ def lane_depth(schedule) -> int:
 
 
 def lanes_in_flight(step, unit: Unit) -> int:
-    """The micro-batches `unit`'s lane runs at once: the plan's K, raised to `CPU_LANE_DEPTH`
-    (at most M) on a CPU whose process runs no other lane (`graph_rewrite.in_flight`)."""
-    depth = lane_depth(step.schedule)
-    if in_flight.alone_on_cpu(step, unit):
-        depth = max(depth, min(in_flight.CPU_LANE_DEPTH, step.schedule.micro_batches))
-    return depth
+    """The micro-batches `unit`'s lane runs at once: the plan's K, raised (at most to M) to the
+    actions an unrolled lane keeps in flight there (`graph_rewrite.in_flight.order_depth`)."""
+    return max(lane_depth(step.schedule),
+               min(in_flight.order_depth(step, unit), step.schedule.micro_batches))
 
 
 def loops_lanes(step, state: StepState) -> bool:
