@@ -47,7 +47,9 @@ Model (decisions a newcomer needs):
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import contextlib
+import gc
+from typing import Iterator, List, Optional, Tuple
 
 from planner.schedules.actions import ALLREDUCE, Schedule, ScheduleError
 from planner.estimate.action_graph import action_graph
@@ -92,13 +94,29 @@ def simulate(schedule: Schedule, costs: PipelineCosts,
     """Run the lowered `schedule` (`planner.schedules.lowering.lower`) with the durations in `costs`
     (one entry per chunk)."""
     check_inputs(schedule, costs, link_duplex)
-    lowered = checked_lowering(schedule)
-    graph = action_graph(lowered)
-    events, position_free, position = (
-        fixed_order.run(graph, costs, link_duplex, rendezvous) or
-        event_loop.run(graph, costs, link_duplex, rendezvous))
-    return timed_result(schedule, lowered, costs, events, position_free, position, link_duplex,
-                        rendezvous)
+    with cyclic_gc_paused():
+        lowered = checked_lowering(schedule)
+        graph = action_graph(lowered)
+        events, position_free, position = (
+            fixed_order.run(graph, costs, link_duplex, rendezvous) or
+            event_loop.run(graph, costs, link_duplex, rendezvous))
+        return timed_result(schedule, lowered, costs, events, position_free, position,
+                            link_duplex, rendezvous)
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cycle collector off within, as it was after. A simulation allocates an event
+    and a few tuples per action, none in a cycle; collections triggered by those allocations
+    would traverse every object alive, so their cost per action grew with the schedule
+    (`benchmarks/plan_speed.py --only=scaling`)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def check_inputs(schedule: Schedule, costs: PipelineCosts, link_duplex: str) -> None:

@@ -304,3 +304,31 @@ def test_rendezvous_transfers_wait_for_the_receive_to_be_posted():
                      (SEND_BACKWARD_KIND, 0, 4.5, 5), (SEND_BACKWARD_KIND, 1, 8, 8.5)]
     assert result.iteration_ms == 13.5
     assert simulate(pipeline_schedule(2, 2, "A"), costs).iteration_ms == 13   # not by default
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_no_cycle_collection_runs_during_a_simulation_and_the_collector_is_left_as_found(enabled):
+    """A long schedule allocates tens of thousands of objects: collections then would traverse
+    every live object for nothing (no event is in a cycle), a cost per action growing with M
+    (before, 26 collections here)."""
+    import gc
+    collections = []
+
+    def record(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    schedule = pipeline_schedule(8, 64, "B")
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    gc.collect()        # allocations before the call would not trigger one inside it
+    gc.callbacks.append(record)
+    try:
+        result = simulate(schedule, uniform_costs(8))
+        assert gc.isenabled() is enabled
+    finally:
+        gc.callbacks.remove(record)
+        (gc.enable if was else gc.disable)()
+    assert len(result.events) > 1000
+    # at most the one young collection its allocations trigger once the collector is back on
+    assert collections in ([], [0])
