@@ -5,8 +5,9 @@ tensors, their specs, and the rows every replica of both stages holds) and sums 
 gradients over its replicas. It takes all it needs as arguments; `graph_rewrite.pipeline` calls
 it from the send, receive and allreduce actions of the lowered schedule.
 
-Here a receiver reads the senders' tensors directly and slices and concatenates the row ranges
-it needs on its own device (`planner.formats.slicing.overlaps`): split, concat, both, or nothing when
+Here a receiver reads the senders' tensors directly and concatenates on its own device the row
+ranges it needs (`planner.formats.slicing.overlaps`), each cut beside its sender's tensor
+(`graph_rewrite.cut_rows`, so only those rows cross): split, concat, both, or nothing when
 replica counts are equal. Replica gradients are added on the stage's first device. Across
 processes, `dapple.runtime.horovod.transport` implements the same methods with Horovod.
 """
@@ -17,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from graph_rewrite import cut_rows
 from planner.formats.slicing import overlaps
 
 Unit = Tuple[int, int]                 # (stage, replica)
@@ -95,6 +97,6 @@ def _gather(want_rows, pieces: Dict[int, Tensors], piece_rows: Rows,
         for i, lo, hi in parts:
             t = pieces[i][tid]
             full = piece_rows[i][1] - piece_rows[i][0]
-            taken.append(t if (lo, hi) == (0, full) else t[lo:hi])
+            taken.append(t if (lo, hi) == (0, full) else cut_rows.rows(t, lo, hi))
         out[tid] = taken[0] if len(taken) == 1 else tf.concat(taken, axis=0)
     return out

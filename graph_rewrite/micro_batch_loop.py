@@ -48,7 +48,7 @@ from typing import List
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
-from graph_rewrite import in_flight
+from graph_rewrite import cut_rows, in_flight
 from graph_rewrite.local_transport import Unit
 from graph_rewrite.stage_gradients import scaled_one, stage_gradients
 from graph_rewrite.step_state import StepState
@@ -98,7 +98,8 @@ def run_lane(step, state: StepState, unit: Unit) -> None:
         if t is None:
             return None
         shape = t.shape.as_list()
-        return tf.reshape(t, [M, R, shape[0] // (M * R)] + shape[1:])[:, replica]
+        return cut_rows.cut(t, lambda t: tf.reshape(
+            t, [M, R, shape[0] // (M * R)] + shape[1:])[:, replica])
 
     labelled = state.labels is not None
     inputs = {tid: lane_rows(state.inputs[tid]) for tid in step.stages[stage].input_ids}

@@ -52,7 +52,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
-from graph_rewrite import in_flight
+from graph_rewrite import cut_rows, in_flight
 from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Unit
 from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
 from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane, weight_penalty
@@ -281,8 +281,8 @@ class PipelineStep:
         if unit[0] != len(self.stages) - 1 or state.labels is None:
             return None, None
         lo, hi = self.rows(*unit, m, state.global_batch)
-        return ([y[lo:hi] for y in state.labels],
-                [None if w is None else w[lo:hi] for w in state.sample_weights])
+        return ([cut_rows.rows(y, lo, hi) for y in state.labels],
+                [None if w is None else cut_rows.rows(w, lo, hi) for w in state.sample_weights])
 
     def stage_split(self, state: StepState, unit: Unit, rows: int, global_rows: int
                     ) -> StageSplit:
@@ -321,7 +321,8 @@ class PipelineStep:
         m = action.micro_batch
         if stage == 0:
             lo, hi = self.rows(0, replica, m, state.global_batch)
-            inputs = {tid: state.inputs[tid][lo:hi] for tid in self.stages[0].input_ids}
+            inputs = {tid: cut_rows.rows(state.inputs[tid], lo, hi)
+                      for tid in self.stages[0].input_ids}
         else:
             inputs = self._from_previous_chunk(state, unit, m)
         if state.backward and stage in self.schedule.split_chunks:

@@ -66,6 +66,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
+from graph_rewrite import cut_rows
 from graph_rewrite.local_transport import Crossing, LocalTransport, Unit
 from graph_rewrite.micro_batch_loop import weight_penalty
 from graph_rewrite.packing import PackedElements
@@ -401,7 +402,8 @@ class ScheduleLoop:
         """`t` (whole global batch) as the unit's rows of every micro-batch: [M, rows, ...]."""
         lo, hi = self._rows(unit)
         shape = t.shape.as_list()
-        return tf.reshape(t, [self.M, shape[0] // self.M] + shape[1:])[:, lo:hi]
+        return cut_rows.cut(t, lambda t: tf.reshape(
+            t, [self.M, shape[0] // self.M] + shape[1:])[:, lo:hi])
 
     def _micro_batch_arrays(self, unit: Unit):
         """(inputs by id, labels, sample weights) as [M, rows, ...] for the units that read
