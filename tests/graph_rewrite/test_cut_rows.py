@@ -34,7 +34,7 @@ def test_no_unit_device_reads_a_whole_fed_tensor(cuts, replicas, loop):
     w = np.ones(16, "float32")
     fn = tf.function(lambda x, y, w: pm.pipeline_step.run(x, y, sample_weight=w).loss)
     graph = fn.get_concrete_function(x, y, w).graph
-    fed = [op for op in graph.get_operations() if op.type == "Placeholder"][:3]
+    fed = [t.op for t in graph.inputs[:3]]          # x, y, w (captures follow them)
     readers = [c for op in fed for c in op.outputs[0].consumers()]
     assert readers
     unit_devices = {pm.pipeline_step.device(s, r) for s, R in enumerate(replicas)
