@@ -5,13 +5,15 @@ hangs (stopped, livelocked, its host unreachable) keeps its process and TCP port
 chief's step would wait on its Send/Recv forever. So the chief (`connect_from_environment`)
 starts a thread that asks every other task for its status (`WorkerService.GetStatus`, an empty
 request a `tf.distribute.Server` answers from its worker's thread pool, without touching any
-step) every PERIOD_SECONDS, all tasks at once. A task that has not answered for
+step) every PERIOD_SECONDS, one task after another. A task that has not answered for
 `DAPPLE_TF_TASK_TIMEOUT_SECONDS` (default 30; 0 turns the watchdog off) is named on stderr and
 the chief exits with status 75 (as the Horovod runtime's step watchdog); its launcher then ends
 every task.
 
 The probe is plain gRPC (grpcio, which TensorFlow itself depends on); nothing of TensorFlow is
-patched or imported.
+patched or imported. Its requests are blocking calls, which this thread completes itself: a
+future needs gRPC to start a polling thread, which Python refuses once the interpreter is ending,
+and the request left behind makes closing its channel wait forever.
 """
 from __future__ import annotations
 
@@ -75,21 +77,24 @@ class TaskWatchdog:
             self._thread.join(timeout=PERIOD_SECONDS + 1)
 
     def _round(self) -> None:
-        """One status request to every task, at once; their answers' times recorded."""
+        """One status request to every task in turn; their answers' times recorded."""
         deadline = min(PERIOD_SECONDS * 2, max(self.timeout / 2, 0.5))
-        asked = time.monotonic()
-        pending = {t: call.future(b"", timeout=deadline) for t, call in self._calls.items()}
-        for t, future in pending.items():
+        for t, call in self._calls.items():
+            if self._stop.is_set():
+                return
+            asked = time.monotonic()
             try:
-                future.result()
+                call(b"", timeout=deadline)
                 self.last_answer[t] = asked
             except Exception:       # grpc.RpcError: no answer in time, or no connection
                 pass
 
     def silent(self, now: Optional[float] = None) -> List[int]:
-        """Tasks that have not answered for longer than the timeout."""
+        """Tasks that have not answered for longer than the timeout, longest silent first (a
+        round slowed by tasks that do not answer may leave a live one's answer old too)."""
         now = time.monotonic() if now is None else now
-        return [t for t, seen in self.last_answer.items() if now - seen > self.timeout]
+        quiet = [t for t, seen in self.last_answer.items() if now - seen > self.timeout]
+        return sorted(quiet, key=lambda t: self.last_answer[t])
 
     def _run(self) -> None:
         while not self._stop.is_set():

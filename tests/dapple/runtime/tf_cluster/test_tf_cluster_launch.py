@@ -81,6 +81,32 @@ def test_the_task_watchdog_names_a_task_that_does_not_answer():
     assert time.monotonic() - started < 10
 
 
+def test_the_task_watchdog_names_the_longest_silent_task_first():
+    from dapple.runtime.tf_cluster.watchdog import TaskWatchdog
+    dog = TaskWatchdog(["localhost:1"] + [f"localhost:{launch.free_port()}"] * 3, timeout=30.0)
+    dog.last_answer = {1: 100.0, 2: 40.0, 3: 60.0}
+    assert dog.silent(now=110.0) == [2, 3]
+    assert dog.silent(now=50.0) == []
+
+
+def test_a_chief_exits_while_its_task_watchdog_is_asking():
+    """Each run ends its main thread at another point of the watchdog's requests; before the
+    requests were blocking calls, about half of the runs hung at interpreter shutdown (a gRPC
+    polling thread refused, its request never completed, closing the channel waiting on it)."""
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "scripts", "watchdog_at_exit.py")
+    for seconds in ("0.1", "0.25", "0.4", "0.55", "0.7", "0.85"):
+        try:
+            run = subprocess.run([sys.executable, script, seconds], capture_output=True,
+                                 text=True, timeout=60)
+        except subprocess.TimeoutExpired as hung:
+            raise AssertionError(f"the chief hung at exit after {seconds} s: "
+                                 f"{hung.stderr!s:.2000}") from None
+        assert run.returncode == 0 and "main thread done" in run.stdout, run.stderr[-2000:]
+        assert "can't create new thread" not in run.stderr, run.stderr[-2000:]
+
+
 def test_grouped_devices_make_one_task_per_host_holding_its_slots():
     hosts = [("localhost", 2), ("gpu2", 3)]
     tasks = launch.task_addresses(hosts, group_devices=True)
