@@ -7,7 +7,9 @@ straight pipeline and the planner's best plan on an emulated 2-host cluster, at 
 Issue #17, item 3 (`--runtime=horovod`, the default); issue #27 (`--runtime=tensorflow`). Needs
 root (`dapple emulate`). In one run:
 
-1. profile the model with one TF thread at `--profile_batch` (`dapple profile`);
+1. profile the model on one core at `--profile_batch` (`dapple profile`, one intra-op and one
+   inter-op thread: with two inter-op threads a layer's backward used the second core and read
+   half the time a rank gets beside a busy neighbour);
 2. per rate: `dapple emulate --topology=2x1,net=RATE -- dapple topology --measure` (one rank a
    host: the link between hosts is measured, the in-host link is not used by any plan); with
    `--runtime=tensorflow`, `dapple emulate --runtime=tensorflow` (no plan: a task per host), so
@@ -193,13 +195,16 @@ def main(argv):
     misses = []
     with tempfile.TemporaryDirectory() as tmp:
         prof_path = os.path.join(tmp, "model.profile.json")
-        prof_env = dict(env(), TF_NUM_INTRAOP_THREADS="1", OMP_NUM_THREADS="1")
+        # One core, as a rank gets when every core is busy: TensorFlow's inter-op pool would
+        # otherwise run a layer's two gradients (input, weights) on the other core at once.
+        prof_env = dict(env(), TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
+                        OMP_NUM_THREADS="1")
         run_checked([venv_bin("dapple"), "profile",
                      "--model=benchmarks.planner_on_emulated_cluster:build",
                      f"--batch_size={FLAGS.profile_batch}", f"--output={prof_path}",
                      "--runs=20", "--warmup=3"], prof_env, REPO)
         profile = load_profile(prof_path)
-        print(f"profile: {profile.num_layers} layers at batch {FLAGS.profile_batch}, one thread: "
+        print(f"profile: {profile.num_layers} layers at batch {FLAGS.profile_batch}, one core: "
               f"forward {profile.forward_ms(0, profile.num_layers - 1):.2f} ms, backward "
               f"{profile.backward_ms(0, profile.num_layers - 1):.2f} ms")
         for rate in FLAGS.rates:
