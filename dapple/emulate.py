@@ -16,7 +16,8 @@ the difference from a horovodrun job across machines.
 
 Each rank gets `threads_per_rank` TensorFlow/OpenMP threads (default 1) and, with `pin`, one
 CPU (rank r on the r-th allowed CPU, modulo their number) through `taskset`, so ranks behave
-like devices of their own rather than all sharing every core.
+like devices of their own rather than all sharing every core. With `host_cpus`, each host's
+processes together get that many CPUs' time, on any core (`dapple.emulated_cpus`).
 
 With `runtime="tensorflow"` (`dapple emulate --runtime=tensorflow [--plan=plan.json]`), the
 job is the one `dapple launch --runtime=tensorflow` runs
@@ -36,6 +37,7 @@ import threading
 from typing import Dict, List, Optional, Sequence
 
 from dapple.emulate_spec import EmulatedCluster, EmulateError
+from dapple.emulated_cpus import HostCpuShares
 from dapple.emulated_network import NIC, EmulatedNetwork, check_prerequisites
 from dapple.runtime.rank_processes import StopFlag, end_ranks, start_rank, watch
 
@@ -110,11 +112,12 @@ def _host_index(slot) -> int:
 
 def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_rank: int = 1,
                  pin: bool = True, plan=None, plan_path: Optional[str] = None,
-                 runtime: Optional[str] = None) -> int:
+                 runtime: Optional[str] = None, host_cpus: Optional[float] = None) -> int:
     """Run `program` as every rank of `cluster` (`runtime` "horovod"), or once as the chief of a
     TensorFlow cluster with a server per other slot ("tensorflow", `tf_cluster_job`; `plan`, if
     given, checked against the hosts); the job's exit status (see the module doc). `runtime`
-    defaults to "tensorflow" given a plan, else "horovod"."""
+    defaults to "tensorflow" given a plan, else "horovod". `host_cpus`: the CPUs each host's
+    processes may use together (`dapple.emulated_cpus`; None: all of this machine's)."""
     if threads_per_rank < 1:
         raise EmulateError(f"--threads_per_rank must be >= 1, got {threads_per_rank}")
     runtime = runtime or ("tensorflow" if plan is not None else "horovod")
@@ -129,19 +132,25 @@ def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_r
     if pin and taskset is None:
         say("taskset not found: ranks run unpinned")
 
+    network = EmulatedNetwork(cluster)
+    shares = (HostCpuShares(cluster.num_hosts, host_cpus, network.prefix)
+              if host_cpus is not None else None)
+
     def pinned(rank: int, host: int, command: List[str]) -> List[str]:
-        """`command` inside `host`'s namespace, on one CPU when pinning."""
+        """`command` in `host`'s CPU share and namespace, on one CPU when pinning."""
         cpu = _cpu_for(rank) if taskset else None
-        return network.exec_prefix(host) + ([taskset, "-c", str(cpu)] if cpu is not None
-                                            else []) + command
+        return ((shares.exec_prefix(host) if shares else []) + network.exec_prefix(host)
+                + ([taskset, "-c", str(cpu)] if cpu is not None else []) + command)
 
     stop = StopFlag()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, stop) for s in HANDLED_SIGNALS} if in_main_thread else {}
-    network = EmulatedNetwork(cluster)
     try:
         say(f"{cluster.describe()}; namespaces {network.prefix}h0..h{cluster.num_hosts - 1}, "
-            f"bridge {network.bridge_namespace}")
+            f"bridge {network.bridge_namespace}"
+            + (f"; {host_cpus:g} CPUs a host ({shares.groups[0]}..)" if shares else ""))
+        if shares:
+            shares.create()
         network.create()
         if runtime == "tensorflow":
             return tf_cluster_job(cluster, network, argv, pinned, threads_per_rank, plan_path,
@@ -149,6 +158,8 @@ def run_emulated(cluster: EmulatedCluster, program: Sequence[str], threads_per_r
         return horovod_job(cluster, network, argv, pinned, threads_per_rank, stop)
     finally:
         network.destroy()
+        if shares:
+            shares.destroy()
         for s, handler in previous.items():
             signal.signal(s, handler)
 

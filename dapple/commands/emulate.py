@@ -29,6 +29,9 @@ flags.DEFINE_string("topology", None, "HOSTSxRANKS,net=RATE[,burst=SIZE], e.g. 2
                     "(RANKS+RANKS for hosts of unequal size)")
 flags.DEFINE_integer("threads_per_rank", 1, "TensorFlow intra-op and OpenMP threads per rank")
 flags.DEFINE_bool("pin", True, "pin each rank to one CPU with taskset (rank r on CPU r mod n)")
+flags.DEFINE_float("host_cpus", None, "CPUs' time each emulated host's processes may use "
+                   "together, on any core (a cpu control group per host; root): hosts stop "
+                   "borrowing each other's idle cores. Unset: no limit")
 flags.DEFINE_enum("runtime", "horovod", ["horovod", "tensorflow"], "every rank runs the "
                   "command (horovodrun's environment), or TensorFlow servers driven by the "
                   "command run once, as the chief (as `dapple launch --runtime=tensorflow`)")
@@ -48,7 +51,7 @@ def main(argv):
         from dapple.emulate import run_emulated
         return run_emulated(cluster, argv[1:], threads_per_rank=FLAGS.threads_per_rank,
                             pin=FLAGS.pin, plan=plan, plan_path=FLAGS.plan,
-                            runtime=FLAGS.runtime)
+                            runtime=FLAGS.runtime, host_cpus=FLAGS.host_cpus)
     except EmulateError as e:
         print(f"dapple emulate: {e}", file=sys.stderr)
         return 2
