@@ -61,6 +61,8 @@ class HostCpuShares:
 
     def create(self) -> None:
         quota = max(1000, round(self.cpus * PERIOD_US))
+        if self.version == 2:
+            self._delegate_cpu()
         for group in self.groups:
             os.makedirs(group, exist_ok=True)
             if self.version == 2:
@@ -68,6 +70,19 @@ class HostCpuShares:
             else:
                 _write(os.path.join(group, "cpu.cfs_period_us"), str(PERIOD_US))
                 _write(os.path.join(group, "cpu.cfs_quota_us"), str(quota))
+
+    def _delegate_cpu(self) -> None:
+        """Version 2 gives a group `cpu.max` only when its parent delegates the controller."""
+        control = os.path.join(self.controller, "cgroup.subtree_control")
+        if os.path.exists(control):
+            with open(control) as f:
+                if "cpu" in f.read().split():
+                    return
+        try:
+            _write(control, "+cpu")
+        except OSError as e:
+            raise EmulateError(f"--host_cpus: cannot delegate the cpu controller ({control}: "
+                               f"{e.strerror}); leave --host_cpus out") from None
 
     def exec_prefix(self, host: int) -> List[str]:
         """argv prefix that moves the program into `host`'s group, then runs it (exec)."""

@@ -52,6 +52,8 @@ def test_each_host_gets_its_quota_of_the_period(tmp_path, version):
             assert open(f"{group}/cpu.cfs_period_us").read() == str(PERIOD_US)
         else:
             assert open(f"{group}/cpu.max").read() == f"{quota} {PERIOD_US}"
+    if version == 2:        # the root delegates the controller to its groups
+        assert open(os.path.join(root, "cgroup.subtree_control")).read() == "+cpu"
 
 
 def test_a_program_joins_its_hosts_group_then_runs(tmp_path):
