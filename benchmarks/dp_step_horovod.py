@@ -16,6 +16,9 @@ add, then a 10-way classifier), sparse categorical cross-entropy, SGD. For each 
   gradient (what `hvd.DistributedGradientTape` does; at M = 1 it is that tape), SGD apply;
 * keras: one process, one thread, one rank's half of the batch, the same accumulation without
   Horovod: what a step costs with no collective at all;
+* keras_pair: two such processes at once, each a rank's half: the same accumulation on the
+  same cores as the 2 ranks (alone, the keras process's inter-op pool takes the second core,
+  which a rank beside a busy rank does not get);
 * dapple_k (with `--lane_depth=K`): dapple with its lanes keeping min(K, M) micro-batches in
   flight (`graph_rewrite.in_flight.CPU_LANE_DEPTH = K`; K = 1: the plan's one, each
   forward after the previous backward);
@@ -27,7 +30,8 @@ median of `--steps` steps after 3 warm-up steps, kinds alternating, `--repeats` 
 kept. Prints, in wall time and in rank 0's CPU time (all its threads; it moves less than wall
 time when other jobs share the cores), ms per step, dapple / horovod, plain Keras's
 accumulation factor (keras at M / keras at M = 1) and the issue's check: dapple / (horovod at
-M = 1 x that factor), bound 1.1; with the load average (the machine is shared). `--timeline_dir` also writes a Horovod timeline of the
+M = 1 x that factor), bound 1.1, with the factor of keras alone and of keras_pair (the same
+cores); with the load average (the machine is shared). `--timeline_dir` also writes a Horovod timeline of the
 dapple and horovod runs of the first round (HOROVOD_TIMELINE), one file per kind and M.
 """
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import types
@@ -67,7 +72,7 @@ flags.DEFINE_integer("worker_m", 1, "internal: the worker's M")
 flags.DEFINE_integer("lane_depth", 0, "also time dapple with its lanes keeping this many "
                      "micro-batches in flight on a CPU (`graph_rewrite.in_flight."
                      "CPU_LANE_DEPTH`, 2 by default; 1: the plan's one), the kind `dapple_k`")
-KINDS = ("dapple", "horovod", "keras")
+KINDS = ("dapple", "horovod", "keras", "keras_pair")
 
 
 def build(width: int = 1024, blocks: int = 4, classes: int = 10, seed: int = 0):
@@ -167,6 +172,15 @@ def measure(kind: str, M: int, timeline: str = ""):
                 f"--plan={plan_file(M)}", "--"] + argv
         # The step runs in the 2 servers: the chief's own CPU time says nothing.
         return read_step_ms(run_checked(argv, env(), REPO)), float("nan")
+    if kind == "keras_pair":
+        argv[2] = "--worker=keras"
+        pair = [subprocess.Popen(argv, env=env(), cwd=REPO, text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE) for _ in range(2)]
+        outs = [p.communicate(timeout=1800) for p in pair]
+        for p, (out, err) in zip(pair, outs):
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(argv)} failed:\n{(out + err)[-3000:]}")
+        return read_step_ms(outs[0][0]), read_step_cpu_ms(outs[0][0])
     if kind != "keras":
         argv = [venv_bin("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"] + argv
     extra = {"HOROVOD_TIMELINE": timeline} if timeline else {}
@@ -214,21 +228,24 @@ def main(argv):
                 measured[(kind, M)].append(measure(kind, M, timeline))
     print(f"\nresidual MLP, {FLAGS.blocks} blocks x 2 Dense({FLAGS.width}), global batch "
           f"{FLAGS.batch}; dapple and horovod: 2 ranks (horovodrun --gloo), keras: one process "
-          f"on one rank's half; 1 intra-op thread each; load average "
+          f"on one rank's half, keras_pair: two at once; 1 intra-op thread each; load average "
           f"{min(loads):.1f}..{max(loads):.1f}")
     for i, what in enumerate(("wall", "CPU")):
         med = {key: statistics.median(t[i] for t in v) for key, v in measured.items()}
         print(f"\n{what} ms per step (rank 0's), median of {FLAGS.repeats} rounds; accumulation "
               f"= keras at M / keras at M={Ms[0]}; check = dapple / (horovod at M={Ms[0]} x "
-              f"accumulation), the issue's bound 1.1")
-        print(f"{'M':>3}{'dapple':>9}{'horovod':>9}{'keras':>9}{'dapple/hvd':>12}"
-              f"{'accumulation':>14}{'check':>8}" +
+              f"accumulation), the issue's bound 1.1; pair: the same with keras_pair")
+        print(f"{'M':>3}{'dapple':>9}{'horovod':>9}{'keras':>9}{'pair':>9}{'dapple/hvd':>12}"
+              f"{'accumulation':>14}{'check':>8}{'pair acc.':>11}{'check':>8}" +
               (f"{'K=' + str(FLAGS.lane_depth):>9}{'K/hvd':>10}{'check':>8}" if compared else ""))
         for M in Ms:
-            d, h, k = (med[(kind, M)] for kind in KINDS)
+            d, h, k, kp = (med[(kind, M)] for kind in KINDS)
             factor = k / med[("keras", Ms[0])]
+            pair_factor = kp / med[("keras_pair", Ms[0])]
             bound = med[("horovod", Ms[0])] * factor
-            row = f"{M:>3}{d:>9.1f}{h:>9.1f}{k:>9.1f}{d / h:>12.3f}{factor:>14.3f}{d / bound:>8.3f}"
+            pair_bound = med[("horovod", Ms[0])] * pair_factor
+            row = (f"{M:>3}{d:>9.1f}{h:>9.1f}{k:>9.1f}{kp:>9.1f}{d / h:>12.3f}{factor:>14.3f}"
+                   f"{d / bound:>8.3f}{pair_factor:>11.3f}{d / pair_bound:>8.3f}")
             if compared:
                 e = med[("dapple_k", M)]
                 row += f"{e:>9.1f}{e / h:>10.3f}{e / bound:>8.3f}"
