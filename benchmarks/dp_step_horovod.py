@@ -164,7 +164,8 @@ def env(**extra) -> dict:
 
 def measure(kind: str, M: int, timeline: str = ""):
     """(wall ms, CPU ms) of one step of `kind` at `M` (rank 0's, for the 2-rank kinds)."""
-    argv = [sys.executable, os.path.abspath(__file__), f"--worker={kind}", f"--worker_m={M}",
+    worker = "keras" if kind == "keras_pair" else kind
+    argv = [sys.executable, os.path.abspath(__file__), f"--worker={worker}", f"--worker_m={M}",
             f"--width={FLAGS.width}", f"--blocks={FLAGS.blocks}", f"--batch={FLAGS.batch}",
             f"--steps={FLAGS.steps}", f"--lane_depth={FLAGS.lane_depth}"]
     if kind == "tensorflow":
@@ -173,7 +174,6 @@ def measure(kind: str, M: int, timeline: str = ""):
         # The step runs in the 2 servers: the chief's own CPU time says nothing.
         return read_step_ms(run_checked(argv, env(), REPO)), float("nan")
     if kind == "keras_pair":
-        argv[2] = "--worker=keras"
         pair = [subprocess.Popen(argv, env=env(), cwd=REPO, text=True, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE) for _ in range(2)]
         outs = [p.communicate(timeout=1800) for p in pair]
