@@ -84,8 +84,8 @@ def test_the_task_watchdog_names_a_task_that_does_not_answer():
 def test_the_task_watchdog_names_the_longest_silent_task_first():
     from dapple.runtime.tf_cluster.watchdog import TaskWatchdog
     dog = TaskWatchdog(["localhost:1"] + [f"localhost:{launch.free_port()}"] * 3, timeout=30.0)
-    dog.last_answer = {1: 100.0, 2: 40.0, 3: 60.0}
-    assert dog.silent(now=110.0) == [2, 3]
+    dog.last_answer = {1: 100.0, 2: 60.0, 3: 40.0}        # task 3 silent longest
+    assert dog.silent(now=110.0) == [3, 2]
     assert dog.silent(now=50.0) == []
 
 
