@@ -19,8 +19,9 @@ root (`dapple emulate`). In one run:
    (`planner.search.baselines`, `planner.search.plan_space.plan_dapple`, even slices as the runtime needs),
    each with the planner's estimate and the simulator's replay; with `--runtime=tensorflow` the
    plans carry `transfers="tensorflow"` (as `dapple plan --transfers=tensorflow`: buffered,
-   full-duplex Send/Recv), which the replay follows (the estimate, eq. 1-3, has no transfer
-   mode);
+   full-duplex Send/Recv, and the chief sending a first stage's remote replicas their rows
+   before their first forward), estimated again with it (the search itself ranks plans
+   without the rows);
 4. per rate: each distinct plan trained under `dapple emulate` at that rate (with
    `--runtime=tensorflow --plan=PLAN`: a server on host 1, this script once as the chief on host
    0), median of `--steps` steps after 3 warm-up steps, plans alternating, `--repeats` rounds
@@ -32,8 +33,8 @@ root (`dapple emulate`). In one run:
    replica a host): the data-parallel row itself whenever the planner's best data-parallel
    plan is that one, as it is for this model (its runs are then not repeated). Under this
    runtime each stage's weights live on its own devices (docs/runtime.md), so a step moves
-   boundaries and replica gradients as the cost model has them; host 1's replica also gets its
-   rows of the batch from the chief, which the cost model does not have.
+   boundaries and replica gradients as the cost model has them, and host 1's first-stage
+   replica gets its rows of the batch from the chief (`PipelineCosts.start_ms`).
 
 Prints predicted and measured side by side, the rankings, and the targets (the rankings match;
 each prediction within 20%).
@@ -192,6 +193,7 @@ def main(argv):
         return worker()
     from planner.search.baselines import best_data_parallel_plan, best_straight_plan
     from planner.estimate.cost_model import pipeline_costs
+    from planner.search.plan_finishing import finish_plan
     from planner.search.plan_space import plan_dapple
     from planner.formats.profile_readers import load_profile
     from planner.estimate.simulator import simulate_plan
@@ -228,8 +230,9 @@ def main(argv):
                      "straight pipeline": best_straight_plan(profile, topology, B,
                                                              even_slices=True),
                      BEST: plan_dapple(profile, topology, B, even_slices=True)}
-            if tf_runtime:
-                plans = {name: dataclasses.replace(plan, transfers="tensorflow")
+            if tf_runtime:      # estimated again: the chief's rows to remote first stages
+                plans = {name: finish_plan(dataclasses.replace(plan, transfers="tensorflow"),
+                                           profile, topology, keep_warmup=True)
                          for name, plan in plans.items()}
                 reference = reference_plan(profile, topology, B)
             paths, measured = {}, {}

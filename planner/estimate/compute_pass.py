@@ -8,7 +8,8 @@ and last forward end. What lowering adds is implied by the compute lists
 (`planner.schedules.lowering`): a receive before a forward or backward whose producer runs on
 another position, a send after its producer, the chunk's allreduce after its M-th weight
 gradient. So each compute action starts at max(when its position is free, what it reads: the
-arrival of the transfer for a cross-position input, else the producer's end), a transfer at
+arrival of the transfer for a cross-position input, else the producer's end; a forward also
+its chunk's `start_ms`), a transfer at
 max(when its channel is free, its producer's end), with the same max and + of the same floats
 as `fixed_order.run`, so the same iteration bit for bit (the latest end of any action,
 `tests/planner/estimate/test_compute_pass.py` against the simulator).
@@ -46,7 +47,7 @@ def iteration(schedule: Schedule, costs: PipelineCosts, link_duplex: str,
             len(costs.send_forward_ms) != C - 1 or len(costs.send_backward_ms) != C - 1:
         return None
     for name in ("forward_ms", "backward_ms", "send_forward_ms", "send_backward_ms",
-                 "allreduce_ms"):
+                 "allreduce_ms", "start_ms"):
         if not all(v >= 0 for v in getattr(costs, name)):
             return None                 # the simulator's error
     M = schedule.micro_batches
@@ -55,6 +56,7 @@ def iteration(schedule: Schedule, costs: PipelineCosts, link_duplex: str,
     first_half, second_half = table[1 + 2 * C:1 + 3 * C], table[1 + 3 * C:1 + 4 * C]
     allreduce = table[1 + 4 * C:1 + 5 * C]
     send_forward, send_backward = list(costs.send_forward_ms), list(costs.send_backward_ms)
+    floor = list(costs.start_ms) or [0.0] * C     # a forward's earliest start, per chunk
     split = schedule.split_chunks
     # A chunk's transfer channel (position to position, one direction; -1: no transfer).
     channels: dict = {}
@@ -96,9 +98,12 @@ def iteration(schedule: Schedule, costs: PipelineCosts, link_duplex: str,
                         else:
                             w.append(p)
                         break
+                    if floor[c] > d:
+                        d = floor[c]
                     s = free if free > d else d
                 else:
-                    s = free if free > 0.0 else 0.0
+                    d = floor[c]
+                    s = free if free > d else d
                 if done[k] is not None:
                     return None             # twice
                 end = done[k] = s + forward[c]

@@ -156,6 +156,25 @@ class StageModel:
     def boundary_bytes(self, last: int) -> float:
         return self.profile.boundary_bytes(last) * self.micro_batch / self.pbs
 
+    def fed_rows_ms(self, devices: Sequence[int]) -> float:
+        """On a TensorFlow cluster, when the step's input rows have reached every replica of
+        a first stage on `devices`. The chief (task 0, holding plan device 0) is fed the global
+        batch and cuts each replica its rows; every micro-batch's rows go at the step's start,
+        nothing ordering them, so they share the chief's links and arrive together. Those to
+        its own host's other devices (other processes) cross the intra-host link, the rest the
+        chief host's network link."""
+        chief = self.topology.host_of(0)
+        per_replica = (self.profile.input_bytes * self.micro_batch * self.M / self.pbs
+                       / len(devices))
+        same_host = sum(1 for d in devices if d != 0 and self.topology.host_of(d) == chief)
+        other_hosts = sum(1 for d in devices if self.topology.host_of(d) != chief)
+        t = 0.0
+        if same_host and per_replica > 0:
+            t = per_replica * same_host / self.intra_bw + self.intra_lat
+        if other_hosts and per_replica > 0:
+            t = max(t, per_replica * other_hosts / self.inter_bw + self.inter_lat)
+        return t
+
     # ---- allreduce ------------------------------------------------------------------
     def allreduce_rate(self, counts: Sequence[int]) -> Tuple[float, float]:
         """(ms per gradient byte, fixed ms per collective) of a hierarchical ring."""
@@ -322,6 +341,10 @@ class PlanCosts:
                            for f in (model.activation_bytes, model.weight_gradient_bytes)])
         self.pipeline.input_gradient_ms = [s.backward_ms * profile.input_gradient_fraction(
             st.first, st.last) for s, st in zip(self.stages, plan.stages)]
+        if plan.transfers == "tensorflow":      # the chief sends the first stage its rows
+            first_devices = micro_batch_devices(plan)[0]
+            self.pipeline.start_ms = [model.fed_rows_ms(first_devices)] + \
+                [0.0] * (len(plan.stages) - 1)
         self._simulation: Optional[SimulationResult] = None
         self._timing: Optional[Timing] = None
 
@@ -398,6 +421,7 @@ class PlanCosts:
             ks = warmup_for(costs, [c.max_in_flight for c in self.stages],
                             plan.micro_batches)[1]
         Tw, Ts, Te, Q = round_trip_phases(*interleave(costs), plan.micro_batches, ks)
+        Tw += costs.start_ms[0] if costs.start_ms else 0.0    # nothing starts before its rows
         return Estimate(latency_ms=Tw + Ts + Te, warmup_ms=Tw, steady_ms=Ts, ending_ms=Te,
                         pivot_stage=Q // 2, stages=self._stage_estimates(check_memory))
 

@@ -60,6 +60,7 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
     P, first = graph.schedule.num_positions, graph.first
     actions, inputs, receiver, receive = graph.actions, graph.inputs, graph.receiver, graph.receive
     duration = [action_duration(a, costs) for a in actions]
+    floor = start_floors(actions, costs)
     head = list(first[:P])                  # per position, the number of its next action
     position_free = [0.0] * P
     finished: List[Optional[float]] = [None] * len(actions)
@@ -84,7 +85,7 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
         i = head[p]
         if i >= first[p + 1]:
             return
-        ready = 0.0
+        ready = floor[i]
         for n in inputs[i]:
             done = finished[n] if n != MISSING else None
             if done is None:
@@ -165,6 +166,15 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
                           else (ch,)):
                 offer_transfer(other)
     return events, position_free, [head[p] - first[p] for p in range(P)]
+
+
+def start_floors(actions: List[Action], costs: PipelineCosts) -> List[float]:
+    """Per action, the earliest it may start whatever it reads: a forward's chunk's
+    `start_ms`, else 0."""
+    start = costs.start_ms
+    if not start or not any(start):
+        return [0.0] * len(actions)
+    return [start[a.chunk] if a.kind == FORWARD else 0.0 for a in actions]
 
 
 def action_duration(action: Action, costs: PipelineCosts) -> float:

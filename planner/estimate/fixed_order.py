@@ -10,7 +10,7 @@ a plan's "async"), nothing is decided by time:
   ties first produced, is list order; and no other channel shares what it occupies.
 
 So every start is the longest path to it (`planner.estimate.simulator` states the model):
-an action starts at max(when its position is free, when each input is done), a transfer at
+an action starts at max(when its position is free, when each input is done, its floor), a transfer at
 max(when its channel's previous transfer ends, when its send starts), with the event queue's
 own comparisons (`planner.estimate.event_loop`), so the same floats. The actions are visited
 in an order that respects these dependencies: each position runs down its list until an input
@@ -31,7 +31,7 @@ from planner.schedules.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACK
                                        FORWARD, SEND_FORWARD)
 from planner.schedules.identity_cache import cached_by_identity
 from planner.estimate.action_graph import ActionGraph
-from planner.estimate.event_loop import EVENT_KIND
+from planner.estimate.event_loop import EVENT_KIND, start_floors
 from planner.estimate.pipeline_costs import PipelineCosts
 from planner.estimate.simulation_result import (SEND_BACKWARD_KIND, SEND_FORWARD_KIND,
                                                 TimelineEvent)
@@ -113,6 +113,7 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
     N = first[P]
     table = duration_table(costs)
     duration = [table[k] for k in fixed.duration_key]
+    floor = start_floors(graph.actions, costs)
     send_times = list(costs.send_forward_ms) + list(costs.send_backward_ms)
     channel, send_key = fixed.channel, fixed.send_key
     # done[i]: when action i's result is there (a send's: its transfer's end); done[-1] (an
@@ -129,7 +130,7 @@ def run(graph: ActionGraph, costs: PipelineCosts, link_duplex: str, rendezvous: 
         p = todo.pop()
         i, last, free = head[p], first[p + 1], free_at[p]
         while i < last:
-            ready = 0.0
+            ready = floor[i]
             for n in inputs[i]:
                 d = done[n]
                 if d is None:

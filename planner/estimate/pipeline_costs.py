@@ -26,6 +26,10 @@ class PipelineCosts:
     # Per stage, the part of backward_ms that is I of a split backward (W is the rest). Empty:
     # half of it.
     input_gradient_ms: List[float] = field(default_factory=list)
+    # Per stage, the earliest its forwards may start: what the step is fed reaching its
+    # replicas (on a TensorFlow cluster, the chief's rows crossing to the first stage's other
+    # replicas, `cost_model.StageModel.fed_rows_ms`). Empty: at once.
+    start_ms: List[float] = field(default_factory=list)
 
     def activation_communication_ratio(self) -> float:
         """ACR (DAPPLE §V-C, Table V): mean boundary send time (both directions) over mean
@@ -47,7 +51,8 @@ class PipelineCosts:
             if len(getattr(self, name)) != S:
                 raise ValueError(f"PipelineCosts.{name} has {len(getattr(self, name))} entries "
                                  f"for {S} stages")
-        for name in ("activation_bytes", "weight_gradient_bytes", "input_gradient_ms"):
+        for name in ("activation_bytes", "weight_gradient_bytes", "input_gradient_ms",
+                     "start_ms"):
             if getattr(self, name) and len(getattr(self, name)) != S:
                 raise ValueError(f"PipelineCosts.{name} has {len(getattr(self, name))} entries "
                                  f"for {S} stages (or leave it empty)")

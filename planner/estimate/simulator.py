@@ -25,6 +25,8 @@ Model (decisions a newcomer needs):
   transfer also waits until its receiver has reached the receive, as a collective (Horovod's
   alltoall) does; by default data travels as soon as it is sent. A plan's `transfers` picks
   ("horovod": "serial", rendezvous; "tensorflow", buffered Send/Recv, is "full" as "async").
+* A chunk's forwards start no earlier than its `start_ms` (what the step is fed reaching its
+  replicas; on a TensorFlow cluster, the chief's rows crossing to the first stage's others).
 * A chunk's allreduce (the ALLREDUCE action after its last weight gradient) occupies its
   position for the cost model's time; those of different positions do not wait for each other.
 * A micro-batch's activations are *held* on a chunk from the start of its forward to the end
@@ -181,7 +183,7 @@ def _per_position(lowered: Schedule) -> Tuple[List[int], List[int], List[List[in
 
 def _check_costs(costs: PipelineCosts) -> None:
     for name in ("forward_ms", "backward_ms", "send_forward_ms", "send_backward_ms",
-                 "allreduce_ms"):
+                 "allreduce_ms", "start_ms"):
         for i, v in enumerate(getattr(costs, name)):
             if not v >= 0:   # also catches NaN
                 raise ValueError(f"PipelineCosts.{name}[{i}] = {v}: durations must be "

@@ -7,8 +7,8 @@ from __future__ import annotations
 import heapq
 from typing import Dict, List, Optional, Tuple
 
-from planner.schedules.actions import (ALLREDUCE, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
-                             SEND_FORWARD, UPDATE, Action, Schedule)
+from planner.schedules.actions import (ALLREDUCE, FORWARD, RECV_BACKWARD, RECV_FORWARD,
+                                       SEND_BACKWARD, SEND_FORWARD, UPDATE, Action, Schedule)
 from planner.estimate.pipeline_costs import PipelineCosts
 from planner.estimate.event_loop import EVENT_KIND as _EVENT_KIND, action_duration
 from planner.schedules.lowering import Located, needs
@@ -53,6 +53,8 @@ def reference_simulate(schedule: Schedule, costs: PipelineCosts,
         times = [finished.get(n) for n in needs(lowered, p, action)]
         if any(t is None for t in times):
             return None
+        if action.kind == FORWARD and costs.start_ms:     # not before what it is fed arrives
+            times.append(costs.start_ms[action.chunk])
         ready_known[p] = max(times, default=0.0)
         return ready_known[p]
 

@@ -29,7 +29,8 @@ def random_costs(rng, chunks):
         weight_gradient_bytes=[rng.choice((0.5, 1.0)) for _ in range(chunks)] if rng.random() < 0.5
         else [],
         input_gradient_ms=[b * rng.choice((0.25, 0.5, 0.75)) for b in backward]
-        if rng.random() < 0.5 else [])
+        if rng.random() < 0.5 else [],
+        start_ms=some(chunks, 0.5) if rng.random() < 0.5 else [])
 
 
 def random_warmup(rng, S, M):
