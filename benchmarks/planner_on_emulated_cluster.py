@@ -20,8 +20,7 @@ root (`dapple emulate`). In one run:
    each with the planner's estimate and the simulator's replay; with `--runtime=tensorflow` the
    plans carry `transfers="tensorflow"` (as `dapple plan --transfers=tensorflow`: buffered,
    full-duplex Send/Recv, and the chief sending a first stage's remote replicas their rows
-   before their first forward), estimated again with it (the search itself ranks plans
-   without the rows);
+   before their first forward), planned and estimated with it;
 4. per rate: each distinct plan trained under `dapple emulate` at that rate (with
    `--runtime=tensorflow --plan=PLAN`: a server on host 1, this script once as the chief on host
    0), median of `--steps` steps after 3 warm-up steps, plans alternating, `--repeats` rounds
@@ -59,7 +58,6 @@ leaves host 1 idle measured 0.64 of its prediction (docs/cluster.md).
 from __future__ import annotations
 
 import importlib.util
-import dataclasses
 import os
 import re
 import statistics
@@ -193,7 +191,6 @@ def main(argv):
         return worker()
     from planner.search.baselines import best_data_parallel_plan, best_straight_plan
     from planner.estimate.cost_model import pipeline_costs
-    from planner.search.plan_finishing import finish_plan
     from planner.search.plan_space import plan_dapple
     from planner.formats.profile_readers import load_profile
     from planner.estimate.simulator import simulate_plan
@@ -225,15 +222,16 @@ def main(argv):
             topo_path = os.path.join(tmp, f"topology-{rate}.json")
             run(emulated(rate, [venv_bin("dapple"), "topology", "--measure", f"--output={topo_path}"]))
             topology = parse_topology(topo_path)
+            transfers = "tensorflow" if tf_runtime else "async"
             plans = {"data parallel": best_data_parallel_plan(profile, topology, B,
-                                                              even_slices=True),
+                                                              even_slices=True,
+                                                              transfers=transfers),
                      "straight pipeline": best_straight_plan(profile, topology, B,
-                                                             even_slices=True),
-                     BEST: plan_dapple(profile, topology, B, even_slices=True)}
-            if tf_runtime:      # estimated again: the chief's rows to remote first stages
-                plans = {name: finish_plan(dataclasses.replace(plan, transfers="tensorflow"),
-                                           profile, topology, keep_warmup=True)
-                         for name, plan in plans.items()}
+                                                             even_slices=True,
+                                                             transfers=transfers),
+                     BEST: plan_dapple(profile, topology, B, even_slices=True,
+                                       transfers=transfers)}
+            if tf_runtime:
                 reference = reference_plan(profile, topology, B)
             paths, measured = {}, {}
             for plan in list(plans.values()) + ([reference] if tf_runtime else []):

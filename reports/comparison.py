@@ -44,29 +44,33 @@ BASELINES = (Alternative.DATA_PARALLEL, Alternative.STRAIGHT, Alternative.PIPEDR
 
 
 def plan_alternative(alternative: Alternative, profile, topology, global_batch_size: int,
-                     memory_limit=None, even_slices: bool = False) -> Plan:
-    """The plan of `alternative`; raises PlanError when none is feasible. PipeDream's
-    partition is its own (no even-slices option)."""
+                     memory_limit=None, even_slices: bool = False,
+                     transfers: str = "async") -> Plan:
+    """The plan of `alternative`, run with `transfers` as the chosen plan is; raises
+    PlanError when none is feasible. PipeDream's partition is its own (no even-slices option,
+    nor a transfer mode: only its runs are simulated with `transfers`)."""
     gbs = global_batch_size
     if alternative is Alternative.PIPEDREAM:
-        return plan_pipedream(profile, topology, gbs, memory_limit=memory_limit)
+        return dataclasses.replace(plan_pipedream(profile, topology, gbs,
+                                                  memory_limit=memory_limit),
+                                   transfers=transfers)
     if alternative is Alternative.DATA_PARALLEL:
         return best_data_parallel_plan(profile, topology, gbs, memory_limit=memory_limit,
-                                       even_slices=even_slices)
+                                       even_slices=even_slices, transfers=transfers)
     if alternative is Alternative.STRAIGHT:
         return best_straight_plan(profile, topology, gbs, memory_limit=memory_limit,
-                                  even_slices=even_slices)
+                                  even_slices=even_slices, transfers=transfers)
     space = "paper" if alternative is Alternative.PAPER_SPACE else "full"
     return plan_dapple(profile, topology, gbs, memory_limit=memory_limit,
-                       even_slices=even_slices, plan_space=space)
+                       even_slices=even_slices, plan_space=space, transfers=transfers)
 
 
 def alternatives(profile, topology, global_batch_size: int, which: Sequence[Alternative],
-                 memory_limit=None, even_slices: bool = False
+                 memory_limit=None, even_slices: bool = False, transfers: str = "async"
                  ) -> Dict[Alternative, Optional[Plan]]:
     """The plans of `which`, in that order; None where none is feasible."""
     return {a: _attempt(functools.partial(plan_alternative, a, memory_limit=memory_limit,
-                                          even_slices=even_slices),
+                                          even_slices=even_slices, transfers=transfers),
                         profile, topology, global_batch_size)[0]
             for a in which}
 
@@ -173,8 +177,8 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan: Optional[
                  planners: Optional[Sequence[Tuple[str, Callable]]] = None, memory_limit=None,
                  with_held: bool = True, even_slices: bool = False,
                  plan_space: str = "paper", schedule: Optional[str] = None,
-                 virtual_stages: Optional[int] = None, batches: Optional[int] = None
-                 ) -> ReportRow:
+                 virtual_stages: Optional[int] = None, batches: Optional[int] = None,
+                 transfers: str = "async") -> ReportRow:
     """One report row: the DAPPLE plan (`best_plan`, or planned here and, when `schedule` is
     given, put under it: `planner.search.schedule_choice`), then each of `planners`
     ((name, function(profile, topology, global_batch_size) -> Plan) pairs; default: the
@@ -184,13 +188,14 @@ def strategy_row(profile, topology, global_batch_size: int, best_plan: Optional[
     if best_plan is None:
         best_plan = plan_dapple(profile, topology, global_batch_size,
                                 memory_limit=memory_limit, even_slices=even_slices,
-                                plan_space=plan_space)
+                                plan_space=plan_space, transfers=transfers)
         if schedule is not None:
             best_plan, options = choose_schedule(best_plan, profile, topology, schedule,
                                                  virtual_stages, batches)
     if planners is None:
         planners = [(a.value, functools.partial(plan_alternative, a, memory_limit=memory_limit,
-                                                even_slices=even_slices)) for a in BASELINES]
+                                                even_slices=even_slices, transfers=transfers))
+                    for a in BASELINES]
     candidates = [Candidate("DAPPLE", best_plan)]
     for name, planner in planners:
         plan, note = _attempt(planner, profile, topology, global_batch_size)

@@ -51,7 +51,9 @@ flags.DEFINE_enum("transfers", "async", ["async", "horovod", "tensorflow"],
                   "goes when sent), horovod (under horovodrun: a collective both ranks "
                   "enter, one at a time per rank) or tensorflow (`dapple launch "
                   "--runtime=tensorflow`: buffered Send/Recv, full duplex, over the "
-                  "topology's links); kept in the plan")
+                  "topology's links, the chief sending a first stage's other replicas their "
+                  "rows, which the search counts too); kept in the plan and used for the "
+                  "compared plans")
 flags.DEFINE_enum("plan_space", "paper", ["paper", "full"],
                   "paper: data parallelism, two-stage plans and the straight pipeline (the shapes "
                   "the DAPPLE paper reports; searched deeper only if none fits); full: every "
@@ -213,6 +215,7 @@ def _plan(profile, topo) -> None:
     # with that search (remembered) rather than also with one bounded by the other plans'.
     plan, options = _scheduled(plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
                                            plan_space=FLAGS.plan_space,
+                                           transfers=FLAGS.transfers,
                                            bound_straight=FLAGS.format == "json"),
                                profile, topo, timeline=FLAGS.format == "text")
     if FLAGS.output:
@@ -223,7 +226,8 @@ def _plan(profile, topo) -> None:
     compared = (*BASELINES, Alternative.other_space(FLAGS.plan_space))
     print(strategy_report(plan, profile, topo,
                           alternatives(profile, topo, gbs, compared,
-                                       even_slices=FLAGS.even_slices), schedules=options,
+                                       even_slices=FLAGS.even_slices,
+                                       transfers=FLAGS.transfers), schedules=options,
                           max_tasks=_report_tasks()))
     uneven = [i for i in range(plan.num_stages) if len(set(plan.slice_sizes(i))) > 1]
     if uneven:
@@ -256,7 +260,7 @@ def _report(profile, topo, sizes) -> None:
     except ImportError as e:
         _fail(f"--report={FLAGS.report}: {e}")
     rows = [strategy_row(profile, topo, gbs, even_slices=FLAGS.even_slices,
-                         plan_space=FLAGS.plan_space,
+                         plan_space=FLAGS.plan_space, transfers=FLAGS.transfers,
                          schedule=FLAGS.schedule or schedules.DEFAULT.name,
                          virtual_stages=FLAGS.virtual_stages, batches=FLAGS.batches)
             for gbs in sizes]
@@ -273,12 +277,13 @@ def _table(profile, topo, sizes) -> None:
           f"{'vs 1 device':>11}  {'vs best DP':>10}  {'vs PipeDream':>12}  schedule")
     for gbs in sizes:
         plan = _scheduled(plan_dapple(profile, topo, gbs, even_slices=FLAGS.even_slices,
-                                      plan_space=FLAGS.plan_space), profile, topo)[0]
+                                      plan_space=FLAGS.plan_space, transfers=FLAGS.transfers),
+                          profile, topo)[0]
         lat = plan.estimate.latency_ms
         one = single_device_ms(profile, topo, gbs)
         alts = alternatives(profile, topo, gbs,
                             (Alternative.DATA_PARALLEL, Alternative.PIPEDREAM),
-                            even_slices=FLAGS.even_slices)
+                            even_slices=FLAGS.even_slices, transfers=FLAGS.transfers)
 
         def ratio(p):
             return f"{p.estimate.latency_ms / lat:.2f}x" if p is not None else "n/a"

@@ -158,21 +158,32 @@ class StageModel:
 
     def fed_rows_ms(self, devices: Sequence[int]) -> float:
         """On a TensorFlow cluster, when the step's input rows have reached every replica of
-        a first stage on `devices`. The chief (task 0, holding plan device 0) is fed the global
-        batch and cuts each replica its rows; every micro-batch's rows go at the step's start,
-        nothing ordering them, so they share the chief's links and arrive together. Those to
-        its own host's other devices (other processes) cross the intra-host link, the rest the
-        chief host's network link."""
+        a first stage on `devices`. The chief (task 0, holding plan device 0, on host 0) is fed
+        the global batch and cuts each replica its rows; every micro-batch's rows go at the
+        step's start, nothing ordering them, so they share the chief's links and arrive
+        together. Those to its own host's other devices (other processes) cross the intra-host
+        link, the rest the chief host's network link."""
         chief = self.topology.host_of(0)
+        near = sum(1 for d in devices if d != 0 and self.topology.host_of(d) == chief)
+        far = sum(1 for d in devices if self.topology.host_of(d) != chief)
+        return self._fed_rows_ms(near, far, len(devices))
+
+    def first_stage_rows_ms(self, counts: Sequence[int]) -> float:
+        """`fed_rows_ms` of a first stage given as a host-count vector: devices go lowest ids
+        first (`planner.search.placement.assign_devices`), so it holds device 0 when it has a
+        device on host 0."""
+        return self._fed_rows_ms(max(counts[0] - 1, 0), sum(counts) - counts[0], sum(counts))
+
+    def _fed_rows_ms(self, near: int, far: int, replicas: int) -> float:
         per_replica = (self.profile.input_bytes * self.micro_batch * self.M / self.pbs
-                       / len(devices))
-        same_host = sum(1 for d in devices if d != 0 and self.topology.host_of(d) == chief)
-        other_hosts = sum(1 for d in devices if self.topology.host_of(d) != chief)
+                       / replicas)
+        if per_replica <= 0:
+            return 0.0
         t = 0.0
-        if same_host and per_replica > 0:
-            t = per_replica * same_host / self.intra_bw + self.intra_lat
-        if other_hosts and per_replica > 0:
-            t = max(t, per_replica * other_hosts / self.inter_bw + self.inter_lat)
+        if near:
+            t = per_replica * near / self.intra_bw + self.intra_lat
+        if far:
+            t = max(t, per_replica * far / self.inter_bw + self.inter_lat)
         return t
 
     # ---- allreduce ------------------------------------------------------------------

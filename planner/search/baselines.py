@@ -11,9 +11,10 @@ from planner.formats.profile import Profile
 
 
 def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
-                            memory_limit=None, even_slices: bool = False) -> Plan:
+                            memory_limit=None, even_slices: bool = False,
+                            transfers: str = "async") -> Plan:
     """Pure data parallelism on all devices (gradient accumulation over M micro-batches, then
-    the allreduce), the best M."""
+    the allreduce), the best M; its plans' `transfers` as given."""
     check_global_batch(global_batch_size)
     topo = with_memory(topology, memory_limit)
     G = topo.num_devices
@@ -30,7 +31,7 @@ def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
         if mb // G < floor or (even_slices and mb % G):
             continue
         plan = Plan(stages=[Stage(layers=[0, profile.num_layers - 1], devices=list(range(G)))],
-                    micro_batches=M, global_batch_size=global_batch_size)
+                    micro_batches=M, global_batch_size=global_batch_size, transfers=transfers)
         costs = cm.PlanCosts(plan, profile, topo)
         if costs.stages[0].max_in_flight < 1:
             continue
@@ -46,7 +47,8 @@ def best_data_parallel_plan(profile: Profile, topology, global_batch_size: int,
 
 
 def best_straight_plan(profile: Profile, topology, global_batch_size: int,
-                       memory_limit=None, even_slices: bool = False) -> Plan:
+                       memory_limit=None, even_slices: bool = False,
+                       transfers: str = "async") -> Plan:
     """The best pipeline without replication over all devices (one device a stage)."""
     check_global_batch(global_batch_size)
     topo = with_memory(topology, memory_limit)
@@ -54,6 +56,6 @@ def best_straight_plan(profile: Profile, topology, global_batch_size: int,
         raise PlanError(f"a straight pipeline over {topo.num_devices} devices needs at least "
                         f"as many layers; {profile.name} has {profile.num_layers}")
     plan = plan_dapple(profile, topo, global_batch_size, stage_sizes=[1], even_slices=even_slices,
-                       plan_space="full")
+                       plan_space="full", transfers=transfers)
     assert all(st.replicas == 1 for st in plan.stages) and plan.num_stages == topo.num_devices
     return plan

@@ -100,8 +100,13 @@ class Search:
     def __init__(self, profile: Profile, topology, global_batch_size: int,
                  policies: Sequence[str] = POLICIES, stage_sizes: Optional[Sequence[int]] = None,
                  stats: Optional[SearchStats] = None, even_slices: bool = False,
-                 max_stages: Optional[int] = None, max_candidates: float = math.inf):
+                 max_stages: Optional[int] = None, max_candidates: float = math.inf,
+                 transfers: str = "async"):
         self.profile = profile
+        # On a TensorFlow cluster a first stage's replicas off the chief wait for their rows
+        # (`StageModel.first_stage_rows_ms`): added to a complete plan's value, it only raises
+        # what every bound here bounds from below.
+        self.fed_rows = transfers == "tensorflow" and profile.input_bytes > 0
         self.even_slices = even_slices
         self.topology = topology
         self.gbs = global_batch_size
@@ -216,6 +221,8 @@ class Search:
             costs.append(cost)
         if summary[0] < self.best_value:
             value = cm.planned_latency_ms(costs, M)
+            if self.fed_rows:
+                value += model.first_stage_rows_ms(path[0][2])
             if value < self.best_value:
                 self.best_value = value
                 self.best = (M, path)
@@ -313,6 +320,8 @@ class Search:
             # eq. 1 (the summary) is a lower bound of the latency we plan with
             if summary[0] < self.best_value:
                 value = cm.planned_latency_ms(self.path_costs, self.M)
+                if self.fed_rows:
+                    value += self.model.first_stage_rows_ms(path[0][2])
                 if value < self.best_value:
                     self.best_value = value
                     self.best = (self.M, list(path))

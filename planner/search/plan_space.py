@@ -59,8 +59,8 @@ class Found(NamedTuple):
 
 def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
             sizes: Optional[Sequence[int]], max_stages: Optional[int], even_slices: bool,
-            budget: float, ms: Sequence[int], below: float = math.inf
-            ) -> Tuple[SearchStats, Found]:
+            budget: float, ms: Sequence[int], below: float = math.inf,
+            transfers: str = "async") -> Tuple[SearchStats, Found]:
     """(its statistics, what the seeded search run over `ms` found; remembered within
     `remembering_searches`).
 
@@ -75,7 +75,7 @@ def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
     budget. Within `remembering_searches`, the search without `below`, if run before (the
     report's "best straight" alternative), is the answer."""
     key = (topo, gbs, tuple(policies), None if sizes is None else tuple(sizes), max_stages,
-           even_slices, budget, tuple(ms), below)
+           even_slices, budget, tuple(ms), transfers, below)
     unbounded = key[:-1] + (math.inf,)
     hit = _searches.get(profile, key)
     if hit is None and below < math.inf:
@@ -84,7 +84,7 @@ def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
         return hit
     own = SearchStats()     # each search has its own candidate budget
     found = Search(profile, topo, gbs, policies, sizes, own, even_slices=even_slices,
-                   max_stages=max_stages, max_candidates=budget)
+                   max_stages=max_stages, max_candidates=budget, transfers=transfers)
     seed_search(found, ms)
     bounded = found.best is not None and below <= found.best_value
     if bounded:         # stop at the first plan below `below`: the search without it follows
@@ -95,7 +95,7 @@ def _search(profile: Profile, topo, gbs: int, policies: Sequence[str],
             break
     if bounded and found.best is not None:
         alone, result = _search(profile, topo, gbs, policies, sizes, max_stages, even_slices,
-                                budget, ms)
+                                budget, ms, math.inf, transfers)
         own.add_counts(alone)
         own.complete = alone.complete
     else:
@@ -114,14 +114,15 @@ def _order_micro_batches(profile: Profile, topology, gbs: int) -> List[int]:
     return sorted(choices, key=lambda m: abs(math.log(m / target)))
 
 
-def _build_plan(search: Found, profile: Profile, topology, gbs: int) -> Plan:
+def _build_plan(search: Found, profile: Profile, topology, gbs: int,
+                transfers: str = "async") -> Plan:
     M, path = search.best
     devices = assign_devices(topology, [counts for _, _, counts in path])
     stages = [Stage(layers=[first, last], devices=devs,
                     layer_names=profile.layer_names[first:last + 1])
               for (first, last, _), devs in zip(path, devices)]
-    return finish_plan(Plan(stages=stages, micro_batches=M, global_batch_size=gbs),
-                       profile, topology)
+    return finish_plan(Plan(stages=stages, micro_batches=M, global_batch_size=gbs,
+                            transfers=transfers), profile, topology)
 
 
 def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit=None,
@@ -130,7 +131,7 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
                 stats: Optional[SearchStats] = None,
                 max_candidates: Optional[int] = DEFAULT_MAX_CANDIDATES,
                 even_slices: bool = False, plan_space: str = DEFAULT_PLAN_SPACE,
-                bound_straight: bool = True) -> Plan:
+                bound_straight: bool = True, transfers: str = "async") -> Plan:
     """The plan of least estimated latency in `plan_space` (see the module docstring).
 
     `memory_limit` (bytes or '16GB') overrides the topology's device memory. `micro_batches`
@@ -145,7 +146,8 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
     two-stage plan (`two_stage_bound.two_stage_floor`), first and on its own, then the
     two-stage plans below or equal to it, not at all when their floor is above it: the same
     plan, other statistics; `bound_straight=False` searches it on its own, after them, as
-    before.
+    before. `transfers` is the plans' (`Plan.transfers`); "tensorflow" counts the rows the
+    chief sends a first stage's other replicas.
     """
     check_global_batch(global_batch_size)
     if plan_space not in PLAN_SPACES:
@@ -165,7 +167,7 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
 
     def search(sizes, max_stages, below=math.inf):
         own, found = _search(profile, topo, global_batch_size, policies, sizes, max_stages,
-                             even_slices, budget, ms, below)
+                             even_slices, budget, ms, below, transfers)
         stats.add_counts(own)
         stats.complete = stats.complete and own.complete
         return found
@@ -219,4 +221,4 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
                         f"at least one sample and every stage at least one layer; use a larger "
                         f"global batch or fewer devices")
     best = min(found, key=lambda s: s.best_value)
-    return _build_plan(best, profile, topo, global_batch_size)
+    return _build_plan(best, profile, topo, global_batch_size, transfers)

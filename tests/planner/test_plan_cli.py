@@ -222,3 +222,27 @@ def test_compute_dtype_flag_rejects_an_unknown_dtype(tmp_path):
                "--compute_dtype=fp8")
     assert r.returncode == 2 and r.stdout == ""
     assert "--compute_dtype=fp8 is not one of float32, float16, bfloat16" in r.stderr
+
+
+def test_transfers_tensorflow_plans_with_the_chiefs_rows(tmp_path):
+    """Big input rows on 2 hosts at 1 Gbit/s: data parallelism is best when each process reads
+    its own rows; on a TensorFlow cluster the chief sends host 1 its half first, and a pipeline
+    whose first stage is on the chief wins. The estimate is `evaluate`'s with the rows."""
+    layers = [{"name": f"l{i}", "type": "Dense", "forward_ms": 4.0, "backward_ms": 8.0,
+               "output_bytes": 1e5, "parameter_bytes": 4e5, "inputs": [i - 1]} for i in range(4)]
+    text = json.dumps({"format": "dapple-profile", "version": 1, "name": "rows",
+                       "batch_size": 8, "input_bytes": 4e6, "layers": layers})
+    path = tmp_path / "rows.json"
+    path.write_text(text)
+    profile, topo = parse_native_json(text), parse_topology("2x1,net=1Gbps")
+    args = (f"--profile={path}", "--topology=2x1,net=1Gbps", "--global_batch_size=32",
+            "--format=json", "--schedule=1f1b")
+    r = dapple(*args)
+    assert r.returncode == 0, r.stderr
+    assert [st.devices for st in Plan.from_json(r.stdout).stages] == [[0, 1]]
+    r = dapple(*args, "--transfers=tensorflow")
+    assert r.returncode == 0, r.stderr
+    plan = Plan.from_json(r.stdout)
+    assert plan.transfers == "tensorflow"
+    assert [st.devices for st in plan.stages] == [[0], [1]]
+    assert plan.estimate.latency_ms == pytest.approx(cm.evaluate(plan, profile, topo).latency_ms)

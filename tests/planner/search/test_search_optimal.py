@@ -22,7 +22,7 @@ from planner.search.plan_space import plan_dapple
 from topology.model import Topology
 
 
-def random_profile(rng, n):
+def random_profile(rng, n, input_bytes=1e5):
     layers = []
     for i in range(n):
         layers.append({"name": f"l{i}", "type": "X",
@@ -32,7 +32,7 @@ def random_profile(rng, n):
                        "inputs": sorted({i - 1, rng.randrange(-1, i)}) if i else [-1]})
     return parse_native_json(json.dumps({"format": "dapple-profile", "version": 1,
                                          "name": "rand", "batch_size": rng.choice([1, 4, 8]),
-                                         "input_bytes": 1e5, "layers": layers}))
+                                         "input_bytes": input_bytes, "layers": layers}))
 
 
 def random_topology(rng):
@@ -66,9 +66,10 @@ def in_paper_space(stages, num_devices):
     return stages <= 2 or stages == num_devices
 
 
-def brute_force(profile, topo, gbs, even_slices=False, plan_space="full"):
-    """The least latency over the plan space (None if no plan fits); "paper" falls back to
-    the full space when nothing in it fits, as plan_dapple does."""
+def brute_force(profile, topo, gbs, even_slices=False, plan_space="full", transfers="async"):
+    """The least latency over the plan space (None if no plan fits), its plans' transfers
+    `transfers`; "paper" falls back to the full space when nothing in it fits, as plan_dapple
+    does."""
     N, G = profile.num_layers, topo.num_devices
     # The plan space's micro-batch rule, restated: a replica's slice is at least the profile
     # batch, or gbs // G when the global batch cannot give every device that much.
@@ -89,7 +90,7 @@ def brute_force(profile, topo, gbs, even_slices=False, plan_space="full"):
                     if even_slices and any(mb % len(d) for d in devices):
                         continue
                     plan = Plan(stages=[Stage([a, b], d) for (a, b), d in zip(bounds, devices)],
-                                micro_batches=M, global_batch_size=gbs)
+                                micro_batches=M, global_batch_size=gbs, transfers=transfers)
                     model = cm.StageModel(profile, topo, gbs, M)
                     if any(model.max_in_flight(a, b, len(d)) < 1
                            for (a, b), d in zip(bounds, devices)):
@@ -98,7 +99,7 @@ def brute_force(profile, topo, gbs, even_slices=False, plan_space="full"):
                     if best is None or lat < best:
                         best = lat
     if best is None and plan_space == "paper":
-        return brute_force(profile, topo, gbs, even_slices, "full")
+        return brute_force(profile, topo, gbs, even_slices, "full", transfers)
     return best
 
 
@@ -122,6 +123,27 @@ def test_search_matches_brute_force(seed, plan_space):
     assert plan.estimate.latency_ms == pytest.approx(expected, rel=1e-9)
     if even:
         assert all(len(set(plan.slice_sizes(i))) == 1 for i in range(plan.num_stages))
+
+
+@pytest.mark.parametrize("plan_space", ["full", "paper"])
+@pytest.mark.parametrize("seed", range(30))
+def test_search_with_the_chiefs_rows_matches_brute_force(seed, plan_space):
+    """On a TensorFlow cluster a first stage's replicas off the chief wait for their rows
+    (`cost_model.StageModel.fed_rows_ms`): with rows large enough to change which plan wins,
+    the search's plan is still the least of `evaluate` over the space."""
+    rng = random.Random(500 + seed)
+    profile = random_profile(rng, rng.randint(2, 5), input_bytes=rng.choice([1e6, 1e7, 1e8]))
+    topo = random_topology(rng)
+    gbs = rng.choice([4, 8, 12, 24])
+    expected = brute_force(profile, topo, gbs, plan_space=plan_space, transfers="tensorflow")
+    if expected is None:
+        return
+    stats = SearchStats()
+    plan = plan_dapple(profile, topo, gbs, max_candidates=None, stats=stats,
+                       plan_space=plan_space, transfers="tensorflow")
+    assert stats.complete and plan.transfers == "tensorflow"
+    assert plan.estimate.latency_ms == pytest.approx(expected, rel=1e-9)
+    assert cm.evaluate(plan, profile, topo).latency_ms == pytest.approx(expected, rel=1e-9)
 
 
 def test_search_latency_equals_evaluate_and_beats_data_parallel():
