@@ -87,16 +87,20 @@ class StageCost(NamedTuple):
 
 
 class StageModel:
-    """Fast cost primitives for one (profile, topology, global batch, M), shared by `evaluate`
-    and the search. Stages are (first, last, host-count vector)."""
+    """Fast cost primitives for one (profile, topology, global batch, M, transfers), shared by
+    `evaluate` and the search. Stages are (first, last, host-count vector). `transfers` is the
+    plan's (`Plan.transfers`): "tensorflow" sums replica gradients by exchange
+    (`allreduce_rate`)."""
 
-    def __init__(self, profile: Profile, topology, global_batch_size: int, micro_batches: int):
+    def __init__(self, profile: Profile, topology, global_batch_size: int, micro_batches: int,
+                 transfers: str = "async"):
         if global_batch_size % micro_batches:
             raise PlanError(f"global batch {global_batch_size} does not divide into "
                             f"{micro_batches} equal micro-batches")
         self.profile = profile
         self.topology = topology
         self.M = micro_batches
+        self.exchange = transfers == "tensorflow"
         self.micro_batch = global_batch_size // micro_batches
         self.pbs = float(profile.batch_size)
         self.intra_bw = topology.intra_host_bandwidth / 1e3     # bytes per ms
@@ -188,7 +192,10 @@ class StageModel:
 
     # ---- allreduce ------------------------------------------------------------------
     def allreduce_rate(self, counts: Sequence[int]) -> Tuple[float, float]:
-        """(ms per gradient byte, fixed ms per collective) of a hierarchical ring."""
+        """(ms per gradient byte, fixed ms per collective) of a hierarchical ring, or on a
+        TensorFlow cluster of an exchange: every replica sums every replica's gradients on
+        its own device, so host h receives c_h (R - c_h) of them over the network and a device
+        n - 1 from its host's others, all at once: the slower of the two and its latency."""
         # Cached: O(hosts) to compute, and the search asks for the same vectors many times.
         key = tuple(counts)
         hit = self._rate_cache.get(key)
@@ -199,6 +206,8 @@ class StageModel:
     def _allreduce_rate(self, counts: Sequence[int]) -> Tuple[float, float]:
         hosts = len(counts) - counts.count(0)
         n = max(counts)
+        if self.exchange:
+            return self._exchange_rate(counts, hosts, n)
         per_byte, fixed = 0.0, 0.0
         if n > 1:
             per_byte += 2 * (n - 1) / n / self.intra_bw
@@ -206,6 +215,16 @@ class StageModel:
         if hosts > 1:
             per_byte += 2 * (hosts - 1) / hosts / self.inter_bw
             fixed += 2 * (hosts - 1) * self.inter_lat
+        return per_byte, fixed
+
+    def _exchange_rate(self, counts: Sequence[int], hosts: int, n: int) -> Tuple[float, float]:
+        per_byte, fixed = 0.0, 0.0
+        if n > 1:
+            per_byte, fixed = (n - 1) / self.intra_bw, self.intra_lat
+        if hosts > 1:
+            R = sum(counts)
+            per_byte = max(per_byte, max(c * (R - c) for c in counts) / self.inter_bw)
+            fixed = max(fixed, self.inter_lat)
         return per_byte, fixed
 
     def allreduce_ms(self, first: int, last: int, counts: Sequence[int]) -> float:
@@ -339,7 +358,7 @@ class PlanCosts:
         plan.validate(num_layers=profile.num_layers, num_devices=topology.num_devices)
         self.plan, self.topology = plan, topology
         self.model = model = StageModel(profile, topology, plan.global_batch_size,
-                                        plan.micro_batches)
+                                        plan.micro_batches, plan.transfers)
         counts = [host_counts(topology, st.devices) for st in plan.stages]
         lanes = [host_counts(topology, d) for d in micro_batch_devices(plan)]
         self.stages = [model.stage_cost(st.first, st.last, c, lanes[i - 1] if i else None)

@@ -107,6 +107,7 @@ class Search:
         # (`StageModel.first_stage_rows_ms`): added to a complete plan's value, it only raises
         # what every bound here bounds from below.
         self.fed_rows = transfers == "tensorflow" and profile.input_bytes > 0
+        self.transfers = transfers      # its `StageModel`s' (replica gradients by exchange)
         self.even_slices = even_slices
         self.topology = topology
         self.gbs = global_batch_size
@@ -140,7 +141,7 @@ class Search:
 
     # ---- one M --------------------------------------------------------------------
     def run_micro_batches(self, M: int) -> None:
-        model = StageModel(self.profile, self.topology, self.gbs, M)
+        model = StageModel(self.profile, self.topology, self.gbs, M, self.transfers)
         self.model, self.M = model, M
         # A replica's slice time is at least T * (slice / pbs) (the affine scale is never
         # below the linear one for slices under the profile batch): a valid lower bound.
@@ -177,7 +178,7 @@ class Search:
         if self.stage_sizes is not None and any(r not in self.stage_size_set for _, _, r in stages):
             return
         if model is None or model.M != M:
-            model = StageModel(self.profile, self.topology, self.gbs, M)
+            model = StageModel(self.profile, self.topology, self.gbs, M, self.transfers)
         if "append" not in self.policies:
             return
         used = (0,) * len(self.capacity)

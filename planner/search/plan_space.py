@@ -179,7 +179,8 @@ def plan_dapple(profile: Profile, topology, global_batch_size: int, memory_limit
                 (stage_sizes is None or 1 in stage_sizes)
             # No plan of data parallelism or two stages is faster than `floor`.
             floor = two_stage_floor(profile, topo, global_batch_size, ms, min_slice,
-                                    even_slices) if straight and bound_straight else None
+                                    even_slices, transfers) if straight and bound_straight \
+                else None
             if floor is not None and straight_may_beat_any(profile, topo, global_batch_size,
                                                            ms, floor):
                 # The straight pipeline may win: searched first, on its own (the search

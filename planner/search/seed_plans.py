@@ -124,7 +124,7 @@ def seed_search(search: Search, micro_batches: Sequence[int]) -> None:
     # (ties).
     replicas = [tuple(r for _, _, r in stages) for stages in shapes]
     for M in micro_batches:
-        model = StageModel(search.profile, search.topology, search.gbs, M)
+        model = StageModel(search.profile, search.topology, search.gbs, M, search.transfers)
         allowed = {rs: all(search.replicas_allowed(r, model.micro_batch) for r in rs)
                    for rs in set(replicas)}
         for stages, rs in zip(shapes, replicas):

@@ -16,8 +16,12 @@ F and B depend on the cut and r only. AR depends on the placement through the ho
 a hierarchical ring over k hosts with at most n replicas on one costs
 2 (n - 1)/n per byte over NVLink plus 2 (k - 1)/k over the network (and their latencies), both
 growing with n and k, and r replicas on k hosts put at least ceil(r / k) on one; so the least
-over the host counts k that can hold r of that cost is below every placement's. Memory is left
-out (a bound over more plans is still a bound). The least over every M, cut and r allowed
+over the host counts k that can hold r of that cost is below every placement's. On a
+TensorFlow cluster the replicas exchange their gradients (`StageModel.allreduce_rate`), which
+costs less on uneven placements (4 replicas as 3 + 1 on 2 hosts: 3 gradients into a host, as
+2 + 2: 4): there, r replicas on one host cost (r - 1) per byte in-host and on k >= 2 hosts at
+least (r - 1) per byte over the network (a host with c of them receives c (r - c) >= r - 1),
+each with its latency. Memory is left out (a bound over more plans is still a bound). The least over every M, cut and r allowed
 (`exact_search.slices_allowed`) bounds every plan the two-stage search can return.
 """
 from __future__ import annotations
@@ -39,10 +43,17 @@ SLACK = 1e-9
 
 def _allreduce_rates(model: StageModel, capacity: Sequence[int], replicas: int
                      ) -> List[Tuple[float, float]]:
-    """(ms per byte, fixed ms) of the cheapest ring on each number of hosts that can hold
-    `replicas` devices; the exposed allreduce of any placement is at least the least of
-    per_byte * bytes + fixed over them."""
+    """(ms per byte, fixed ms) of the cheapest ring (exchange) on each number of hosts that
+    can hold `replicas` devices; the exposed allreduce of any placement is at least the least
+    of per_byte * bytes + fixed over them."""
     largest = sorted(capacity, reverse=True)
+    if model.exchange:
+        rates = []
+        if replicas <= largest[0]:
+            rates.append(((replicas - 1) / model.intra_bw, model.intra_lat))
+        if len(largest) > 1 and replicas > 1:
+            rates.append(((replicas - 1) / model.inter_bw, model.inter_lat))
+        return rates
     rates = []
     for hosts in range(1, min(len(largest), replicas) + 1):
         on_one = -(-replicas // hosts)
@@ -62,10 +73,11 @@ def _allreduce_floor(rates: List[Tuple[float, float]], replicas: int,
 
 
 def two_stage_floor(profile: Profile, topology, global_batch_size: int,
-                    micro_batches: Sequence[int], min_slice: int, even_slices: bool) -> float:
+                    micro_batches: Sequence[int], min_slice: int, even_slices: bool,
+                    transfers: str = "async") -> float:
     """No plan of at most two stages of `profile` on `topology` at any of `micro_batches`, with
-    every replica's slice allowed (`min_slice`, `even_slices`), has a planned latency below
-    this (math.inf when there is none)."""
+    every replica's slice allowed (`min_slice`, `even_slices`) and `transfers`, has a planned
+    latency below this (math.inf when there is none)."""
     N, G = profile.num_layers, topology.num_devices
     ms = [M for M in micro_batches if global_batch_size % M == 0]
     if not ms:
@@ -75,7 +87,7 @@ def two_stage_floor(profile: Profile, topology, global_batch_size: int,
     backward = np.array([profile.backward_ms(0, k) for k in range(N)])
     overhead = cm.TASK_OVERHEAD_MS
     # The allreduce does not depend on M (the bandwidths and latencies are the topology's).
-    any_model = StageModel(profile, topology, global_batch_size, ms[0])
+    any_model = StageModel(profile, topology, global_batch_size, ms[0], transfers)
     rates = {r: _allreduce_rates(any_model, capacity, r) for r in range(1, G + 1)}
     everything = _allreduce_floor(rates[G], G, np.array([profile.parameter_bytes(0, N - 1)]))[0]
     # Two stages: rows are the cuts after layer k = 0 .. N - 2 (the first stage 0..k, the
@@ -91,7 +103,7 @@ def two_stage_floor(profile: Profile, topology, global_batch_size: int,
         if N > 1 and G > 1 else None
     best = math.inf
     for M in ms:
-        model = StageModel(profile, topology, global_batch_size, M)
+        model = StageModel(profile, topology, global_batch_size, M, transfers)
         mb = model.micro_batch
         if slices_allowed(G, mb, min_slice, even_slices):       # data parallelism
             scale = model.time_scale(G)

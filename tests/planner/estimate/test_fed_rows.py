@@ -59,13 +59,13 @@ def test_negative_or_misshapen_start_times_are_refused():
 INPUT_BYTES = 3e6          # at the profile's batch of 8
 
 
-def profile():
+def profile(input_bytes=INPUT_BYTES):
     layers = [{"name": f"l{i}", "type": "Dense", "forward_ms": 1.0, "backward_ms": 2.0,
                "output_bytes": 1e5, "parameter_bytes": 4e5, "inputs": [i - 1]}
               for i in range(4)]
     return parse_native_json(json.dumps({"format": "dapple-profile", "version": 1,
                                          "name": "toy", "batch_size": 8,
-                                         "input_bytes": INPUT_BYTES, "layers": layers}))
+                                         "input_bytes": input_bytes, "layers": layers}))
 
 
 def plan(devices, transfers, M=2, second=None, **fields):
@@ -112,12 +112,13 @@ def test_other_runtimes_feed_each_process_its_own_rows(transfers):
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
 def test_the_estimate_counts_the_rows_once(schedule):
-    """The same plan with and without the chief's rows: eq. 1 (1F1B, GPipe) and the simulated
-    estimate (zb-h1) both move by the rows' time, as every action waits for them."""
+    """The same plan with and without rows to send (a profile without input bytes): eq. 1
+    (1F1B, GPipe) and the simulated estimate (zb-h1) both move by the rows' time, as every
+    action waits for them."""
     p, t = profile(), parse_topology("2x1,net=100Mbps,mem=16GB")
     warmup = None if schedule == "gpipe" else [4]
-    base = plan([0, 1], "async", M=4, schedule=schedule, warmup=warmup)
     fed = plan([0, 1], "tensorflow", M=4, schedule=schedule, warmup=warmup)
     start = cm.PlanCosts(fed, p, t).pipeline.start_ms[0]
+    assert start > 400 and cm.PlanCosts(fed, profile(0.0), t).pipeline.start_ms == [0.0]
     assert cm.evaluate(fed, p, t).latency_ms == \
-        pytest.approx(cm.evaluate(base, p, t).latency_ms + start)
+        pytest.approx(cm.evaluate(fed, profile(0.0), t).latency_ms + start)

@@ -127,10 +127,11 @@ def test_search_matches_brute_force(seed, plan_space):
 
 @pytest.mark.parametrize("plan_space", ["full", "paper"])
 @pytest.mark.parametrize("seed", range(30))
-def test_search_with_the_chiefs_rows_matches_brute_force(seed, plan_space):
+def test_search_on_a_tensorflow_cluster_matches_brute_force(seed, plan_space):
     """On a TensorFlow cluster a first stage's replicas off the chief wait for their rows
-    (`cost_model.StageModel.fed_rows_ms`): with rows large enough to change which plan wins,
-    the search's plan is still the least of `evaluate` over the space."""
+    (`cost_model.StageModel.fed_rows_ms`) and replicas exchange their gradients
+    (`StageModel.allreduce_rate`): with rows large enough to change which plan wins, the
+    search's plan is still the least of `evaluate` over the space."""
     rng = random.Random(500 + seed)
     profile = random_profile(rng, rng.randint(2, 5), input_bytes=rng.choice([1e6, 1e7, 1e8]))
     topo = random_topology(rng)
