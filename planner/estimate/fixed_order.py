@@ -10,9 +10,10 @@ a plan's "async"), nothing is decided by time:
   ties first produced, is list order; and no other channel shares what it occupies.
 
 So every start is the longest path to it (`planner.estimate.simulator` states the model):
-an action starts at max(when its position is free, when each input is done, its floor), a transfer at
-max(when its channel's previous transfer ends, when its send starts), with the event queue's
-own comparisons (`planner.estimate.event_loop`), so the same floats. The actions are visited
+an action starts at max(when its position is free, when each input is done, its floor: a
+forward's `start_ms`), a transfer at max(when its channel's previous transfer ends, when its
+send starts), with the event queue's own comparisons (`planner.estimate.event_loop`), so the
+same floats. The actions are visited
 in an order that respects these dependencies: each position runs down its list until an input
 is not done yet, and is resumed when that input is done. Nothing here depends on the order in
 which positions are visited, only on each value's inputs.

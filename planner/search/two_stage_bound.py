@@ -21,8 +21,9 @@ TensorFlow cluster the replicas exchange their gradients (`StageModel.allreduce_
 costs less on uneven placements (4 replicas as 3 + 1 on 2 hosts: 3 gradients into a host, as
 2 + 2: 4): there, r replicas on one host cost (r - 1) per byte in-host and on k >= 2 hosts at
 least (r - 1) per byte over the network (a host with c of them receives c (r - c) >= r - 1),
-each with its latency. Memory is left out (a bound over more plans is still a bound). The least over every M, cut and r allowed
-(`exact_search.slices_allowed`) bounds every plan the two-stage search can return.
+each with its latency. Memory is left out (a bound over more plans is still a bound). The
+least over every M, cut and r allowed (`exact_search.slices_allowed`) bounds every plan the
+two-stage search can return.
 """
 from __future__ import annotations
 
