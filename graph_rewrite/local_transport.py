@@ -8,7 +8,8 @@ it from the send, receive and allreduce actions of the lowered schedule.
 Here a receiver reads the senders' tensors directly and concatenates on its own device the row
 ranges it needs (`planner.formats.slicing.overlaps`), each cut beside its sender's tensor
 (`graph_rewrite.cut_rows`, so only those rows cross): split, concat, both, or nothing when
-replica counts are equal. Replica gradients are added on the stage's first device. Across
+replica counts are equal. Replica gradients are added on the stage's first device, or where
+every replica trains its own weights on every replica's (`graph_rewrite.replica_sums`). Across
 processes, `dapple.runtime.horovod.transport` implements the same methods with Horovod.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graph_rewrite import cut_rows
+from graph_rewrite import cut_rows, replica_sums
 from planner.formats.slicing import overlaps
 
 Unit = Tuple[int, int]                 # (stage, replica)
@@ -86,6 +87,13 @@ class LocalTransport:
         with tf.device(device), tf.name_scope(f"stage{stage}/{tag}"):
             return [tf.add_n([grads_by_replica[r][i] for r in replicas])
                     for i in range(len(grads_by_replica[replicas[0]]))]
+
+
+    def sums_on_every_replica(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
+                              devices: Dict[int, str]) -> Dict[int, List[tf.Tensor]]:
+        """The sums over the stage's replicas on each replica's device
+        (`graph_rewrite.replica_sums`)."""
+        return replica_sums.on_every_replica(grads_by_replica, devices, f"stage{stage}/ar")
 
 
 def _gather(want_rows, pieces: Dict[int, Tensors], piece_rows: Rows,

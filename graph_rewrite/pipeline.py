@@ -485,12 +485,15 @@ class PipelineStep:
     def _allreduce(self, state: StepState, stage: int, replicas: List[int], action) -> None:
         """The stage's accumulated gradients summed over its replicas (`action`: ALLREDUCE)."""
         accumulated = {r: state.accumulated[(stage, r)] for r in replicas}
-        state.reduced[stage] = self.transport.sum_replicas(stage, accumulated,
-                                                           self.device(stage, 0))
         if stage in self.sum_on_every_replica:
+            sums = self.transport.sums_on_every_replica(
+                stage, accumulated, {r: self.device(stage, r) for r in replicas})
+            state.reduced[stage] = sums[replicas[0]]
             for r in replicas[1:]:
-                state.replica_reduced[(stage, r)] = self.transport.sum_replicas(
-                    stage, accumulated, self.device(stage, r), tag=f"ar{r}")
+                state.replica_reduced[(stage, r)] = sums[r]
+        else:
+            state.reduced[stage] = self.transport.sum_replicas(stage, accumulated,
+                                                               self.device(stage, 0))
 
     # ---- BatchNormalization state ------------------------------------------------------------
     def _update_moving_statistics(self, recorders, moving_before) -> None:

@@ -89,7 +89,7 @@ class StageCost(NamedTuple):
 class StageModel:
     """Fast cost primitives for one (profile, topology, global batch, M, transfers), shared by
     `evaluate` and the search. Stages are (first, last, host-count vector). `transfers` is the
-    plan's (`Plan.transfers`): "tensorflow" sums replica gradients by exchange
+    plan's (`Plan.transfers`): "tensorflow" sums replica gradients as that runtime does
     (`allreduce_rate`)."""
 
     def __init__(self, profile: Profile, topology, global_batch_size: int, micro_batches: int,
@@ -193,9 +193,10 @@ class StageModel:
     # ---- allreduce ------------------------------------------------------------------
     def allreduce_rate(self, counts: Sequence[int]) -> Tuple[float, float]:
         """(ms per gradient byte, fixed ms per collective) of a hierarchical ring, or on a
-        TensorFlow cluster of an exchange: every replica sums every replica's gradients on
-        its own device, so host h receives c_h (R - c_h) of them over the network and a device
-        n - 1 from its host's others, all at once: the slower of the two and its latency."""
+        TensorFlow cluster of the sums every replica makes on its own device
+        (`graph_rewrite.replica_sums`): host h receives 2 c_h (R - c_h) / R gradients over the
+        network and a device 2 (n - 1) / R from its host's others, all at once: the slower of
+        the two, and its latency once for 2 replicas, twice for more."""
         # Cached: O(hosts) to compute, and the search asks for the same vectors many times.
         key = tuple(counts)
         hit = self._rate_cache.get(key)
@@ -218,14 +219,18 @@ class StageModel:
         return per_byte, fixed
 
     def _exchange_rate(self, counts: Sequence[int], hosts: int, n: int) -> Tuple[float, float]:
-        per_byte, fixed = 0.0, 0.0
+        # `graph_rewrite.replica_sums`: each device receives 2 / R of a gradient from each
+        # other replica (2 replicas: the other's whole, in one round; more: a piece to add,
+        # then the sums, in two).
+        R = sum(counts)
+        per_byte, fixed, rounds = 0.0, 0.0, 1 if R <= 2 else 2
         if n > 1:
-            per_byte, fixed = (n - 1) / self.intra_bw, self.intra_lat
+            per_byte, fixed = 2 * (n - 1) / R / self.intra_bw, self.intra_lat
         if hosts > 1:
-            R = sum(counts)
-            per_byte = max(per_byte, max(c * (R - c) for c in counts) / self.inter_bw)
+            into_a_host = max(2 * c * (R - c) / R for c in counts)
+            per_byte = max(per_byte, into_a_host / self.inter_bw)
             fixed = max(fixed, self.inter_lat)
-        return per_byte, fixed
+        return per_byte, rounds * fixed
 
     def allreduce_ms(self, first: int, last: int, counts: Sequence[int]) -> float:
         """A whole allreduce of the stage's parameters (AvgPipe's updates), nothing hidden."""

@@ -17,13 +17,13 @@ a hierarchical ring over k hosts with at most n replicas on one costs
 2 (n - 1)/n per byte over NVLink plus 2 (k - 1)/k over the network (and their latencies), both
 growing with n and k, and r replicas on k hosts put at least ceil(r / k) on one; so the least
 over the host counts k that can hold r of that cost is below every placement's. On a
-TensorFlow cluster the replicas exchange their gradients (`StageModel.allreduce_rate`), which
-costs less on uneven placements (4 replicas as 3 + 1 on 2 hosts: 3 gradients into a host, as
-2 + 2: 4): there, r replicas on one host cost (r - 1) per byte in-host and on k >= 2 hosts at
-least (r - 1) per byte over the network (a host with c of them receives c (r - c) >= r - 1),
-each with its latency. Memory is left out (a bound over more plans is still a bound). The
-least over every M, cut and r allowed (`exact_search.slices_allowed`) bounds every plan the
-two-stage search can return.
+TensorFlow cluster every replica gets the sums on its own device (`StageModel.allreduce_rate`),
+which costs less on uneven placements (4 replicas as 3 + 1 on 2 hosts: 1.5 gradients into a
+host, as 2 + 2: 2): there, r replicas on one host cost 2 (r - 1) / r per byte in-host and on
+k >= 2 hosts at least 2 (r - 1) / r over the network (a host with c of them receives
+2 c (r - c) / r, and c (r - c) >= r - 1), each with its latency once. Memory is left out (a
+bound over more plans is still a bound). The least over every M, cut and r allowed
+(`exact_search.slices_allowed`) bounds every plan the two-stage search can return.
 """
 from __future__ import annotations
 
@@ -44,16 +44,17 @@ SLACK = 1e-9
 
 def _allreduce_rates(model: StageModel, capacity: Sequence[int], replicas: int
                      ) -> List[Tuple[float, float]]:
-    """(ms per byte, fixed ms) of the cheapest ring (exchange) on each number of hosts that
-    can hold `replicas` devices; the exposed allreduce of any placement is at least the least
+    """(ms per byte, fixed ms) of the cheapest ring (replica sums) on each number of hosts
+    that can hold `replicas` devices; the exposed allreduce of any placement is at least the least
     of per_byte * bytes + fixed over them."""
     largest = sorted(capacity, reverse=True)
     if model.exchange:
+        share = 2 * (replicas - 1) / replicas
         rates = []
         if replicas <= largest[0]:
-            rates.append(((replicas - 1) / model.intra_bw, model.intra_lat))
+            rates.append((share / model.intra_bw, model.intra_lat))
         if len(largest) > 1 and replicas > 1:
-            rates.append(((replicas - 1) / model.inter_bw, model.inter_lat))
+            rates.append((share / model.inter_bw, model.inter_lat))
         return rates
     rates = []
     for hosts in range(1, min(len(largest), replicas) + 1):

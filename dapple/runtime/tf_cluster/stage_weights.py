@@ -8,7 +8,7 @@ out and its gradients back, once a step each, on the slowest links. Here the cop
 stage's first device (its first replica's) *are* the stage's weights: the optimizer updates
 them there (Keras makes its slots beside the variable they belong to). A replicated stage's
 other replicas train their own copies alike: each gets the sum of the replicas' gradients on
-its own device and the same update (an allreduce by exchange: nothing comes back after the
+its own device and the same update (`graph_rewrite.replica_sums`: nothing comes back after the
 update). Only boundaries and replica gradients cross the network, as in the DAPPLE paper's
 runtime and in our Horovod runtime. Under `global_clipnorm` the replicas refresh from the
 first instead (the optimizer would take every replica's gradients for the model's norm).

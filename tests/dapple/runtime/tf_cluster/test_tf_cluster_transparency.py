@@ -16,6 +16,8 @@ CASES = [
     # (id, processes, script arguments, default suite)
     ("2:1", 3, ["--cuts=2", "--replicas=2,1", "--micro_batches=2", "--schedule=A"], True),
     ("dp2", 2, ["--cuts=", "--replicas=2", "--micro_batches=2"], True),
+    # three replicas each training their copy: sums by reduce-scatter and all-gather
+    ("dp3", 3, ["--cuts=", "--replicas=3", "--micro_batches=2"], True),
     ("interleaved-v2", 2, ["--cuts=1,2,3", "--replicas=1,1", "--micro_batches=4",
                            "--virtual_stages=2"], True),
     ("1:2", 3, ["--cuts=3", "--replicas=1,2", "--micro_batches=4", "--schedule=gpipe"], False),
@@ -48,7 +50,9 @@ def test_weights_after_3_steps_equal_plain_keras(tmp_path, case, processes, args
     assert rep["own_gradients"] > 0, rep                    # the chief holds every gradient
     # across tasks a pipeline runs unrolled by default; a one-stage plan's lanes still loop
     assert rep["pipeline_loop"] is False and rep["schedule_loops"] == 0, rep
-    assert (rep["lane_loops"] > 0) == (case == "dp2"), rep
+    assert (rep["lane_loops"] > 0) == case.startswith("dp"), rep
+    if case == "dp3":       # every replica trains its own copy and sums on its own device
+        assert rep["summed_on_every_replica"] == [0], rep
     no_server_left(result)
 
 

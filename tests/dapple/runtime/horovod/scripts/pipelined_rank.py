@@ -118,6 +118,7 @@ print("DAPPLE_RESULT " + json.dumps({
     "checkpoint_diff": checkpoint_diff, "while_ops": while_ops,
     "schedule_loops": pm.pipeline_step.schedule_loops, "pipeline_loop": pm.pipeline_loop,
     "lane_loops": sum(lane.traces for lane in pm.pipeline_step.lane_loops),
+    "summed_on_every_replica": sorted(pm.pipeline_step.sum_on_every_replica),
     "accumulator_devices": {f"{s},{r}": sorted({v.device for v in a.variables})
                             for (s, r), a in pm.pipeline_step.loop_accumulators.items()},
     "unit_devices": [pm.pipeline_step.device(s, r) for s, st in enumerate(plan.stages)
