@@ -84,10 +84,8 @@ class LocalTransport:
         replicas = sorted(grads_by_replica)
         if len(replicas) == 1:
             return grads_by_replica[replicas[0]]
-        with tf.device(device), tf.name_scope(f"stage{stage}/{tag}"):
-            return [tf.add_n([grads_by_replica[r][i] for r in replicas])
-                    for i in range(len(grads_by_replica[replicas[0]]))]
-
+        return replica_sums.added_on(device, [grads_by_replica[r] for r in replicas],
+                                     f"stage{stage}/{tag}")
 
     def sums_on_every_replica(self, stage: int, grads_by_replica: Dict[int, List[tf.Tensor]],
                               devices: Dict[int, str]) -> Dict[int, List[tf.Tensor]]:

@@ -26,7 +26,7 @@ def on_every_replica(grads_by_replica: Dict[int, List[tf.Tensor]], devices: Dict
         return dict(grads_by_replica)
     first = grads_by_replica[replicas[0]]
     if len(replicas) == 2 or not all(_dense_and_shaped(g) for g in first):
-        return {r: _added_on(devices[r], [grads_by_replica[q] for q in replicas],
+        return {r: added_on(devices[r], [grads_by_replica[q] for q in replicas],
                              f"{name}/{r}") for r in replicas}
     out: Dict[int, List[tf.Tensor]] = {r: [None] * len(first) for r in replicas}
     by_dtype: Dict[tf.DType, List[int]] = {}
@@ -45,7 +45,8 @@ def _dense_and_shaped(g) -> bool:
     return isinstance(g, tf.Tensor) and g.shape.is_fully_defined()
 
 
-def _added_on(device: str, lists: Sequence[List[tf.Tensor]], name: str) -> List[tf.Tensor]:
+def added_on(device: str, lists: Sequence[List[tf.Tensor]], name: str) -> List[tf.Tensor]:
+    """The elementwise sums of `lists` (one list of tensors per replica), on `device`."""
     with tf.device(device), tf.name_scope(name):
         return [tf.add_n(list(terms)) for terms in zip(*lists)]
 
