@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 
@@ -226,7 +226,9 @@ class PipelineStep:
             looped = True
         for _, action in self.order:
             stage = action.chunk
-            if (looped and action.kind != ALLREDUCE) or stage not in by_stage or (
+            # A schedule loop of a list with updates sums the replicas' gradients itself.
+            if (looped and (action.kind != ALLREDUCE or self.schedule.has_updates)) or (
+                    stage not in by_stage) or (
                     not state.backward and action.kind not in FORWARD_ONLY):
                 continue
             if action.kind == ALLREDUCE:
@@ -309,8 +311,30 @@ class PipelineStep:
                 self.stage_splits[key] = thread.submit(
                     split_stage, function, stage, rows, global_rows, function.on(device),
                     specs, labels, weights, stage in self.schedule.split_chunks,
-                    self.unit_variables(unit)).result()
+                    self.unit_variables(unit), self.stashes_weights).result()
         return self.stage_splits[key]
+
+    # ---- what a schedule loop asks (`schedule_loop`); a relaxed step answers otherwise -------
+    # A split's backward reads the weights again unless they are stashed: they do not change
+    # within a synchronous step.
+    stashes_weights = False
+
+    def loop_fixed_actions(self) -> Optional[List[FrozenSet[int]]]:
+        """Per position, the indices of list actions no loop may hold; None if no loop can run
+        the schedule (updates in its lists are a relaxed step's to place)."""
+        if self.schedule.has_updates:
+            return None
+        return [frozenset()] * len(self.schedule.lists)
+
+    def before_forward(self, unit: Unit, micro_batch: int) -> None:
+        """Called as a loop's forward of `unit` is built, before it reads the weights."""
+
+    def loop_events(self) -> object:
+        """A mark taken before a loop body is built (`after_loop` takes it)."""
+        return None
+
+    def after_loop(self, mark: object, iterations: int) -> None:
+        """A loop whose body was built once ran `iterations` times."""
 
     def loss_share(self, state: StepState, unit: Unit, m: int) -> Tuple[int, bool]:
         """(rows a loss term averages over, adds the weight penalties) for `unit`'s m-th."""

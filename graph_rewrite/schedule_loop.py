@@ -53,15 +53,25 @@ Units on one process's devices or on a TensorFlow cluster's tasks (`LocalTranspo
 partitioner cuts the loop by task, each task running its own frame of it, and the tensors
 crossing tasks move by Send/Recv inside it), reading their device's working copies where a
 runtime made them, or on Horovod ranks (a transport that names transfers so:
-`transfers_in_loops`), in training, with no recomputation, are looped; relaxed schedules run
-unrolled.
+`transfers_in_loops`), in training, with no recomputation, are looped.
+
+Relaxed schedules (PipeDream, 2BW) update the weights inside the step: an UPDATE task takes
+its unit's gradient sums since the previous one (summed over the stage's replicas here) to the
+relaxed step's update, and the sums start again from zero. PipeDream's update follows every
+backward, so it runs inside the loop's body; 2BW's once a global batch, between loops. The
+relaxed step says which actions no loop may hold (`loop_fixed_actions`: before them weights move
+between the variables and the slots, or an update meets several replicas); an unrolled part runs
+in the schedule's own order, so an update follows the backwards it sums and precedes the
+forwards that read what it made. A backward differentiates at the weights its forward read (the
+split stashes them, `stashes_weights`), and no split is inlined in such a body: inlined, a
+forward's weight reads were no longer ordered after the previous iteration's update.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -73,7 +83,8 @@ from graph_rewrite.packing import PackedElements
 from graph_rewrite.stage_gradients import scaled_one
 from graph_rewrite.stage_split import StageSplit
 from graph_rewrite.step_state import StepState
-from planner.schedules.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
+from planner.schedules.actions import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT,
+                                       FORWARD, UPDATE, Action)
 
 OUTPUTS, RESIDUALS, GRADIENTS, PENDING = "outputs", "residuals", "gradients", "pending"
 Key = Tuple[str, int, int, int]      # (what, stage, replica, micro-batch)
@@ -108,15 +119,18 @@ class LoopPlan:
         return [part for part in self.segments if isinstance(part, Loop)]
 
 
-def periodic(actions: Sequence[tuple], period: int, stride: int = 1) -> Tuple[int, int]:
+def periodic(actions: Sequence[tuple], period: int, stride: int = 1,
+             fixed: AbstractSet[int] = frozenset()) -> Tuple[int, int]:
     """(start, n): the longest run of n periods from `start` in which period i repeats period 0
-    with every micro-batch (an action's last field) + i * stride."""
+    with every micro-batch (an action's last field) + i * stride, holding no index of `fixed`
+    (actions that must run unrolled)."""
     best = (0, 0)
     for start in range(len(actions)):
         n = 0
         while start + (n + 1) * period <= len(actions) and all(
                 actions[start + n * period + j] == (*actions[start + j][:-1],
                                                     actions[start + j][-1] + n * stride)
+                and start + n * period + j not in fixed
                 for j in range(period)):
             n += 1
         if n > best[1]:
@@ -124,13 +138,14 @@ def periodic(actions: Sequence[tuple], period: int, stride: int = 1) -> Tuple[in
     return best
 
 
-def periodic_runs(actions: Sequence[tuple], period: int, stride: int = 1
-                  ) -> List[Tuple[int, int]]:
+def periodic_runs(actions: Sequence[tuple], period: int, stride: int = 1,
+                  fixed: AbstractSet[int] = frozenset()) -> List[Tuple[int, int]]:
     """(start, n) of each run of two or more periods, in list order: the longest first, then
     the longest after it, and so on."""
     runs, offset = [], 0
     while offset < len(actions):
-        start, n = periodic(actions[offset:], period, stride)
+        start, n = periodic(actions[offset:], period, stride,
+                            frozenset(i - offset for i in fixed if i >= offset))
         if n < 2:               # one period is no loop (and any actions look periodic once)
             break
         runs.append((offset + start, n))
@@ -146,6 +161,8 @@ class KeyBook:
 
     def needs(self, task: Task) -> List[Key]:
         s, r, m = task.stage, task.replica, task.micro_batch
+        if task.kind == UPDATE:         # its lane's gradient sums, ordered by the lane's token
+            return []
         if task.kind == FORWARD:
             return [(OUTPUTS, s - 1, q, m) for q in range(self.replicas[s - 1])] if s else []
         if task.kind == BACKWARD_WEIGHT:
@@ -157,6 +174,8 @@ class KeyBook:
 
     def leaves(self, task: Task) -> Dict[Key, int]:
         s, r, m = task.stage, task.replica, task.micro_batch
+        if task.kind == UPDATE:
+            return {}
         if task.kind == FORWARD:
             out = {(RESIDUALS, s, r, m): 1}
             if s + 1 < len(self.replicas):
@@ -250,11 +269,14 @@ def _plan_one_loop(book: KeyBook, queues: Dict[Unit, List[Task]], iterations: in
 
 
 def plan_loop(lists: Sequence[Sequence[tuple]], replicas: Sequence[int],
-              placement: Optional[Sequence[int]] = None) -> Optional[LoopPlan]:
+              placement: Optional[Sequence[int]] = None,
+              fixed: Optional[Sequence[AbstractSet[int]]] = None) -> Optional[LoopPlan]:
     """Unrolled segments and loops for every unit, from per-position lists of compute actions,
     or None when the lists have no common periodic runs one loop each can run. An action is
     (kind, stage, m), or (kind, m) where position s runs stage s; `replicas` is per stage,
-    `placement` the position of every stage (default: stage s on position s).
+    `placement` the position of every stage (default: stage s on position s); `fixed`, per
+    position, the indices of actions no loop may hold (they run unrolled). An UPDATE action
+    (kind, stage, u) applies its unit's gradient sums since its previous one.
 
     Periods tried, first fit wins: a forward and a backward (1F1B: one loop), F, I and W
     (zb-h1), one action (GPipe: a loop of forwards, then one of backwards); with several
@@ -268,19 +290,20 @@ def plan_loop(lists: Sequence[Sequence[tuple]], replicas: Sequence[int],
         longest = max(len(lst) for lst in lists)
         shapes = [(2 * per_position * g, g) for g in range(1, longest // (4 * per_position) + 1)]
     for period, stride in shapes:
-        plan = _plan_with_period(lists, replicas, placement, period, stride)
+        plan = _plan_with_period(lists, replicas, placement, period, stride,
+                                 fixed or [frozenset()] * len(lists))
         if plan is not None:
             return plan
     return None
 
 
-def _plan_with_period(lists, replicas, placement, period: int, stride: int
+def _plan_with_period(lists, replicas, placement, period: int, stride: int, fixed
                       ) -> Optional[LoopPlan]:
     lane_replicas = {}
     for s, p in enumerate(placement):
         if lane_replicas.setdefault(p, replicas[s]) != replicas[s]:
             return None         # a position's stages on different device counts
-    runs = [periodic_runs(lst, period, stride) for lst in lists]
+    runs = [periodic_runs(lst, period, stride, fixed[p]) for p, lst in enumerate(lists)]
     if not runs[0] or any(len(r) != len(runs[0]) for r in runs):
         return None
     book = KeyBook(replicas)
@@ -326,11 +349,11 @@ def training_loop_plan(step) -> Optional[LoopPlan]:
     if (not step.pipeline_loop or len(step.stages) < 2 or step.plan.recompute
             or not transfers_in_loops(step.transport)):
         return None
-    if any(a.kind not in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
-           for lst in schedule.lists for a in lst):
-        return None             # updates in the list (relaxed schedules)
+    fixed = step.loop_fixed_actions()
+    if fixed is None:
+        return None
     return plan_loop([[(a.kind, a.chunk, a.micro_batch) for a in lst] for lst in schedule.lists],
-                     step.replicas, schedule.placement)
+                     step.replicas, schedule.placement, fixed)
 
 
 def make_accumulators(step) -> None:
@@ -423,7 +446,8 @@ class ScheduleLoop:
     def _split(self, unit: Unit) -> StageSplit:
         """The unit's stage split for its rows, made once per signature."""
         lo, hi = self._rows(unit)
-        return self.step.stage_split(self.state, unit, hi - lo, self.state.global_batch)
+        return self.step.stage_split(self.state, unit, hi - lo,
+                                     self.step.loss_share(self.state, unit, 0)[0])
 
     # ---- tasks --------------------------------------------------------------------------------
     def _crossing(self, boundary: int, micro_batch: int) -> Crossing:
@@ -470,6 +494,9 @@ class ScheduleLoop:
         if unit not in self.splits:
             self._send(task, m, values)
             return
+        if task.kind == UPDATE:
+            self._update(task, carry)
+            return
         s, r = unit
         lane = self.step.lane(*unit)
         split = self.splits[unit]
@@ -493,6 +520,7 @@ class ScheduleLoop:
                 if s == self.S - 1:
                     labels = [y[m] for y in labels_of]
                     weights = [None if w is None else w[m] for w in weights_of]
+                self.step.before_forward(unit, task.micro_batch)
                 # In a loop body the statistics come joined (`_loop` writes them as one row).
                 outputs, term, statistics, residuals = split.forward(
                     inputs, labels, weights, joined_statistics=self.loop_index is not None)
@@ -537,6 +565,39 @@ class ScheduleLoop:
         for k, v in left.items():
             values[k] = v
             values.setdefault("readers", {})[k] = self.book.leaves(task)[k]
+
+    def _update(self, task: Task, carry: dict) -> None:
+        """UPDATE: the stage's gradient sums since its previous update, summed over its
+        replicas here (its ALLREDUCE), go to the step's update (a relaxed step's); the sums
+        start again from zero. The stage's first replica here builds it for all (the others'
+        UPDATE tasks, earlier in an unrolled part's list order, only mark their place)."""
+        step, state, s, u = self.step, self.state, task.stage, task.micro_batch
+        replicas = [q for t, q in self.local if t == s]
+        if task.replica != replicas[0]:
+            return
+        lane = step.lane(s, task.replica)
+        with tf.device(step.device(s, task.replica)), \
+                tf.name_scope(f"stage{s}/replica{task.replica}/{UPDATE}"), \
+                tf.control_dependencies([carry["token"][lane]]):
+            for q in replicas:
+                sums = carry["sums"][(s, q)]
+                if isinstance(sums, GradientAccumulators):
+                    sums = sums.values(step.device(s, q))
+                state.accumulated[(s, q)] = sums
+            step._allreduce(state, s, replicas, Action(s, ALLREDUCE, u))
+            done = list(step.dispatch[UPDATE](state, (s, task.replica), Action(s, UPDATE, u))
+                        or [])
+        for q in replicas:
+            sums = carry["sums"][(s, q)]
+            if isinstance(sums, GradientAccumulators):
+                with tf.device(step.device(s, q)), tf.control_dependencies(done):
+                    done += sums.zero()
+            else:
+                carry["sums"][(s, q)] = None
+        # A loop's next iteration on this lane (its forward reads the new weights, its backward
+        # adds to the zeroed sums) waits for all of it.
+        with tf.device(step.device(s, task.replica)):
+            carry["token"][lane] = _after_all(carry["token"][lane], done)
 
     def _accumulate(self, unit, sums, grads):
         """`sums` + `grads`: in place inside a loop, else the step's `Accumulator`."""
@@ -588,9 +649,11 @@ class ScheduleLoop:
                 self._loop(part, values, carry)
                 self.loop_index, self.inlined = None, set()
                 continue
-            for task in part:
+            for task in self._in_list_order(part):
                 self._run(task, task.micro_batch, values, carry)
             self._record(carry)
+        if step.schedule.has_updates:
+            return                  # every UPDATE took its sums
         for unit in self.local:
             sums = carry["sums"][unit]
             penalty = weight_penalty(step, state, unit, step.stages[unit[0]].trainable_variables)
@@ -599,6 +662,15 @@ class ScheduleLoop:
                 state.loss_terms.append(term)
                 sums = [a + g for a, g in zip(sums, grads)]
             state.accumulated[unit] = sums
+
+    def _in_list_order(self, tasks: List[Task]) -> List[Task]:
+        """An unrolled part's tasks; with updates in the lists, in the schedule's own order
+        (`step.order`, every replica of an action together): an update then follows every
+        replica's backwards it sums, and precedes the forwards that read what it made."""
+        if not self.step.schedule.has_updates:
+            return tasks
+        rank = {(a.kind, a.chunk, a.micro_batch): i for i, (_, a) in enumerate(self.step.order)}
+        return sorted(tasks, key=lambda t: (rank[(t.kind, t.stage, t.micro_batch)], t.replica))
 
     @staticmethod
     def _zeros(device: Optional[str], shape, dtype=tf.float32) -> tf.Tensor:
@@ -641,12 +713,18 @@ class ScheduleLoop:
         last = [u for u in forwards if u[0] == self.S - 1]
 
         sites = collections.Counter(((t.stage, t.replica), t.kind) for t in loop.body)
-        self.inlined = {site for site, n in sites.items() if n == 1}
+        # With updates in the body (relaxed schedules) every split stays a call: inlined, a
+        # forward's reads of the weights lost the call's order after the previous iteration's
+        # update (a 3-stage PipeDream loop read stale weights in 2 of 6 runs).
+        self.inlined = set() if step.schedule.has_updates else {
+            site for site, n in sites.items() if n == 1}
         backward = {(task.stage, task.replica) for task in loop.body
                     if task.kind != FORWARD and (task.stage, task.replica) in self.splits}
         sums = dict(carry["sums"])
         for u in backward:
-            sums[u] = step.loop_accumulators[u]     # made with the step (`make_accumulators`)
+            if u not in step.loop_accumulators:     # a view of the step's own sums of `u`
+                step.loop_accumulators[u] = GradientAccumulators(step._accumulate, u)
+            sums[u] = step.loop_accumulators[u]
             sums[u].start(carry["sums"][u], step.device(*u))
 
         # t, one counter per device: a unit indexes its inputs and arrays with its own
@@ -725,10 +803,12 @@ class ScheduleLoop:
 
         # Across processes one iteration at a time: a slot's transfer is one op under one
         # name, and Horovod refuses a name while a transfer of it is still in flight.
+        mark = step.loop_events()
         with tf.compat.v1.device(_identity_beside_its_input):
             (end,) = tf.while_loop(lambda now: now["counters"][devices[0]] < iterations, body,
                                    [start], maximum_iterations=iterations,
                                    parallel_iterations=1 if self.remote else 10)
+        step.after_loop(mark, iterations)
         if self.remote:
             transport.pending.append(end["kept"])
         carry["token"] = end["token"]
@@ -838,6 +918,20 @@ class GradientAccumulators:
     def read(self, device: Optional[str]) -> List[tf.Tensor]:
         with tf.device(device):
             return self.accumulator.held(self.unit, [v.read_value() for v in self.variables])
+
+    def values(self, device: Optional[str]) -> List[tf.Tensor]:
+        """The sums as they are now (inside a loop body: an update's)."""
+        with tf.device(device):
+            return [v.read_value() for v in self.variables]
+
+    def zero(self) -> List[tf.Operation]:
+        return [v.assign(tf.zeros(v.shape, v.dtype), read_value=False) for v in self.variables]
+
+
+def _after_all(token: tf.Tensor, ops: Sequence) -> tf.Tensor:
+    """`token`, ready once `ops` have run."""
+    with tf.control_dependencies(list(ops)):
+        return tf.identity(token)
 
 
 def _with_zeros(crossing: Crossing, replica: int, grads) -> dict:

@@ -20,7 +20,8 @@ step) and `tape.gradient` of its targets with respect to its float inputs and we
 by placeholders for the output gradients. Every op that depends on those placeholders (over
 data and control edges) is backward; the residuals are the forward tensors backward ops read
 (not constants, captured variables or reads of them: the backward reads the weights again,
-which do not change within a step). `WrappedFunction.prune` then cuts the two functions; each
+which do not change within a synchronous step; a relaxed schedule's do, so there the forward's
+reads are residuals, `stash_weights`). `WrappedFunction.prune` then cuts the two functions; each
 op of the traced graph lands in exactly one of them, so nothing is computed twice.
 
 The backward is pruned twice: a first prune from the residuals would copy what lies above
@@ -199,13 +200,16 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
                 label_specs: Optional[List[tf.TensorSpec]] = None,
                 weight_specs: Optional[List[Optional[tf.TensorSpec]]] = None,
                 split_weights: bool = False,
-                variables: Optional[Sequence[tf.Variable]] = None) -> StageSplit:
+                variables: Optional[Sequence[tf.Variable]] = None,
+                stash_weights: bool = False) -> StageSplit:
     """Split `function` (stage `stage`) for slices of `rows` rows in training mode; `scratch`
     is the calling device's `function.on(device)`; the specs give the slice's inputs (by id),
     labels and sample weights (last stage, None where a weight is absent). `split_weights`:
     also cut the backward into I and W (zero-bubble schedules); `variables`: what the weight
     gradients are taken for (default the stage's trainable variables; the device's working
-    copies where its calls read them)."""
+    copies where its calls read them); `stash_weights`: the forward's reads of the weights are
+    residuals too, so the backward differentiates at the weights its forward read though they
+    change in between (the relaxed schedules' weight stashing)."""
     graph = function.graph
     input_ids = list(graph.input_ids)
     label_specs = list(label_specs or [])
@@ -252,7 +256,7 @@ def split_stage(function: StageFunction, stage: int, rows: int, global_rows: int
     dys = list(wrapped.inputs[nx:nx + ny])
     extra = list(wrapped.inputs[nx + ny:nx + ny + len(extra_specs)])
     gradients = found["gradients"]
-    residuals = _residuals(wrapped.graph, dys, gradients)
+    residuals = _residuals(wrapped.graph, dys, gradients, stash_weights)
     forward = wrapped.prune(xs + extra, [list(wrapped.outputs) + residuals, []])
     backward = _prune_exactly(wrapped, residuals + dys, gradients)
     split = StageSplit(forward, backward, input_ids, list(graph.output_ids), found["float_in"],
@@ -339,13 +343,16 @@ def _weight_residuals(graph, dys, input_gradients, weight_gradients, residuals):
     return by_name(from_forward), by_name(from_input)
 
 
-def _residuals(graph, dys: Sequence[tf.Tensor], fetched: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-    """The tensors computed without the output gradients that the backward reads."""
+def _residuals(graph, dys: Sequence[tf.Tensor], fetched: Sequence[tf.Tensor],
+               stash_weights: bool = False) -> List[tf.Tensor]:
+    """The tensors computed without the output gradients that the backward reads (with
+    `stash_weights`, the forward's reads of captured variables among them)."""
     backward = _after(graph, dys)
     captured = {id(t) for t in graph.internal_captures}
 
     def kept(t) -> bool:
-        reread = t.op.type == "ReadVariableOp" and id(t.op.inputs[0]) in captured
+        reread = (not stash_weights and t.op.type == "ReadVariableOp"
+                  and id(t.op.inputs[0]) in captured)
         return not (t.op in backward or id(t) in captured or t.op.type in NOT_RESIDUAL
                     or reread)
 

@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 
 from graph_rewrite.model_graph import layer_order
-from graph_rewrite.schedule_loop import plan_loop
+from graph_rewrite.schedule_loop import periodic_runs, plan_loop
 from planner.formats.plan import straight_plan
 from planner.search.chunking import interleaved_plan
-from planner.schedules.by_name import plan_schedule
+from planner.schedules.by_name import build_schedule, plan_schedule
 from tests.models import (assert_trains_like_plain_model, conv_batchnorm, data_for,
                           dense_batchnorm, losses_for, mlp_with_skip, plain_loss_and_grads,
                           small_conv, two_in_two_out)
@@ -106,6 +106,37 @@ def test_lists_no_loop_can_express_are_left_unrolled():
     assert plan_loop([[("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)],
                       [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]],
                      [1, 1]) is None        # stages without common periods
+
+
+def names(tasks):
+    return [f"{t.stage}{t.kind}{t.micro_batch}" for t in tasks]
+
+
+def test_pipedreams_updates_run_inside_the_loop():
+    """PipeDream on 3 stages, M = 4, a run of 3 batches (12 micro-batches, an update after
+    every backward): stage s keeps 3 - s forwards in flight, so a period is a forward, a
+    backward and an update on every stage; hand-derived from the lists
+    (stage 0: F0 F1 F2 B0 U0 F3 B1 U1 ... F11 B9 U9 B10 U10 B11 U11)."""
+    lists = [[(a.kind, a.chunk, a.micro_batch) for a in lst]
+             for lst in build_schedule("pipedream", 3, 4, batches=3).lists]
+    warm_up, loop, cool_down = plan_loop(lists, [1, 1, 1]).segments
+    assert names(warm_up) == ["0F0", "0F1", "1F0"]
+    assert sorted(names(loop.body)) == sorted(["0F2", "0B0", "0UPDATE0", "1F1", "1B0",
+                                               "1UPDATE0", "2F0", "2B0", "2UPDATE0"])
+    assert loop.iterations == 10
+    assert sorted(names(cool_down)) == sorted(["0B10", "0UPDATE10", "0B11", "0UPDATE11",
+                                               "1F11", "1B10", "1UPDATE10", "1B11", "1UPDATE11",
+                                               "2F10", "2B10", "2UPDATE10", "2F11", "2B11",
+                                               "2UPDATE11"])
+
+
+def test_a_fixed_action_cuts_the_periodic_runs():
+    """An action no loop may hold (weights move before it) ends one run; the next starts
+    after it."""
+    actions = [(k, m) for m in range(5) for k in "FB"]
+    assert periodic_runs(actions, 2) == [(0, 5)]
+    assert periodic_runs(actions, 2, fixed={4}) == [(0, 2), (5, 2)]     # F2: B2 F3 | B3 F4
+    assert periodic_runs(actions, 2, fixed={4, 7}) == [(0, 2)]
 
 
 CASES = [
