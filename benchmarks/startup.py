@@ -190,7 +190,7 @@ def measure_pipeline(schedule: str, M: int, unrolled: bool) -> dict:
     first_call_cpu_s = time.process_time() - cpu
     return dict(first_call_s=first_call_s, first_call_cpu_s=first_call_cpu_s,
                 steady_ms=steady_ms(pm, x, y),
-                looped=pm.pipeline_step.schedule_loops > 0,
+                looped=pm.training_step.schedule_loops > 0,
                 graph_nodes=graph_nodes(pm.train_function, x, y, None))
 
 

@@ -33,7 +33,8 @@ across a TensorFlow cluster's tasks. `micro_batch_loop=False` unrolls every step
 `pipeline_loop` decides for pipelines alone; by default they loop in one process and run unrolled
 across processes (Horovod's ranks, a cluster's tasks), where every iteration of a loop waits on
 the other processes and a looped step measured 18-44% slower (docs/runtime.md, "Which steps loop
-by default"). Recomputing plans, relaxed schedules and evaluation run unrolled.
+by default"). A relaxed schedule's lists loop where they are periodic (PipeDream's updates inside
+the loop, 2BW's between loops); recomputing plans and evaluation run unrolled.
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ class PipelinedModel:
                                             pipeline_loop=self.pipeline_loop)
         self._relaxed = RelaxedTraining(
             self.model, self.plan, self.runtime, self._loss, self.optimizer, steps_per_execution,
-            self._update_metrics) if is_relaxed(self.plan) else None
+            self._update_metrics, self.pipeline_loop) if is_relaxed(self.plan) else None
         self._train_fn = self._grad_fn = None
         self._metrics_built = False
         self._trainer = None
@@ -213,6 +214,12 @@ class PipelinedModel:
         if self._step is None:
             raise RuntimeError("no pipelined step yet: call compile(optimizer, loss) first")
         return self._step
+
+    @property
+    def training_step(self) -> PipelineStep:
+        """The step `train_step` and `fit` run: a relaxed plan's (`graph_rewrite.relaxed_step`),
+        else `pipeline_step`."""
+        return self._relaxed.step if self._relaxed is not None else self.pipeline_step
 
     @property
     def train_function(self):

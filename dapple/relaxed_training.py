@@ -78,7 +78,8 @@ class RelaxedTraining:
     """The relaxed step of a compiled `PipelinedModel`, its optimizers and its runs."""
 
     def __init__(self, model, plan: Plan, runtime, loss, optimizer,
-                 steps_per_execution: Optional[int], update_metrics: Callable):
+                 steps_per_execution: Optional[int], update_metrics: Callable,
+                 pipeline_loop: bool = False):
         check_relaxed(model, plan, optimizer, runtime.stages)
         k = steps_per_execution if steps_per_execution is not None else (
             plan.batches or DEFAULT_BATCHES)
@@ -87,7 +88,7 @@ class RelaxedTraining:
         self.model, self.plan, self.runtime = model, plan, runtime
         self.steps_per_execution = k
         self.pipelines = plan.schedule.pipelines(plan)
-        self.step = runtime.make_relaxed_step(model, plan, loss, k)
+        self.step = runtime.make_relaxed_step(model, plan, loss, k, pipeline_loop)
         self.optimizer = optimizer
         self._update_metrics = update_metrics
         self._train_fn = None

@@ -28,6 +28,11 @@ global batch j // M.
   slicing gives each pipeline its batch). `UPDATE t` with Delta_i the optimizer's step from
   pipeline i's gradient: w_i <- (1 - a) w_i + a z + Delta_i, z from before the step;
   `ALLREDUCE t` sums the Delta_i over the pipelines and z <- z + sum_i Delta_i / N; a = 1/N.
+* Loops (`graph_rewrite.schedule_loop`, `pipeline_loop`): PipeDream's and 2BW's periodic parts
+  run as `tf.while_loop`s, the updates as the loop's UPDATE tasks; `loop_fixed_actions` keeps
+  out of a loop every action before which the version book moves weights (a body is built
+  once and moves nothing), and `after_loop` checks the events its other iterations stand for.
+  AvgPipe, weight penalties and recomputation run unrolled.
 """
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ class Run:
     moves: Dict[int, MovePlan]
     cursor: Dict[int, int] = field(default_factory=dict)
     deltas: Dict[Tuple[int, int], list] = field(default_factory=dict)
+    fixed: Optional[list] = None        # per position, what no loop may hold (as loops run it)
 
 
 def relaxed(step_class):
@@ -66,6 +72,9 @@ def relaxed(step_class):
 
 class RelaxedSteps:
     """Mixed in before a `PipelineStep` class (see `relaxed`)."""
+
+    # A loop's backward differentiates at the weights its forward read (`stage_split`).
+    stashes_weights = True
 
     def __init__(self, *args, max_batches: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
@@ -148,7 +157,10 @@ class RelaxedSteps:
 
     def _owners(self, stage: int) -> List[int]:
         """The local replicas whose actions move weights: each pipeline's under AvgPipe; else
-        the first (a stage's replicas here share its variables and read the same versions)."""
+        the first (a stage's replicas here share its variables and read the same versions).
+        Of another process's stage, as that process sees it (PipeDream, 2BW: replica 0)."""
+        if stage not in self.local:
+            return [0]
         return self.local[stage] if self.averaging else self.local[stage][:1]
 
     def _events(self, order, stage: int, versions) -> list:
@@ -184,6 +196,56 @@ class RelaxedSteps:
                                  f"{run.events[stage][i]}")
         self.stores[stage].move(run.moves[stage].before[i])
         run.cursor[stage] = i + 1
+
+    # ---- as a schedule loop (`schedule_loop`) --------------------------------------------------
+    def loop_fixed_actions(self):
+        """Per position, the list actions a loop may not hold: an update of a stage with
+        several replicas (its sum meets them all), and an action before which the weights move
+        between the variables and the slots (a loop's body moves nothing). Computed from
+        every stage's events, so every process cuts the lists alike. None (no loop) for
+        AvgPipe, whose pipelines' weights take turns in a stage's variables, and for models
+        with weight penalties (counted once per update, which a loop's sums do not place)."""
+        if getattr(self, "_current", None) is None or self.averaging or any(
+                self.weight_penalties[s] for s in range(len(self.stages))):
+            return None
+        run = self._current
+        if run.fixed is None:
+            run.fixed = []
+            for p, lst in enumerate(run.schedule.lists):
+                fixed, events = set(), 0
+                stage = lst[0].chunk if lst else p
+                moves = self._plan_moves(stage, self._events(run.order, stage, run.versions),
+                                         update_count(run.schedule)[stage])
+                for i, a in enumerate(lst):
+                    if a.chunk != stage:
+                        return None         # one stage per position
+                    if a.kind in (FORWARD, UPDATE):
+                        if moves.before[events]:
+                            fixed.add(i)
+                        events += 1
+                    if a.kind == UPDATE and self.replicas[stage] > 1:
+                        fixed.add(i)
+                run.fixed.append(frozenset(fixed))
+        return run.fixed
+
+    def before_forward(self, unit, micro_batch: int) -> None:
+        if unit[1] in self._owners(unit[0]):
+            self._event(unit[0], Read(self._key(unit[1], self._current.versions[
+                (unit[0], micro_batch)])))
+
+    def loop_events(self):
+        return dict(self._current.cursor)
+
+    def after_loop(self, mark, iterations: int) -> None:
+        """The events of the loop's other iterations, which its body (built once, for the
+        first) stands for: each stage's as many again, none of them moving weights."""
+        run = self._current
+        for s in self.stores:
+            start, now = mark.get(s, 0), run.cursor.get(s, 0)
+            end = now + (now - start) * (iterations - 1)
+            if any(run.moves[s].before[i] for i in range(now, end)):
+                raise AssertionError(f"stage {s}: a loop's events {now}..{end} move weights")
+            run.cursor[s] = end
 
     # ---- the step -----------------------------------------------------------------------------
     def run(self, x, y=None, training: bool = True, **kwargs):
@@ -274,7 +336,12 @@ class RelaxedSteps:
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         if not self.averaging:
             done = optimizer.apply_gradients(pairs)
-            return [done] if isinstance(done, (tf.Tensor, tf.Operation)) else []
+            # What the optimizer returns need not follow every variable's assignment; what
+            # waits for the update (a loop's next iteration: nothing else orders it) waits for
+            # the new values, read where nothing keeps them.
+            with tf.control_dependencies([done] if isinstance(done, (tf.Tensor, tf.Operation))
+                                         else []):
+                return [tf.group([v.read_value() for v in tf_variables(variables)])]
         variables = tf_variables(variables)     # what is read and assigned (Keras 3 wraps one)
         before = [v.read_value() for v in variables]
         with tf.control_dependencies(before):

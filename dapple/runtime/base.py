@@ -43,9 +43,10 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
-                          max_batches: int) -> PipelineStep:
+                          max_batches: int, pipeline_loop: bool = False) -> PipelineStep:
         """The step of a relaxed plan's runs (`graph_rewrite.relaxed_step`), with weight copies
-        for runs of up to `max_batches` steps."""
+        for runs of up to `max_batches` steps; `pipeline_loop`: their periodic parts as loops
+        (`graph_rewrite.schedule_loop`)."""
 
     @abc.abstractmethod
     def compiled(self, what: str, fn: Callable) -> Callable:

@@ -6,8 +6,11 @@ unpipelined Keras model (`tests/relaxed_rules.py`, written from the papers, no d
 within 1e-5; and with synchronous training on the same data, from which it must differ by
 far more (so the comparison can fail). The 5 steps are cut into runs of different lengths
 (train_step over several global batches, fit with steps_per_execution), because the rule must
-not depend on where runs start and end.
+not depend on where runs start and end. Each case runs looped (the lists' periodic parts as
+`tf.while_loop`s, `graph_rewrite.schedule_loop`) and unrolled.
 """
+import collections
+
 import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
 import numpy as np
 import pytest
@@ -94,18 +97,71 @@ def train(pm, x, y, runs, N):
     return [v.numpy() for v in pm.model.trainable_variables]
 
 
+# The cases whose runs loop: PipeDream's updates inside the body, 2BW's between loops. Not:
+# 2BW on 3 stages (its positions' lists have different numbers of periodic runs between the
+# updates), vertical sync (every forward moves weights), recomputation, AvgPipe (its pipelines'
+# weights take turns in a stage's variables).
+LOOPED = {"2bw-2", "2bw-2:1", "pipedream-2", "pipedream-3"}
+
+
+@pytest.mark.parametrize("loop", [True, False], ids=["looped", "unrolled"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_weights_follow_the_rule(case):
-    _, schedule, cuts, replicas, settings, runs = case
+def test_weights_follow_the_rule(case, loop):
+    name, schedule, cuts, replicas, settings, runs = case
     N = replicas[0] if schedule == "avgpipe" else 1
     x, y = data_for(mlp_with_skip(), STEPS * N * B, seed=1)
-    pm = PipelinedModel(mlp_with_skip(seed=3), make_plan(schedule, cuts, replicas, settings))
+    pm = PipelinedModel(mlp_with_skip(seed=3), make_plan(schedule, cuts, replicas, settings),
+                        pipeline_loop=loop)
     pm.compile(tf.keras.optimizers.SGD(LR), losses_for(pm.model))
     got = train(pm, x, y, runs, N)
+    assert (pm.training_step.schedule_loops > 0) == (loop and name in LOOPED)
     want, sync = expected(schedule, cuts, replicas, settings, x, y)
     assert rules.max_difference(got, want) < TOLERANCE
     assert rules.max_difference(got, sync) > FAR
     assert rules.max_difference(want, sync) > FAR
+
+
+@pytest.mark.parametrize("schedule", ["pipedream", "2bw"])
+def test_a_relaxed_steps_calls_do_not_grow_with_the_micro_batches(schedule):
+    """Looped, the traced run holds one loop and as many function calls at M = 4 as at
+    M = 16; unrolled, the calls grow with M (so the count can see a step that does not loop)."""
+    def calls(m, loop):
+        plan = straight_plan([2], 5, m, 4 * m, replicas=[1, 1], schedule=schedule)
+        pm = PipelinedModel(mlp_with_skip(seed=3), plan, pipeline_loop=loop)
+        pm.compile(tf.keras.optimizers.SGD(LR), losses_for(pm.model))
+        x, y = data_for(mlp_with_skip(), 4 * m, seed=1)
+        pm.train_step(x, y)         # builds the optimizers the run's updates use
+        fn = tf.function(lambda x, y: pm.training_step.run(x, y).loss)
+        ops = collections.Counter(
+            n.op for n in fn.get_concrete_function(x, y).graph.as_graph_def().node)
+        return ops["StatefulPartitionedCall"] + ops["PartitionedCall"], ops["While"]
+
+    (calls4, loops4), (calls16, loops16) = calls(4, True), calls(16, True)
+    assert loops4 == loops16 == 1
+    assert calls4 == calls16
+    (unrolled4, none4), (unrolled16, none16) = calls(4, False), calls(16, False)
+    assert none4 == none16 == 0
+    assert unrolled16 > unrolled4
+
+
+def test_a_looped_pipedream_run_reads_each_update_every_time():
+    """A loop's iterations overlap; each forward must still read the weights the update
+    before it made. Before every split in such a loop stayed a call, an inlined forward read
+    them early in about 1 run in 3 (3 stages, a run of 3 batches): here 5 fresh traces must
+    all give the unrolled step's weights exactly."""
+    x, y = data_for(mlp_with_skip(), 3 * B, seed=1)
+    plan = make_plan("pipedream", [1, 3], [1, 1, 1], {})
+
+    def trained(loop):
+        pm = PipelinedModel(mlp_with_skip(seed=3), plan, pipeline_loop=loop)
+        pm.compile(tf.keras.optimizers.SGD(LR), losses_for(pm.model))
+        pm.train_step(x, y)
+        assert (pm.training_step.schedule_loops > 0) == loop
+        return [v.numpy() for v in pm.model.trainable_variables]
+
+    want = trained(False)
+    for _ in range(5):
+        assert rules.max_difference(trained(True), want) < TOLERANCE
 
 
 @pytest.mark.parametrize("schedule", ["pipedream", "2bw"])

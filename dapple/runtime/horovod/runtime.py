@@ -125,11 +125,12 @@ class HorovodRuntime(Runtime):
                                    pipeline_loop=pipeline_loop)
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
-                          max_batches: int) -> HorovodPipelineStep:
+                          max_batches: int, pipeline_loop: bool = False) -> HorovodPipelineStep:
         # A relaxed run calls the stage once per batch: not inlined, or each call is a copy.
         return relaxed(HorovodPipelineStep)(model, plan, loss, self.device, self.process_sets,
                                             self.layout, stages=self.stages,
-                                            max_batches=max_batches, inline_stage_calls=False)
+                                            max_batches=max_batches, inline_stage_calls=False,
+                                            pipeline_loop=pipeline_loop)
 
     def compiled(self, what: str, fn):
         """Run the compiled `fn` under the watchdog (the first call also traces)."""

@@ -44,9 +44,10 @@ class LocalRuntime(Runtime):
                           micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
-                          max_batches: int) -> PipelineStep:
+                          max_batches: int, pipeline_loop: bool = False) -> PipelineStep:
+        # The model's own variables, no working copies: a relaxed run updates them as it goes.
         return relaxed(PipelineStep)(model, plan, loss, self.devices, stages=self.stages,
-                                     max_batches=max_batches)
+                                     max_batches=max_batches, pipeline_loop=pipeline_loop)
 
     def compiled(self, what: str, fn):
         return fn

@@ -166,9 +166,9 @@ class StageWeightsRuntime(LocalRuntime):
             self._keep(step, replicas_in_place=not global_clipnorm(model.optimizer))
         return step
 
-    def make_relaxed_step(self, model, plan, loss, max_batches):
+    def make_relaxed_step(self, model, plan, loss, max_batches, pipeline_loop=False):
         self._leave()                   # a relaxed run updates the model's variables
-        return super().make_relaxed_step(model, plan, loss, max_batches)
+        return super().make_relaxed_step(model, plan, loss, max_batches, pipeline_loop)
 
     def _keep(self, step: CopyingStep, replicas_in_place: bool) -> None:
         shared = _shared_ids(step)

@@ -24,11 +24,20 @@ CASES = [
     ("avgpipe-2x2", 4, ["--schedule=avgpipe", "--cuts=2", "--replicas=2,2", "--advance=1"]),
     # Keras's own fit, runs of 2, 2 and 1 global batches a Keras step.
     ("2bw-2-fit", 2, ["--schedule=2bw", "--cuts=2", "--replicas=1,1", "--fit=2"]),
+    # Looped (`pipeline_loop=True`): PipeDream's updates inside the loop's body, 2BW's between
+    # its loops; every rank cuts the lists alike.
+    ("pipedream-2-looped", 2, ["--schedule=pipedream", "--cuts=2", "--replicas=1,1", "--loop"]),
+    ("2bw-2-looped", 2, ["--schedule=2bw", "--cuts=2", "--replicas=1,1", "--loop"]),
+]
+SLOW = [
+    ("pipedream-3-looped", 3, ["--schedule=pipedream", "--cuts=1,3", "--replicas=1,1,1",
+                               "--runs=1,4", "--loop"]),
 ]
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW],
+                         ids=[c[0] for c in CASES + SLOW])
 def test_weights_follow_the_rule(case):
     name, ranks, args = case
     result = horovodrun(ranks, ["relaxed_rank.py"] + args, timeout=420)
@@ -38,3 +47,4 @@ def test_weights_follow_the_rule(case):
     for rep in reports.values():
         assert rep["rule_diff"] < TOLERANCE, rep
         assert rep["sync_diff"] > FAR, rep
+        assert (rep["schedule_loops"] > 0) == ("--loop" in args), rep

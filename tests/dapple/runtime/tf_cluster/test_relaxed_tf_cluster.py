@@ -24,6 +24,9 @@ CASES = [
      False),
     # Keras's own fit, runs of 2, 2 and 1 global batches a Keras step.
     ("2bw-2-fit", 2, ["--schedule=2bw", "--cuts=2", "--replicas=1,1", "--fit=2"], True),
+    # Looped (`pipeline_loop=True`): PipeDream's updates inside the loop's body.
+    ("pipedream-2-looped", 2, ["--schedule=pipedream", "--cuts=2", "--replicas=1,1", "--loop"],
+     True),
 ]
 
 
@@ -38,4 +41,5 @@ def test_weights_follow_the_rule(tmp_path, processes, args):
     assert len(reports) == 1, result.output[-4000:]      # the script ran once, as the chief
     assert reports[0]["rule_diff"] < TOLERANCE, reports[0]
     assert reports[0]["sync_diff"] > FAR, reports[0]
+    assert (reports[0]["schedule_loops"] > 0) == ("--loop" in args), reports[0]
     assert processes_with(f"--cluster={cluster_of(result)}") == [], "a server outlived the job"

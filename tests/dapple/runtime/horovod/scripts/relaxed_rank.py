@@ -25,6 +25,8 @@ parser.add_argument("--vertical_sync", action="store_true")
 parser.add_argument("--advance", type=int, default=None)
 parser.add_argument("--fit", type=int, default=None, metavar="STEPS_PER_EXECUTION",
                     help="train with the model's Keras's fit instead of train_step runs")
+parser.add_argument("--loop", action="store_true",
+                    help="PipelinedModel(pipeline_loop=True): the lists' periodic parts as loops")
 args = parser.parse_args()
 
 B, M, LR = 16, 4, 0.5
@@ -45,7 +47,7 @@ model = models.mlp_with_skip(seed=3)
 loss = models.losses_for(model)
 x, y = models.data_for(model, steps * N * B, seed=1)
 
-pm = dapple.PipelinedModel(model, plan)
+pm = dapple.PipelinedModel(model, plan, pipeline_loop=True if args.loop else None)
 if args.fit:
     pm.compile(tf.keras.optimizers.SGD(LR), loss, steps_per_execution=args.fit)
     history = pm.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
@@ -82,4 +84,4 @@ else:
 print("DAPPLE_RESULT " + json.dumps({
     "rank": pm.rank, "stage": pm.stage, "replica": pm.replica,
     "rule_diff": rules.max_difference(got, want), "sync_diff": rules.max_difference(got, sync),
-    "loss": last_loss}), flush=True)
+    "loss": last_loss, "schedule_loops": pm.training_step.schedule_loops}), flush=True)
