@@ -713,10 +713,10 @@ class ScheduleLoop:
         last = [u for u in forwards if u[0] == self.S - 1]
 
         sites = collections.Counter(((t.stage, t.replica), t.kind) for t in loop.body)
-        # With updates in the body (relaxed schedules) every split stays a call: inlined, a
-        # forward's reads of the weights lost the call's order after the previous iteration's
-        # update (a 3-stage PipeDream loop read stale weights in 2 of 6 runs).
-        self.inlined = set() if step.schedule.has_updates else {
+        # With updates in the body (PipeDream) every split stays a call: inlined, a forward's
+        # reads of the weights lost the call's order after the previous iteration's update (a
+        # 3-stage PipeDream loop read stale weights in 2 of 6 runs).
+        self.inlined = set() if any(t.kind == UPDATE for t in loop.body) else {
             site for site, n in sites.items() if n == 1}
         backward = {(task.stage, task.replica) for task in loop.body
                     if task.kind != FORWARD and (task.stage, task.replica) in self.splits}

@@ -72,25 +72,32 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[(c.values[0] if hasattr(c, "values") else c)[0]
                                              for c in CASES])
-def test_keras3_weights_follow_the_rule(case):
-    """By default in one process, looped where the lists allow it (Keras 3's optimizers then
-    update inside a `tf.while_loop`)."""
+def test_keras3_weights_follow_the_rule(case, loop=None):
+    """Relaxed plans loop only when asked (`pipeline_loop=True`)."""
     name, schedule, cuts, replicas, settings, runs = case
     N = replicas[0] if schedule == "avgpipe" else 1
     x, y = data(STEPS * N * B)
-    pm = PipelinedModel(mlp_with_skip(), make_plan(schedule, cuts, replicas, settings))
+    pm = PipelinedModel(mlp_with_skip(), make_plan(schedule, cuts, replicas, settings),
+                        pipeline_loop=loop)
     pm.compile(keras.optimizers.SGD(LR), loss_fn())
     lo = 0
     for k in runs:                     # the rule must not depend on where runs start and end
         rows = k * N * B
         assert np.isfinite(float(pm.train_step(x[lo:lo + rows], y[lo:lo + rows])))
         lo += rows
-    assert (pm.training_step.schedule_loops > 0) == (name in {"2bw-2", "2bw-2:1", "pipedream-3"})
+    assert (pm.training_step.schedule_loops > 0) == bool(loop)
     got = [v.numpy() for v in pm.model.trainable_variables]
     want, sync = expected(schedule, cuts, replicas, settings, x, y)
     assert rules.max_difference(got, want) < TOLERANCE
     assert rules.max_difference(got, sync) > FAR
     assert rules.max_difference(want, sync) > FAR
+
+
+def test_keras3_optimizers_update_inside_a_loop():
+    """PipeDream looped (`pipeline_loop=True`): Keras 3's optimizers step inside the
+    `tf.while_loop`'s body."""
+    test_keras3_weights_follow_the_rule(("pipedream-3", "pipedream", [1, 3], [1, 1, 1], {},
+                                         [1, 1, 3]), loop=True)
 
 
 def test_keras3_train_step_runs_apply_the_rule_with_steps_per_execution():

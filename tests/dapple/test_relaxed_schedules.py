@@ -97,7 +97,8 @@ def train(pm, x, y, runs, N):
     return [v.numpy() for v in pm.model.trainable_variables]
 
 
-# The cases whose runs loop: PipeDream's updates inside the body, 2BW's between loops. Not:
+# The cases whose runs loop (asked): PipeDream's updates inside the body, 2BW's between loops.
+# Not:
 # 2BW on 3 stages (its positions' lists have different numbers of periodic runs between the
 # updates), vertical sync (every forward moves weights), recomputation, AvgPipe (its pipelines'
 # weights take turns in a stage's variables).
@@ -142,6 +143,17 @@ def test_a_relaxed_steps_calls_do_not_grow_with_the_micro_batches(schedule):
     (unrolled4, none4), (unrolled16, none16) = calls(4, False), calls(16, False)
     assert none4 == none16 == 0
     assert unrolled16 > unrolled4
+
+
+@pytest.mark.parametrize("schedule", ["pipedream", "2bw"])
+def test_relaxed_plans_loop_only_when_asked(schedule):
+    """`pipeline_loop` left to the runtime (which loops synchronous pipelines in one process):
+    a relaxed plan runs unrolled, its looped steady step being slower (docs/runtime.md)."""
+    x, y = data_for(mlp_with_skip(), 2 * B, seed=1)
+    pm = PipelinedModel(mlp_with_skip(seed=3), make_plan(schedule, [2], [1, 1], {}))
+    pm.compile(tf.keras.optimizers.SGD(LR), losses_for(pm.model))
+    pm.train_step(x, y)
+    assert pm.pipeline_step.pipeline_loop and pm.training_step.schedule_loops == 0
 
 
 def test_a_looped_pipedream_run_reads_each_update_every_time():
