@@ -57,7 +57,7 @@ from graph_rewrite.local_transport import Crossing, LocalTransport, Tensors, Uni
 from graph_rewrite.losses import PipelineLoss, per_output, weight_penalties_by_stage
 from graph_rewrite.micro_batch_loop import LaneLoop, loops_lanes, run_lane, weight_penalty
 from graph_rewrite.model_graph import StageGraph, cut_model, model_input_ids, model_output_ids
-from graph_rewrite.schedule_loop import loop_plan, make_accumulators, run_schedule_loop
+from graph_rewrite.schedule_loop import loop_plan, run_schedule_loop
 from graph_rewrite.stage_function import StageFunction
 from graph_rewrite.stage_gradients import is_float, scaled_one, stage_gradients, watch_inputs
 from graph_rewrite.stage_split import StageSplit, split_stage
@@ -133,7 +133,6 @@ class PipelineStep:
         for s, r in self.transport.local_units():   # the units' gradient sums, likewise
             self._accumulate.make_sums((s, r), self.stages[s].trainable_variables,
                                        self.device(s, r))
-        make_accumulators(self)         # a loop's view of them
         # The method each action kind runs: a subclass adds kinds (`relaxed_step`: UPDATE); a
         # test may wrap them to see what each action builds.
         self.dispatch = {FORWARD: self._forward, BACKWARD: self._backward,

@@ -356,19 +356,6 @@ def training_loop_plan(step) -> Optional[LoopPlan]:
                      step.replicas, schedule.placement, fixed)
 
 
-def make_accumulators(step) -> None:
-    """Make the gradient sums of the step's units that a loop of its training plan adds to, if
-    not made yet (`GradientAccumulators`). Called when the step is made: a `tf.function` that
-    creates a variable while it traces traces again (`tf.init_scope` does not stop that)."""
-    plan = training_loop_plan(step)
-    local = set(step.transport.local_units())
-    for loop in plan.loops if plan is not None else ():
-        for task in loop.body:
-            unit = (task.stage, task.replica)
-            if task.kind != FORWARD and unit in local and unit not in step.loop_accumulators:
-                step.loop_accumulators[unit] = GradientAccumulators(step._accumulate, unit)
-
-
 def loop_plan(step, state: StepState) -> Optional[LoopPlan]:
     """The loop plan of `step`'s pipeline for this run, or None if it runs unrolled."""
     if not state.backward:
@@ -415,6 +402,7 @@ class ScheduleLoop:
         with tf.device(step.device(self.S - 1, 0)):
             self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
         self.by_micro_batch = {unit: self._micro_batch_arrays(unit) for unit in self.local}
+        self.list_rank: Optional[Dict[tuple, int]] = None    # `_in_list_order`'s, made once
 
     # ---- what every unit reads ----------------------------------------------------------------
     def _rows(self, unit: Unit) -> Tuple[int, int]:
@@ -669,8 +657,11 @@ class ScheduleLoop:
         replica's backwards it sums, and precedes the forwards that read what it made."""
         if not self.step.schedule.has_updates:
             return tasks
-        rank = {(a.kind, a.chunk, a.micro_batch): i for i, (_, a) in enumerate(self.step.order)}
-        return sorted(tasks, key=lambda t: (rank[(t.kind, t.stage, t.micro_batch)], t.replica))
+        if self.list_rank is None:
+            self.list_rank = {(a.kind, a.chunk, a.micro_batch): i
+                              for i, (_, a) in enumerate(self.step.order)}
+        return sorted(tasks, key=lambda t: (self.list_rank[(t.kind, t.stage, t.micro_batch)],
+                                            t.replica))
 
     @staticmethod
     def _zeros(device: Optional[str], shape, dtype=tf.float32) -> tf.Tensor:
@@ -722,7 +713,7 @@ class ScheduleLoop:
                     if task.kind != FORWARD and (task.stage, task.replica) in self.splits}
         sums = dict(carry["sums"])
         for u in backward:
-            if u not in step.loop_accumulators:     # a view of the step's own sums of `u`
+            if u not in step.loop_accumulators:     # a view of the sums the step made for `u`
                 step.loop_accumulators[u] = GradientAccumulators(step._accumulate, u)
             sums[u] = step.loop_accumulators[u]
             sums[u].start(carry["sums"][u], step.device(*u))
