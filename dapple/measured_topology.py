@@ -111,8 +111,11 @@ def _median(values: List[float], fallback: float) -> float:
 def measured_topology(devices_per_host: Sequence[int], device_memory_bytes: float,
                       inside: Sequence[PairTiming], between: Sequence[PairTiming],
                       details: Optional[Dict[str, Any]] = None,
-                      at: Optional[datetime.datetime] = None) -> Topology:
-    """The Topology of these measurements (see the module doc); `details` join the record."""
+                      at: Optional[datetime.datetime] = None,
+                      transfer_cpu: Tuple[float, float] = (0.0, 0.0)) -> Topology:
+    """The Topology of these measurements (see the module doc); `details` join the record;
+    `transfer_cpu`: (seconds, bytes/s) of `Topology.transfer_cpu_*`, where a method measures
+    them."""
     when = (at or datetime.datetime.now(datetime.timezone.utc)).replace(microsecond=0)
     assumed = []
     if not inside:
@@ -136,6 +139,7 @@ def measured_topology(devices_per_host: Sequence[int], device_memory_bytes: floa
         inter_host_bandwidth=_median([p.bandwidth for p in between], C.ETHERNET_25G_BANDWIDTH),
         intra_host_latency=_median([p.latency for p in inside], C.NVLINK_LATENCY),
         inter_host_latency=_median([p.latency for p in between], C.ETHERNET_LATENCY),
+        transfer_cpu_latency=transfer_cpu[0], transfer_cpu_bandwidth=transfer_cpu[1],
         name="measured", measured=record)
 
 

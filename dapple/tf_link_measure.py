@@ -17,16 +17,22 @@ Run by the chief (`dapple topology --measure` under `dapple launch --runtime=ten
   times and drops out of the bandwidth; the latency includes 1/HOPS of it.
 * Grappler is turned off in this process: its dependency optimizer removes identities, and
   with them the hops (six hops timed like two).
+* On CPU tasks a transfer also takes compute from both its ends (`Topology.transfer_cpu_*`):
+  the chief's own CPU time (all its threads) over chains between it and its first measured
+  peer, where each hop is one end on the chief, a send or a receive. The fixed part is the
+  extra CPU of HOPS more small hops, the per-byte part the large message's extra over the
+  small one's: the per-call costs drop out of both. Tasks holding GPUs keep both at 0.
 
 Needs TensorFlow and a connected cluster; only the chief runs, so `agree` is the identity.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+import time
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple.link_timing import machine_memory, time_link
+from dapple.link_timing import SMALL_BYTES, machine_memory, time_link
 from dapple.measured_topology import hosts_of, measured_topology, pairs_to_measure
 from dapple.runtime.tf_cluster.cluster import (ClusterError, addresses_from_environment,
                                                connect_from_environment, task_device)
@@ -34,6 +40,7 @@ from topology.model import Topology
 
 METHOD = "tensorflow send/recv"
 HOPS = 16
+CPU_CALLS = 20          # calls a CPU-time figure is averaged over
 
 
 def devices_per_host(addresses: Sequence[str]) -> List[int]:
@@ -68,6 +75,28 @@ def bounce(first: int, second: int, nbytes: int, hops: int):
     return chain
 
 
+def transfer_cpu(other: int, large_bytes: int) -> Tuple[float, float]:
+    """(seconds, bytes/s; 0: no per-byte cost) a transfer end takes of a task's compute, from
+    the chief's CPU time per hop of chains between it and task `other` (the module doc)."""
+    def cpu_per_call(nbytes: int, hops: int) -> float:
+        chain = bounce(0, other, nbytes, hops)
+        chain().numpy()
+        began = time.process_time()
+        for _ in range(CPU_CALLS):
+            chain().numpy()
+        return (time.process_time() - began) / CPU_CALLS
+
+    small = cpu_per_call(SMALL_BYTES, HOPS)
+    fixed = max(cpu_per_call(SMALL_BYTES, 2 * HOPS) - small, 0.0) / HOPS
+    extra = (cpu_per_call(large_bytes, HOPS) - small) / HOPS
+    return fixed, ((large_bytes - SMALL_BYTES) / extra if extra > 0 else 0.0)
+
+
+def holds_gpus(tasks: Sequence[int]) -> bool:
+    names = [d.name for d in tf.config.list_logical_devices("GPU")]
+    return any(f"/task:{t}/" in name for t in tasks for name in names)
+
+
 def _connected(tasks: int) -> None:
     names = {d.name for d in tf.config.list_logical_devices()}
     if task_device(0) not in names:                      # DAPPLE_CONFIGURE_ON_IMPORT=0
@@ -94,6 +123,10 @@ def measure(large_bytes: int, addresses: Optional[Sequence[str]] = None) -> Topo
                          lambda value, tag: value, pair, hosts_of(counts, pair), large_bytes,
                          HOPS, HOPS)
 
+    timings = [timing(p) for p in inside], [timing(p) for p in between]
+    peer = (inside or between or [None])[0]
+    gpus = peer is not None and holds_gpus(peer)
+    cpu = transfer_cpu(peer[1], large_bytes) if peer is not None and not gpus else (0.0, 0.0)
     details = {"method": METHOD,
                "how": f"a uint8 vector bounced between two tasks' devices, {HOPS} dependent "
                       f"transfers in one tf.function (an identity on the other task each), "
@@ -102,6 +135,12 @@ def measure(large_bytes: int, addresses: Optional[Sequence[str]] = None) -> Topo
                       f"calls of each; ranks are task numbers",
                "tasks": addresses,
                "device_memory": "this host's memory over the most tasks on a host"}
-    return measured_topology(counts, machine_memory() / max(counts),
-                             [timing(p) for p in inside], [timing(p) for p in between],
-                             details=details)
+    if peer is not None:
+        details["transfer_cpu"] = {
+            "ranks": list(peer), "latency": cpu[0], "bandwidth": cpu[1],
+            "how": "GPU tasks: none" if gpus else
+                   f"the chief's CPU time per hop of chains with task {peer[1]}, {CPU_CALLS} "
+                   f"calls each: {HOPS} more {SMALL_BYTES}-byte hops (latency), a "
+                   f"{large_bytes}-byte message's extra over the small one (bandwidth)"}
+    return measured_topology(counts, machine_memory() / max(counts), *timings,
+                             details=details, transfer_cpu=cpu)

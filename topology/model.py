@@ -10,6 +10,11 @@ Decisions a newcomer needs:
   memory size.
 * Bandwidths are the rates one transfer achieves on that link class; the cost model
   (`planner.estimate.cost_model`) decides how collectives and split/concat transfers use them.
+* On CPU hosts a transfer also costs the compute of both its ends: serializing, copying and
+  the transport's threads share the cores the layers run on (a GPU's copy engines and NICs
+  take none of its compute). `transfer_cpu_latency` (seconds) and `transfer_cpu_bandwidth`
+  (bytes/s; 0: no per-byte cost) give what one end, the send or the receive, takes of its
+  device's time; both 0 (the default, and every preset) is a GPU cluster.
 * Links are assumed (presets, spec strings: `topology.constants`) unless the topology carries
   `measured`, the record `dapple topology --measure` writes: when (`at`, ISO 8601), how, each
   measured rank pair, and which link classes it could not measure (`assumed`, in words). Files
@@ -31,6 +36,8 @@ class Topology:
     inter_host_bandwidth: float             # bytes/s of a host's network interface
     intra_host_latency: float = 0.0         # seconds per transfer inside a host
     inter_host_latency: float = 0.0         # seconds per transfer between hosts
+    transfer_cpu_latency: float = 0.0       # seconds of an end's compute per transfer
+    transfer_cpu_bandwidth: float = 0.0     # bytes/s an end copies (0: no per-byte cost)
     name: str = ""
     # how the link figures were measured ({"at": ISO time, ...}); None: assumed. Not compared:
     # two topologies with the same figures plan the same.
@@ -54,9 +61,13 @@ class Topology:
                 raise TopologyError(f"{label} must be positive, got {value!r}: a link of zero "
                                     f"bandwidth can never move data")
         for label, value in (("intra-host latency", self.intra_host_latency),
-                             ("inter-host latency", self.inter_host_latency)):
-            if value < 0:
+                             ("inter-host latency", self.inter_host_latency),
+                             ("transfer CPU latency", self.transfer_cpu_latency)):
+            if not value >= 0:
                 raise TopologyError(f"{label} must be >= 0 seconds, got {value!r}")
+        if not self.transfer_cpu_bandwidth >= 0:
+            raise TopologyError(f"transfer CPU bandwidth must be >= 0 bytes/s (0: no per-byte "
+                                f"cost), got {self.transfer_cpu_bandwidth!r}")
         if self.measured is not None and not (isinstance(self.measured, dict)
                                               and isinstance(self.measured.get("at"), str)):
             raise TopologyError(f"'measured' must be an object with 'at' (when, ISO 8601), got "
@@ -101,6 +112,11 @@ class Topology:
             return self.intra_host_bandwidth, self.intra_host_latency
         return self.inter_host_bandwidth, self.inter_host_latency
 
+    def transfer_cpu_seconds(self, nbytes: float) -> float:
+        """What one end of a transfer of `nbytes` takes of its device's compute (0 on GPUs)."""
+        per_byte = nbytes / self.transfer_cpu_bandwidth if self.transfer_cpu_bandwidth else 0.0
+        return self.transfer_cpu_latency + per_byte
+
     def links_source(self) -> str:
         """Where the link figures come from, in words: measured (when) or assumed."""
         if self.measured is None:
@@ -120,6 +136,9 @@ class Topology:
             "intra_host_latency": self.intra_host_latency,
             "inter_host_latency": self.inter_host_latency,
         }
+        if self.transfer_cpu_latency or self.transfer_cpu_bandwidth:
+            out["transfer_cpu_latency"] = self.transfer_cpu_latency
+            out["transfer_cpu_bandwidth"] = self.transfer_cpu_bandwidth
         if self.measured is not None:
             out["measured"] = self.measured
         return out
@@ -129,7 +148,8 @@ class Topology:
         if not isinstance(d, dict):
             raise TopologyError(f"a topology is a JSON object, got {type(d).__name__}")
         known = {"name", "devices_per_host", "device_memory_bytes", "intra_host_bandwidth",
-                 "inter_host_bandwidth", "intra_host_latency", "inter_host_latency", "measured"}
+                 "inter_host_bandwidth", "intra_host_latency", "inter_host_latency",
+                 "transfer_cpu_latency", "transfer_cpu_bandwidth", "measured"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise TopologyError(f"topology has unknown field(s) {unknown}; known: {sorted(known)}")
@@ -143,6 +163,8 @@ class Topology:
                                                         C.ETHERNET_25G_BANDWIDTH)),
                        intra_host_latency=float(d.get("intra_host_latency", C.NVLINK_LATENCY)),
                        inter_host_latency=float(d.get("inter_host_latency", C.ETHERNET_LATENCY)),
+                       transfer_cpu_latency=float(d.get("transfer_cpu_latency", 0.0)),
+                       transfer_cpu_bandwidth=float(d.get("transfer_cpu_bandwidth", 0.0)),
                        name=str(d.get("name", "")), measured=d.get("measured"))
         except KeyError:
             raise TopologyError("topology needs 'devices_per_host', e.g. [8, 8]") from None
@@ -157,6 +179,11 @@ class Topology:
         else:
             shape = "+".join(str(n) for n in counts)
         label = f"{self.name} " if self.name else ""
+        cpu = ""
+        if self.transfer_cpu_latency or self.transfer_cpu_bandwidth:
+            cpu = f"; a transfer end takes {self.transfer_cpu_latency * 1e3:.3g} ms of compute" + (
+                f" + its bytes at {format_bandwidth(self.transfer_cpu_bandwidth)}"
+                if self.transfer_cpu_bandwidth else "")
         return (f"{label}{shape} ({self.num_devices} devices, {format_bytes(self.device_memory_bytes)}"
                 f" each; in-host {format_bandwidth(self.intra_host_bandwidth)}, between hosts "
-                f"{format_bandwidth(self.inter_host_bandwidth)})")
+                f"{format_bandwidth(self.inter_host_bandwidth)}{cpu})")

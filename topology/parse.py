@@ -3,11 +3,14 @@
 Spec grammar (one string, comma-separated):
 
     HOSTSxDEVICES[,nvlink=BW][,net=BW][,mem=SIZE][,nvlink_latency=T][,net_latency=T]
+                 [,transfer_cpu_latency=T][,transfer_cpu_bandwidth=BW]
 
 e.g. `4x8,nvlink=130GB/s,net=25Gbps,mem=16GB`. Heterogeneous hosts list their device counts
 joined by `+` instead: `8+8+4,net=10Gbps`. Omitted keys take the defaults of
 `topology.constants` (V100 16 GB, NVLink 130 GB/s, 25 Gbps Ethernet). Bandwidths accept bits
-(`25Gbps`) or bytes (`130GB/s`) per second; `mem` is binary (`16GB` = 16 GiB).
+(`25Gbps`) or bytes (`130GB/s`) per second; `mem` is binary (`16GB` = 16 GiB). The
+`transfer_cpu_*` keys are for CPU hosts: what one end of a transfer takes of its device's
+compute (`Topology`; default 0, a GPU cluster).
 
 Presets: `A` (2 x 8 V100, NVLink, 25 Gbps), `B` (16 x 1 V100, 25 Gbps), `C` (16 x 1 V100,
 10 Gbps): the DAPPLE paper's Table III. A JSON file holds `Topology.to_dict()`.
@@ -39,7 +42,8 @@ PRESETS = {
 }
 
 _SHAPE = re.compile(r"^(\d+)x(\d+)$|^(\d+(?:\+\d+)+)$")
-_KEYS = ("nvlink", "net", "mem", "nvlink_latency", "net_latency")
+_KEYS = ("nvlink", "net", "mem", "nvlink_latency", "net_latency", "transfer_cpu_latency",
+         "transfer_cpu_bandwidth")
 
 
 def parse_spec(spec: str) -> Topology:
@@ -79,6 +83,10 @@ def parse_spec(spec: str) -> Topology:
         else C.NVLINK_LATENCY,
         inter_host_latency=parse_latency(values["net_latency"]) if "net_latency" in values
         else C.ETHERNET_LATENCY,
+        transfer_cpu_latency=parse_latency(values["transfer_cpu_latency"])
+        if "transfer_cpu_latency" in values else 0.0,
+        transfer_cpu_bandwidth=parse_bandwidth(values["transfer_cpu_bandwidth"])
+        if "transfer_cpu_bandwidth" in values else 0.0,
         name=spec)
 
 

@@ -107,6 +107,12 @@ class StageModel:
         self.inter_bw = topology.inter_host_bandwidth / 1e3
         self.intra_lat = topology.intra_host_latency * 1e3      # ms
         self.inter_lat = topology.inter_host_latency * 1e3
+        # CPU hosts: each end of a boundary transfer takes its device's compute
+        # (`Topology.transfer_cpu_latency`, `transfer_cpu_bandwidth`)
+        self.cpu_lat = topology.transfer_cpu_latency * 1e3      # ms
+        self.cpu_bw = topology.transfer_cpu_bandwidth / 1e3     # bytes per ms; 0: none
+        self.transfer_cpu = bool(self.cpu_lat or self.cpu_bw)
+        self._cpu_cache: Dict[tuple, float] = {}
         self._transfer_cache: Dict[tuple, float] = {}
         self._fit_cache: Dict[tuple, int] = {}
         self._rate_cache: Dict[tuple, Tuple[float, float]] = {}
@@ -124,6 +130,26 @@ class StageModel:
 
     def backward_ms(self, first: int, last: int, replicas: int) -> float:
         return self.profile.backward_ms(first, last) * self.time_scale(replicas) + TASK_OVERHEAD_MS
+
+    def transfer_cpu_ms(self, first: int, last: int, replicas: int) -> float:
+        """On CPU hosts, what a replica of layers first..last spends of its compute per
+        micro-batch and direction on the ends of its boundary transfers: in the forward,
+        receiving its input and sending its output; in the backward, receiving the output's
+        gradient and sending the input's. The same both ways (a gradient has its activation's
+        shape); one message an end, of the replica's slice. 0 on GPU hosts."""
+        if not self.transfer_cpu:
+            return 0.0
+        key = (first, last, replicas)
+        hit = self._cpu_cache.get(key)
+        if hit is None:
+            hit = 0.0
+            for boundary in ((first - 1,) if first > 0 else ()) + (
+                    (last,) if last < self.profile.num_layers - 1 else ()):
+                nbytes = self.profile.boundary_bytes(boundary) * self.slice_size(replicas) / \
+                    self.pbs
+                hit += self.cpu_lat + (nbytes / self.cpu_bw if self.cpu_bw else 0.0)
+            self._cpu_cache[key] = hit
+        return hit
 
     # ---- transfers ------------------------------------------------------------------
     def transfer_ms(self, nbytes: float, senders: Sequence[int], receivers: Sequence[int]) -> float:
@@ -299,9 +325,12 @@ class StageModel:
             x = self.boundary_bytes(first - 1)
             send_forward = self.transfer_ms(x, previous, counts)
             send_backward = self.transfer_ms(x, counts, previous)
-        return StageCost(send_forward, send_backward,
-                         self.forward_ms(first, last, replicas),
-                         self.backward_ms(first, last, replicas),
+        forward, backward = self.forward_ms(first, last, replicas), \
+            self.backward_ms(first, last, replicas)
+        if self.transfer_cpu:           # a transfer's ends, on CPU hosts
+            cpu = self.transfer_cpu_ms(first, last, replicas)
+            forward, backward = forward + cpu, backward + cpu
+        return StageCost(send_forward, send_backward, forward, backward,
                          self.exposed_allreduce_ms(first, last, counts, replicas),
                          self.max_in_flight(first, last, replicas))
 
@@ -374,8 +403,15 @@ class PlanCosts:
         self.pipeline = to_pipeline_costs(
             self.stages, *[[f(st.first, st.last, sum(c)) for st, c in zip(plan.stages, lanes)]
                            for f in (model.activation_bytes, model.weight_gradient_bytes)])
-        self.pipeline.input_gradient_ms = [s.backward_ms * profile.input_gradient_fraction(
-            st.first, st.last) for s, st in zip(self.stages, plan.stages)]
+        # I of a split backward: its share of the layers' backward, and every transfer end
+        # (W sends and receives nothing)
+        self.pipeline.input_gradient_ms = [
+            (s.backward_ms * profile.input_gradient_fraction(st.first, st.last))
+            if not model.transfer_cpu else
+            (model.backward_ms(st.first, st.last, sum(c)) *
+             profile.input_gradient_fraction(st.first, st.last) +
+             model.transfer_cpu_ms(st.first, st.last, sum(c)))
+            for s, st, c in zip(self.stages, plan.stages, lanes)]
         if plan.transfers == "tensorflow":      # the chief sends the first stage its rows
             first_devices = micro_batch_devices(plan)[0]
             self.pipeline.start_ms = [model.fed_rows_ms(first_devices)] + \

@@ -15,7 +15,9 @@ Model (decisions a newcomer needs):
   (`planner.schedules.lowering.needs`). Compute takes the cost model's time; a split backward's I and W
   split the backward as the profile measured it (`dapple.profile` does), half and half for a
   graph.txt profile, which has only B.
-* A send costs its position nothing. Its transfer runs when what it occupies is free, one at a
+* A send costs its position nothing (on CPU hosts the cost model has already charged the CPU
+  of a transfer's ends to the F and B that send and receive: `cost_model.StageModel.
+  transfer_cpu_ms`). Its transfer runs when what it occupies is free, one at a
   time, first ready first served (ties: first produced); the receive completes when it arrives.
   `link_duplex` says what a transfer occupies. "full" (default): its direction of the link
   (with interleaving, all transfers from one position to another). "half": the link, both

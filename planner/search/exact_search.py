@@ -338,6 +338,7 @@ class Search:
         work_suffix, work_factor, total_overhead = \
             self.work_suffix, self.work_factor, self.overhead
         overhead_ms = cm.TASK_OVERHEAD_MS
+        transfer_cpu = model.transfer_cpu
         trail = self.trail
         children = []
         key = (j, used, prev, must_finish)
@@ -399,6 +400,9 @@ class Search:
                 if reach + M * (F + B) >= best_value:
                     pruned += 1
                     break
+                if transfer_cpu:    # `stage_cost_of`'s transfer ends (not monotone: after)
+                    cpu = model.transfer_cpu_ms(j, last, m)
+                    F, B = F + cpu, B + cpu
                 if not last_stage_only:
                     rest = work_suffix[last + 1] * work_factor / devices_left + total_overhead
                 else:

@@ -42,6 +42,27 @@ def test_spec_defaults_and_json_round_trip(tmp_path):
     assert Topology.from_dict(t.to_dict()) == t
 
 
+def test_transfer_cpu_of_cpu_hosts(tmp_path):
+    """What one end of a transfer takes of a CPU host's compute: 0.2 ms + 2 MB at 1 GB/s is
+    2.2 ms; GPU topologies (every preset, specs without the keys) take none and write none."""
+    t = parse_topology("1x2,transfer_cpu_latency=0.2ms,transfer_cpu_bandwidth=1GB/s")
+    assert (t.transfer_cpu_latency, t.transfer_cpu_bandwidth) == (pytest.approx(2e-4), 1e9)
+    assert t.transfer_cpu_seconds(2e6) == pytest.approx(2.2e-3)
+    assert "0.2 ms of compute" in t.describe()
+    path = tmp_path / "topo.json"
+    path.write_text(json.dumps(t.to_dict()))
+    assert parse_topology(str(path)) == t
+    latency_only = parse_topology("1x2,transfer_cpu_latency=50us")
+    assert latency_only.transfer_cpu_seconds(1e9) == pytest.approx(5e-5)
+    for gpu in (parse_topology("A"), parse_topology("1x2")):
+        assert gpu.transfer_cpu_seconds(1e9) == 0.0
+        assert "transfer_cpu_latency" not in gpu.to_dict()
+    with pytest.raises(TopologyError, match="transfer CPU latency must be >= 0"):
+        Topology.from_dict(dict(parse_topology("1x2").to_dict(), transfer_cpu_latency=-1e-3))
+    with pytest.raises(TopologyError, match="transfer CPU bandwidth"):
+        Topology.from_dict(dict(parse_topology("1x2").to_dict(), transfer_cpu_bandwidth=-1))
+
+
 def test_local_topology():
     t = local_topology(3)
     assert t.num_devices == 3 and t.num_hosts == 1 and t.device_memory_bytes > 0

@@ -4,6 +4,7 @@ space, enumerated here independently: every cut of the layers, every sequence of
 (fresh / append / scatter) using all devices, every micro-batch count, memory respected. Both
 plan spaces: "full" (any number of stages) and "paper" (one or two stages, or one device a
 stage on every device; the full space when nothing there fits)."""
+import dataclasses
 import itertools
 import json
 import math
@@ -143,6 +144,29 @@ def test_search_on_a_tensorflow_cluster_matches_brute_force(seed, plan_space):
     plan = plan_dapple(profile, topo, gbs, max_candidates=None, stats=stats,
                        plan_space=plan_space, transfers="tensorflow")
     assert stats.complete and plan.transfers == "tensorflow"
+    assert plan.estimate.latency_ms == pytest.approx(expected, rel=1e-9)
+    assert cm.evaluate(plan, profile, topo).latency_ms == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_search_on_cpu_hosts_matches_brute_force(seed):
+    """On CPU hosts each end of a transfer takes compute (`Topology.transfer_cpu_*`), charged
+    to the stage's F and B; the search's inlined stage costs must charge them alike, and its
+    pruning must stay a bound: its plan is the least of `evaluate` over the space."""
+    rng = random.Random(900 + seed)
+    profile = random_profile(rng, rng.randint(2, 6))
+    topo = dataclasses.replace(random_topology(rng),
+                               transfer_cpu_latency=rng.choice([1e-5, 1e-3]),
+                               transfer_cpu_bandwidth=rng.choice([0.0, 1e8, 1e10]))
+    gbs = rng.choice([4, 8, 12, 24])
+    transfers = rng.choice(["async", "tensorflow"])
+    expected = brute_force(profile, topo, gbs, transfers=transfers)
+    if expected is None:
+        return
+    stats = SearchStats()
+    plan = plan_dapple(profile, topo, gbs, max_candidates=None, stats=stats,
+                       transfers=transfers)
+    assert stats.complete
     assert plan.estimate.latency_ms == pytest.approx(expected, rel=1e-9)
     assert cm.evaluate(plan, profile, topo).latency_ms == pytest.approx(expected, rel=1e-9)
 

@@ -47,6 +47,10 @@ def test_measure_under_the_tensorflow_launcher_writes_a_topology_to_plan_with(tm
     assert record["inter_host"] == [] and record["assumed"]          # one host
     for figure in (topo.intra_host_bandwidth, topo.intra_host_latency):
         assert 0 < figure and math.isfinite(figure)
+    # CPU tasks: a transfer end takes compute, measured on the chief against task 1
+    assert record["transfer_cpu"]["ranks"] == [0, 1]
+    assert 0 < topo.transfer_cpu_latency < 0.1 and 0 < topo.transfer_cpu_bandwidth
+    assert math.isfinite(topo.transfer_cpu_bandwidth)
     profile, _ = write_profile(tmp_path)
     planned = subprocess.run([DAPPLE, "plan", f"--profile={profile}", f"--topology={path}",
                               "--transfers=tensorflow", "--global_batch_size=32"],
