@@ -17,9 +17,9 @@ of `--repeats` rounds and the median over rounds is kept:
 * tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
 * tensorflow/<schedule>, looped (`--loop_schedules`): the same with `pipeline_loop=True`, its
   steady periods one `tf.while_loop` spanning both tasks (a schedule also in `--schedules`);
-* tensorflow/1f1b-grouped: the same with `--group_devices`: one process holding this host's 2
-  devices (so no Send/Recv at all on one host), with 2 intra-op threads (the per-slot
-  processes' threads together);
+* tensorflow/<schedule>-grouped (`--grouped_schedules`, default 1f1b): the same with `--group_devices`:
+  one process holding this host's 2 devices (so no Send/Recv at all on one host), with 2
+  intra-op threads (the per-slot processes' threads together);
 * tensorflow/1f1b, weights on the chief (copies|reads): the same with the model's weights
   trained on the chief instead of on each stage's device (`DAPPLE_TF_WEIGHTS`): `copies`, a
   remote stage reads working copies refreshed every step; `chief`, every unit reads the
@@ -30,7 +30,8 @@ of `--repeats` rounds and the median over rounds is kept:
 
 Prints every figure, then the ratios: tensorflow 1f1b / plain, horovod / tensorflow (1f1b),
 and each schedule's step over 1f1b's, measured and simulated with this runtime's transfer
-model (`transfers: "tensorflow"`; the model profiled at the micro-batch size, `--tf_link`). The machine may be shared: read the load average printed.
+model (`transfers: "tensorflow"`; the model profiled at the micro-batch size, the link
+measured in the run unless `--tf_link` gives it). The machine may be shared: read the load average printed.
 """
 from __future__ import annotations
 
@@ -56,15 +57,19 @@ flags.DEFINE_bool("plain_worker", False, "internal: time plain Keras in this pro
 flags.DEFINE_bool("accumulate", False, "internal: the plain worker accumulates gradients over "
                   "--micro_batches micro-batches (one GradientTape each) before one update")
 flags.DEFINE_bool("horovod", True, "also time 1f1b under horovodrun")
-flags.DEFINE_string("tf_link", "nvlink=2.8GB/s,nvlink_latency=0.1ms",
-                    "the link between the 2 processes for the simulator's prediction, in a "
-                    "topology spec's terms: TF Send/Recv over gRPC as measured on this machine "
-                    "(issue #27: 0.11 ms for 16 KiB, 1.6 ms for 4 MiB, idle)")
+flags.DEFINE_string("tf_link", "measured",
+                    "the link between the 2 processes for the simulator's prediction: "
+                    "'measured' (`dapple topology --measure` on 2 local tasks, in this run: "
+                    "latency, bandwidth and what a transfer's ends take of the tasks' CPU), or "
+                    "a topology spec's keys, e.g. 'nvlink=2.8GB/s,nvlink_latency=0.1ms' (issue "
+                    "#27's Send/Recv: 0.11 ms for 16 KiB, 1.6 ms for 4 MiB, idle)")
 flags.DEFINE_bool("onednn", True, "TF_ENABLE_ONEDNN_OPTS=1 for every job, plain and dapple alike "
                   "(TensorFlow 2.18 leaves oneDNN off on AVX2-only CPUs such as this machine's, "
                   "and Eigen's products at micro-batch rows are slow: docs/cluster.md)")
-flags.DEFINE_bool("grouped", True, "also time tensorflow 1f1b with --group_devices: this "
+flags.DEFINE_bool("grouped", True, "also time --grouped_schedules with --group_devices: this "
                   "host's 2 devices in one process (transfers are device copies)")
+flags.DEFINE_list("grouped_schedules", ["1f1b"], "the schedules --grouped times: what each "
+                  "costs without Send/Recv")
 flags.DEFINE_list("loop_schedules", [], "also time these schedules on the TF runtime with "
                   "pipeline_loop=True (steady periods as a tf.while_loop), e.g. 1f1b")
 flags.DEFINE_list("chief_weights", ["copies", "chief"], "also time tensorflow 1f1b with the "
@@ -119,6 +124,10 @@ def accumulating_step(model, micro_batches: int):
     return lambda x, y: step(tf.constant(x), tf.constant(y))
 
 
+def grouped() -> list:
+    return FLAGS.grouped_schedules if FLAGS.grouped else []
+
+
 def sizes() -> list:
     return [f"--width={FLAGS.width}", f"--depth={FLAGS.depth}", f"--batch={FLAGS.batch}",
             f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]
@@ -163,16 +172,31 @@ def predicted_ms(plans: dict) -> dict:
                      f"--batch_size={FLAGS.batch // FLAGS.micro_batches}", f"--output={path}",
                      "--runs=20", "--warmup=3"], sst.env(), REPO)
         profile = load_profile(path)
-    topology = parse_topology(f"1x2,{FLAGS.tf_link}")
+        topology = parse_topology(f"1x2,{FLAGS.tf_link}") if FLAGS.tf_link != "measured" \
+            else measured_link(os.path.join(tmp, "topology.json"))
+    print(f"simulated on: {topology.describe()}")
     return {name: simulate_plan(dataclasses.replace(plan, transfers="tensorflow"),
                                 pipeline_costs(plan, profile, topology)).iteration_ms
             for name, plan in plans.items()}
+
+
+def measured_link(path: str):
+    """The link between 2 local tasks of one intra-op thread each, measured now."""
+    from topology.parse import parse_topology
+    run_checked([sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
+                 "--hosts=localhost:2", "--", sys.executable, "-m", "dapple.cli", "topology",
+                 "--measure", "--format=json", f"--output={path}", "--message_size=2MiB"],
+                sst.env(), REPO)
+    return parse_topology(path)
 
 
 def main(argv):
     del argv
     if FLAGS.plain_worker:
         return plain_worker()
+    if set(grouped()) - set(FLAGS.schedules):
+        raise app.UsageError(f"--grouped_schedules={','.join(grouped())}: each needs its "
+                             f"per-slot step too; add it to --schedules")
     if set(FLAGS.loop_schedules) - set(FLAGS.schedules):
         raise app.UsageError(f"--loop_schedules={','.join(FLAGS.loop_schedules)}: each needs its "
                              f"unrolled step too; add it to --schedules")
@@ -180,6 +204,7 @@ def main(argv):
     print("command: python benchmarks/tf_runtime_step.py " + " ".join(
         sizes() + [f"--repeats={FLAGS.repeats}", f"--schedules={','.join(FLAGS.schedules)}",
                    f"--loop_schedules={','.join(FLAGS.loop_schedules)}",
+                   f"--grouped_schedules={','.join(grouped())}",
                    f"--onednn={FLAGS.onednn}"]))
     every = sst.plans(FLAGS.depth + 1)
     jobs = [("plain", "plain", None),
@@ -188,8 +213,7 @@ def main(argv):
     jobs += [(f"tensorflow/{s}, looped", "tensorflow", s) for s in FLAGS.loop_schedules]
     for mode in FLAGS.chief_weights:
         jobs.append((f"tensorflow/1f1b, weights on the chief ({mode})", "tensorflow", "1f1b"))
-    if FLAGS.grouped:
-        jobs.append(("tensorflow/1f1b-grouped", "tensorflow-grouped", "1f1b"))
+    jobs += [(f"tensorflow/{s}-grouped", "tensorflow-grouped", s) for s in grouped()]
     if FLAGS.horovod:
         jobs.append(("horovod/1f1b", "horovod", "1f1b"))
         if "1f1b" in FLAGS.loop_schedules:   # both runtimes looped
@@ -219,9 +243,11 @@ def main(argv):
         if "horovod/1f1b" in ms:
             print(f"horovod 1f1b / tensorflow 1f1b: "
                   f"{ms['horovod/1f1b'] / ms['tensorflow/1f1b']:.3f} (target >= 1.6)")
-        if "tensorflow/1f1b-grouped" in ms:
-            print(f"tensorflow 1f1b, one process per host (--group_devices) / one per slot: "
-                  f"{ms['tensorflow/1f1b-grouped'] / ms['tensorflow/1f1b']:.3f}")
+        for s in grouped():
+            print(f"tensorflow {s}, one process per host (--group_devices) / one per slot: "
+                  f"{ms[f'tensorflow/{s}-grouped'] / ms[f'tensorflow/{s}']:.3f}" + (
+                      f"; / 1f1b grouped: {ms[f'tensorflow/{s}-grouped'] / ms['tensorflow/1f1b-grouped']:.3f}"
+                      if s != "1f1b" and "1f1b" in grouped() else ""))
         for mode in FLAGS.chief_weights:
             name = f"tensorflow/1f1b, weights on the chief ({mode})"
             print(f"{name} / weights on each stage's device: "
