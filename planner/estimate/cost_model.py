@@ -108,10 +108,8 @@ class StageModel:
         self.intra_lat = topology.intra_host_latency * 1e3      # ms
         self.inter_lat = topology.inter_host_latency * 1e3
         # CPU hosts: each end of a boundary transfer takes its device's compute
-        # (`Topology.transfer_cpu_latency`, `transfer_cpu_bandwidth`)
-        self.cpu_lat = topology.transfer_cpu_latency * 1e3      # ms
-        self.cpu_bw = topology.transfer_cpu_bandwidth / 1e3     # bytes per ms; 0: none
-        self.transfer_cpu = bool(self.cpu_lat or self.cpu_bw)
+        self.transfer_cpu = bool(topology.transfer_cpu_latency or
+                                 topology.transfer_cpu_bandwidth)
         self._cpu_cache: Dict[tuple, float] = {}
         self._transfer_cache: Dict[tuple, float] = {}
         self._fit_cache: Dict[tuple, int] = {}
@@ -147,7 +145,7 @@ class StageModel:
                     (last,) if last < self.profile.num_layers - 1 else ()):
                 nbytes = self.profile.boundary_bytes(boundary) * self.slice_size(replicas) / \
                     self.pbs
-                hit += self.cpu_lat + (nbytes / self.cpu_bw if self.cpu_bw else 0.0)
+                hit += 1e3 * self.topology.transfer_cpu_seconds(nbytes)
             self._cpu_cache[key] = hit
         return hit
 
