@@ -253,8 +253,11 @@ def main(argv):
                 if not tf_runtime:
                     plain.append(plain_data_parallel_ms(rate))
             print(f"\n== {rate}: measured link {8 * topology.inter_host_bandwidth / 1e9:.3f} "
-                  f"Gbit/s, {1e3 * topology.inter_host_latency:.2f} ms a transfer; "
-                  f"load average {min(loads):.1f}..{max(loads):.1f}")
+                  f"Gbit/s, {1e3 * topology.inter_host_latency:.2f} ms a transfer" + (
+                      f", an end's compute {1e3 * topology.transfer_cpu_latency:.3f} ms + its "
+                      f"bytes at {topology.transfer_cpu_bandwidth / 1e9:.2f} GB/s"
+                      if topology.transfer_cpu_latency or topology.transfer_cpu_bandwidth
+                      else "") + f"; load average {min(loads):.1f}..{max(loads):.1f}")
             print(f"{'plan':<19}{'predicted ms':>13}{'simulated ms':>13}{'measured ms':>12}"
                   f"{'meas / pred':>12}   shape")
             predicted, meas = {}, {}

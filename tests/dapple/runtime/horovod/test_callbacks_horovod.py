@@ -33,8 +33,9 @@ def launch(tmp_path, replicas, *args, check=True):
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("replicas, where", [([1, 1, 1], "all"), ([1, 1, 1], "rank0"),
-                                             ([1, 2], "all")])
+@pytest.mark.parametrize("replicas, where", [
+    ([1, 1, 1], "all"), pytest.param([1, 1, 1], "rank0", marks=pytest.mark.slow),
+    ([1, 2], "all")])
 def test_checkpoints_hold_every_stage_and_best_weights_reach_every_rank(tmp_path, replicas,
                                                                         where):
     folder = tmp_path / "files"

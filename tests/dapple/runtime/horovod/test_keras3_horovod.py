@@ -53,7 +53,7 @@ def _reports(result):
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("where", ["all", "rank0"])
+@pytest.mark.parametrize("where", ["all", pytest.param("rank0", marks=pytest.mark.slow)])
 def test_keras3_fit_with_callbacks_equals_plain_keras3_fit_on_three_ranks(tmp_path, where):
     """Keras 3's own fit (`scripts/keras3_fit_rank.py fit`, 2:1 on 3 ranks), callbacks given on
     every rank or on rank 0 only: History, weights (rank 0's EarlyStopping decision and
@@ -79,6 +79,7 @@ def test_keras3_fit_with_callbacks_equals_plain_keras3_fit_on_three_ranks(tmp_pa
 
 
 @pytest.mark.horovod
+@pytest.mark.slow   # for time: tf_keras's on three ranks and Keras 3's in one process stay
 def test_keras3_backup_and_restore_resumes_on_three_ranks_as_plain_keras3(tmp_path):
     """Interrupted at epoch 2 (every rank), then a new job resumes from each rank's backup
     (`backup_dir/rank{R}`: its stage's Adam state): weights as plain Keras 3's run with the

@@ -25,7 +25,7 @@ def reports(ranks, argv):
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("micro_batches", [1, 4])
+@pytest.mark.parametrize("micro_batches", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_data_parallel_step_is_a_few_grouped_allreduces(micro_batches):
     found = reports(2, ["--replicas=2", f"--micro_batches={micro_batches}"])
     for rank, rep in found.items():
@@ -39,7 +39,8 @@ def test_data_parallel_step_is_a_few_grouped_allreduces(micro_batches):
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("replicas", [(2, 1), (1, 2)], ids=["2:1", "1:2"])
+@pytest.mark.parametrize("replicas", [(2, 1), pytest.param((1, 2), marks=pytest.mark.slow)],
+                         ids=["2:1", "1:2"])
 def test_replicated_stage_of_a_pipeline_is_one_grouped_allreduce(replicas):
     found = reports(3, ["--cuts=2", f"--replicas={replicas[0]},{replicas[1]}",
                         "--micro_batches=2"])

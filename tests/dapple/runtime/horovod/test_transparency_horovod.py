@@ -60,8 +60,14 @@ def check_ranks(result, ranks, weightless_stages=()):
     return reports
 
 
+# In the slow suite, for time: each has a default sibling (straight2, dp2, zb-h1-2:1).
+SLOW_IDS = {"straight3", "dp4", "zb-h1-1:2"}
+
+
 @pytest.mark.horovod
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow if c[0] in SLOW_IDS
+                                               else ()) for c in CASES],
+                         ids=[c[0] for c in CASES])
 def test_gradients_and_weights_equal_plain_model(case):
     name, ranks, args = case
     result = horovodrun(ranks, ["pipelined_rank.py"] + args, timeout=240)
