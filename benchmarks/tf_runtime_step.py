@@ -17,9 +17,9 @@ of `--repeats` rounds and the median over rounds is kept:
 * tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
 * tensorflow/<schedule>, looped (`--loop_schedules`): the same with `pipeline_loop=True`, its
   steady periods one `tf.while_loop` spanning both tasks (a schedule also in `--schedules`);
-* tensorflow/<schedule>-grouped (`--grouped_schedules`, default 1f1b): the same with `--group_devices`:
-  one process holding this host's 2 devices (so no Send/Recv at all on one host), with 2
-  intra-op threads (the per-slot processes' threads together);
+* tensorflow/<schedule>-grouped (`--grouped_schedules`, default 1f1b): the same with
+  `--group_devices`: one process holding this host's 2 devices (so no Send/Recv at all on one
+  host), with 2 intra-op threads (the per-slot processes' threads together);
 * tensorflow/1f1b, weights on the chief (copies|reads): the same with the model's weights
   trained on the chief instead of on each stage's device (`DAPPLE_TF_WEIGHTS`): `copies`, a
   remote stage reads working copies refreshed every step; `chief`, every unit reads the
@@ -31,7 +31,8 @@ of `--repeats` rounds and the median over rounds is kept:
 Prints every figure, then the ratios: tensorflow 1f1b / plain, horovod / tensorflow (1f1b),
 and each schedule's step over 1f1b's, measured and simulated with this runtime's transfer
 model (`transfers: "tensorflow"`; the model profiled at the micro-batch size, the link
-measured in the run unless `--tf_link` gives it). The machine may be shared: read the load average printed.
+measured in the run unless `--tf_link` gives it). The machine may be shared: read the load
+average printed.
 """
 from __future__ import annotations
 
@@ -244,9 +245,10 @@ def main(argv):
             print(f"horovod 1f1b / tensorflow 1f1b: "
                   f"{ms['horovod/1f1b'] / ms['tensorflow/1f1b']:.3f} (target >= 1.6)")
         for s in grouped():
+            one = ms[f"tensorflow/{s}-grouped"]
             print(f"tensorflow {s}, one process per host (--group_devices) / one per slot: "
-                  f"{ms[f'tensorflow/{s}-grouped'] / ms[f'tensorflow/{s}']:.3f}" + (
-                      f"; / 1f1b grouped: {ms[f'tensorflow/{s}-grouped'] / ms['tensorflow/1f1b-grouped']:.3f}"
+                  f"{one / ms[f'tensorflow/{s}']:.3f}" + (
+                      f"; / 1f1b grouped: {one / ms['tensorflow/1f1b-grouped']:.3f}"
                       if s != "1f1b" and "1f1b" in grouped() else ""))
         for mode in FLAGS.chief_weights:
             name = f"tensorflow/1f1b, weights on the chief ({mode})"

@@ -323,12 +323,10 @@ class StageModel:
             x = self.boundary_bytes(first - 1)
             send_forward = self.transfer_ms(x, previous, counts)
             send_backward = self.transfer_ms(x, counts, previous)
-        forward, backward = self.forward_ms(first, last, replicas), \
-            self.backward_ms(first, last, replicas)
-        if self.transfer_cpu:           # a transfer's ends, on CPU hosts
-            cpu = self.transfer_cpu_ms(first, last, replicas)
-            forward, backward = forward + cpu, backward + cpu
-        return StageCost(send_forward, send_backward, forward, backward,
+        cpu = self.transfer_cpu_ms(first, last, replicas)      # a transfer's ends; 0 on GPUs
+        return StageCost(send_forward, send_backward,
+                         self.forward_ms(first, last, replicas) + cpu,
+                         self.backward_ms(first, last, replicas) + cpu,
                          self.exposed_allreduce_ms(first, last, counts, replicas),
                          self.max_in_flight(first, last, replicas))
 
@@ -404,12 +402,10 @@ class PlanCosts:
         # I of a split backward: its share of the layers' backward, and every transfer end
         # (W sends and receives nothing)
         self.pipeline.input_gradient_ms = [
-            (s.backward_ms * profile.input_gradient_fraction(st.first, st.last))
-            if not model.transfer_cpu else
-            (model.backward_ms(st.first, st.last, sum(c)) *
-             profile.input_gradient_fraction(st.first, st.last) +
-             model.transfer_cpu_ms(st.first, st.last, sum(c)))
-            for s, st, c in zip(self.stages, plan.stages, lanes)]
+            model.backward_ms(st.first, st.last, sum(c)) *
+            profile.input_gradient_fraction(st.first, st.last) +
+            model.transfer_cpu_ms(st.first, st.last, sum(c))
+            for st, c in zip(plan.stages, lanes)]
         if plan.transfers == "tensorflow":      # the chief sends the first stage its rows
             first_devices = micro_batch_devices(plan)[0]
             self.pipeline.start_ms = [model.fed_rows_ms(first_devices)] + \
