@@ -1,7 +1,7 @@
-"""benchmarks/tf_runtime_cpu.py's reading of perf samples: literal `perf script` text, as perf
-printed it for a 2-process pipeline (symbols shortened where long), and the class each sample
-belongs to."""
-from benchmarks.tf_runtime_cpu import classify, parse_samples
+"""benchmarks/perf_samples.py (what benchmarks/tf_runtime_cpu.py reads perf with): literal
+`perf script` text, as perf printed it for a 2-process pipeline (symbols shortened where long),
+and the class each sample belongs to."""
+from benchmarks.perf_samples import classify, parse_samples
 
 TF = "(/v/libtensorflow_cc.so.2)"
 FRAMEWORK = "(/v/libtensorflow_framework.so.2)"
