@@ -136,11 +136,9 @@ def hand_worker(order: str) -> None:
 
 
 def hand_split_ms(order: str) -> float:
-    sizes = [f"--width={FLAGS.width}", f"--depth={FLAGS.depth}", f"--batch={FLAGS.batch}",
-             f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]
     cmd = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
            "--hosts=localhost:2", "--", sys.executable, os.path.abspath(__file__),
-           f"--hand_worker={order}"] + sizes
+           f"--hand_worker={order}"] + trs.sizes()
     return read_step_ms(run_checked(cmd, sst.env(), REPO))
 
 
@@ -150,9 +148,7 @@ def main(argv):
         return hand_worker(FLAGS.hand_worker)
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"    # every job inherits it
     print("command: python benchmarks/tf_hand_split.py " + " ".join(
-        [f"--repeats={FLAGS.repeats}", f"--steps={FLAGS.steps}", f"--width={FLAGS.width}",
-         f"--depth={FLAGS.depth}", f"--batch={FLAGS.batch}",
-         f"--micro_batches={FLAGS.micro_batches}"]))
+        [f"--repeats={FLAGS.repeats}"] + trs.sizes()))
     jobs = {f"plain, accumulating {FLAGS.micro_batches}": lambda p: trs.measure(
                 "plain-accumulating"),
             "hand split, free": lambda p: hand_split_ms("free"),

@@ -41,36 +41,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 
 from benchmarks import schedule_step_time as sst  # noqa: E402  (its flags: width, depth, ...)
+from benchmarks import tf_runtime_step as trs  # noqa: E402  (its jobs' commands)
 from benchmarks.perf_samples import classify, descendants, samples  # noqa: E402
 from benchmarks.step_timing import read_step_ms  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("jobs", ["plain-accumulating", "tensorflow", "horovod"], "what to sample")
+JOBS = ("plain-accumulating", "tensorflow", "horovod")    # tf_runtime_step.py's kinds
+flags.DEFINE_list("jobs", list(JOBS), "what to sample")
 flags.DEFINE_float("settle", 30.0, "seconds from a job's start to the window (start-up, tracing)")
 flags.DEFINE_float("window", 10.0, "seconds sampled")
 flags.DEFINE_integer("frequency", 999, "samples a second a CPU")
-
-def command(job: str, plan_path: str) -> list:
-    sizes = [f"--width={FLAGS.width}", f"--depth={FLAGS.depth}", f"--batch={FLAGS.batch}",
-             f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]
-    if job == "plain-accumulating":
-        return [sys.executable, os.path.join(HERE, "tf_runtime_step.py"), "--plain_worker",
-                "--accumulate"] + sizes
-    worker = [sys.executable, os.path.join(HERE, "schedule_step_time.py"),
-              f"--worker_plan={plan_path}"] + sizes
-    if job == "horovod":
-        return sst.horovodrun(worker)
-    if job == "tensorflow":
-        return [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
-                f"--plan={plan_path}", "--"] + worker
-    raise app.UsageError(f"--jobs: {job!r} is not one of plain-accumulating, tensorflow, "
-                         f"horovod")
 
 
 def sample_job(job: str, plan_path: str, tmp: str) -> dict:
     env = dict(sst.env(), TF_ENABLE_ONEDNN_OPTS="1")
     log = open(os.path.join(tmp, f"{job}.log"), "w+")
-    process = subprocess.Popen(command(job, plan_path), env=env, cwd=REPO, stdout=log,
+    process = subprocess.Popen(trs.job_command(job, plan_path), env=env, cwd=REPO, stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True)
     data = os.path.join(tmp, f"{job}.data")
     try:
@@ -88,8 +74,9 @@ def sample_job(job: str, plan_path: str, tmp: str) -> dict:
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    log.seek(0)
-    step_ms = read_step_ms(log.read())
+    with log:
+        log.seek(0)
+        step_ms = read_step_ms(log.read())
     counts = collections.Counter()
     for pid, frames, dso in samples(data):
         counts["idle" if pid == 0 else classify(frames, dso) if pid in pids else
@@ -103,11 +90,11 @@ def main(argv):
     del argv
     if subprocess.run(["perf", "--version"], capture_output=True).returncode != 0:
         raise app.UsageError("needs Linux `perf` (linux-tools) on the PATH")
+    if set(FLAGS.jobs) - set(JOBS):
+        raise app.UsageError(f"--jobs={','.join(FLAGS.jobs)}: each is one of {', '.join(JOBS)}")
     print("command: python benchmarks/tf_runtime_cpu.py " + " ".join(
         [f"--jobs={','.join(FLAGS.jobs)}", f"--settle={FLAGS.settle:g}",
-         f"--window={FLAGS.window:g}", f"--steps={FLAGS.steps}", f"--width={FLAGS.width}",
-         f"--depth={FLAGS.depth}", f"--batch={FLAGS.batch}",
-         f"--micro_batches={FLAGS.micro_batches}"]))
+         f"--window={FLAGS.window:g}"] + trs.sizes()))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = os.path.join(tmp, "1f1b.json")

@@ -134,25 +134,28 @@ def sizes() -> list:
             f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]
 
 
-def measure(kind: str, plan_path: str = "", extra_env=None, loop: bool = False) -> float:
+def job_command(kind: str, plan_path: str = "", loop: bool = False) -> list:
+    """The command of one job: `kind` plain | plain-accumulating | tensorflow |
+    tensorflow-grouped | horovod (a plan's kinds run `plan_path`)."""
     if kind.startswith("plain"):
-        cmd = [sys.executable, os.path.abspath(__file__), "--plain_worker"] + sizes() + (
+        return [sys.executable, os.path.abspath(__file__), "--plain_worker"] + sizes() + (
             ["--accumulate"] if kind == "plain-accumulating" else [])
-    else:
-        worker = [sys.executable, os.path.join(HERE, "schedule_step_time.py"),
-                  f"--worker_plan={plan_path}"] + sizes() + (["--worker_loop"] if loop else [])
-        if kind == "horovod":
-            cmd = sst.horovodrun(worker)
-        else:
-            cmd = [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
-                   f"--plan={plan_path}"] + (["--group_devices"] if kind == "tensorflow-grouped"
-                                             else []) + ["--"] + worker
+    worker = [sys.executable, os.path.join(HERE, "schedule_step_time.py"),
+              f"--worker_plan={plan_path}"] + sizes() + (["--worker_loop"] if loop else [])
+    if kind == "horovod":
+        return sst.horovodrun(worker)
+    return [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
+            f"--plan={plan_path}"] + (["--group_devices"] if kind == "tensorflow-grouped"
+                                      else []) + ["--"] + worker
+
+
+def measure(kind: str, plan_path: str = "", extra_env=None, loop: bool = False) -> float:
     env = dict(sst.env(), **(extra_env or {}))
     if kind == "tensorflow-grouped":
         # One process holds both devices: give it the threads the two per-slot processes
         # have between them, else its two stages share a single intra-op thread.
         env["TF_NUM_INTRAOP_THREADS"] = "2"
-    return read_step_ms(run_checked(cmd, env, REPO))
+    return read_step_ms(run_checked(job_command(kind, plan_path, loop), env, REPO))
 
 
 def predicted_ms(plans: dict) -> dict:
