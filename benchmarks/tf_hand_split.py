@@ -11,13 +11,19 @@ Jobs (one intra-op thread a process, oneDNN on; each round runs them in turn, me
   first half of the layers on task 0 and the rest on task 1, M micro-batches unrolled in one
   `tf.function` with no order beyond the data's (all forwards, then all backwards, as written;
   the executor runs whatever is ready), gradients summed as tensors;
+* hand split, bounded: no order but 1f1b's bound on the micro-batches in flight, plus one (the
+  memory dapple's lanes alone on a CPU hold, `graph_rewrite.in_flight`): task 0's forward m
+  waits for its backward m - 3, task 1's micro-batch m (its forward and backward are one
+  action here) for its micro-batch m - 2;
 * hand split, 1f1b: the same with each task's forwards and backwards chained by control
   dependencies in 1f1b's order (task 0: F0 F1 B0 F2 B1 ...; task 1: F0 B0 F1 B1 ...);
 * dapple, tensorflow 1f1b: `dapple launch --runtime=tensorflow` with the 1f1b plan of
-  `schedule_step_time.py` (the same cut).
+  `schedule_step_time.py` (the same cut);
+* horovod 1f1b: the same plan under `horovodrun` (`--nohorovod` leaves it out).
 
-What it separates: what enforcing an order costs on these 2 cores (free against 1f1b, both by
-hand) and what dapple costs beyond a hand-written 1f1b.
+What it separates: what enforcing an order costs on these 2 cores (free, bounded and 1f1b, all
+by hand), what dapple costs beyond a hand-written 1f1b, and how far from Horovod's step a
+hand-written pipeline gets in each order.
 """
 from __future__ import annotations
 
@@ -40,7 +46,8 @@ from benchmarks import schedule_step_time as sst  # noqa: E402
 from benchmarks.step_timing import RESULT, read_step_ms, run_checked  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("hand_worker", "", ["", "free", "1f1b"], "internal: time the hand split")
+ORDERS = ("free", "bounded", "1f1b")
+flags.DEFINE_enum("hand_worker", "", ("",) + ORDERS, "internal: time the hand split")
 
 
 def hand_worker(order: str) -> None:
@@ -78,44 +85,51 @@ def hand_worker(order: str) -> None:
         xs, ys = tf.split(x, M), tf.split(y, M)
         sums, tapes, last = [None, None], {}, [[], []]
 
-        def after(task):      # 1f1b: each task's actions one after another
-            return tf.control_dependencies(last[task] if order == "1f1b" else [])
+        # bounded: (task 0, task 1) micro-batches in flight, 1f1b's warm-up depths plus one
+        bound, done = (3, 2), ({}, {})     # done: task -> m -> tensors ending its backward m
+
+        def after(task, m=None):
+            if order == "1f1b":     # each task's actions one after another
+                return tf.control_dependencies(last[task])
+            if order == "bounded" and m is not None:
+                return tf.control_dependencies(done[task].get(m - bound[task], []))
+            return tf.control_dependencies([])
 
         def add(task, grads):
             sums[task] = grads if sums[task] is None else [a + g for a, g in
                                                            zip(sums[task], grads)]
 
         def forward(m):
-            with tf.device(devices[0]), after(0), tf.GradientTape() as tape:
+            with tf.device(devices[0]), after(0, m), tf.GradientTape() as tape:
                 h = first(xs[m])
             tapes[m], last[0] = (tape, h), [h]
 
         def backward(m):
             tape, h = tapes.pop(m)
-            with tf.device(devices[1]), after(1):
+            with tf.device(devices[1]), after(1, m):
                 with tf.GradientTape() as tape1:
                     tape1.watch(h)
                     loss = second(tf.identity(h), ys[m])
                 grads = tape1.gradient(loss, [h] + weights[1])
                 add(1, grads[1:])
-                last[1] = [grads[0]]
+                last[1] = done[1][m] = grads[:1]
             with tf.device(devices[0]), after(0):
                 grads0 = tape.gradient(h, weights[0], output_gradients=grads[0])
                 add(0, grads0)
-                last[0] = grads0[:1]
+                last[0], done[0][m] = grads0[:1], grads0
 
-        if order == "1f1b":
+        if order == "free":
+            for m in range(M):
+                forward(m)
+            for m in range(M):
+                backward(m)
+        else:
             forward(0)
             forward(1)
             for m in range(M):
                 backward(m)
                 if m + 2 < M:
                     forward(m + 2)
-        else:
-            for m in range(M):
-                forward(m)
-            for m in range(M):
-                backward(m)
         updates = []
         for task in (0, 1):
             with tf.device(devices[task]):
@@ -151,9 +165,10 @@ def main(argv):
         [f"--repeats={FLAGS.repeats}"] + trs.sizes()))
     jobs = {f"plain, accumulating {FLAGS.micro_batches}": lambda p: trs.measure(
                 "plain-accumulating"),
-            "hand split, free": lambda p: hand_split_ms("free"),
-            "hand split, 1f1b": lambda p: hand_split_ms("1f1b"),
+            **{f"hand split, {order}": lambda p, o=order: hand_split_ms(o) for order in ORDERS},
             "dapple, tensorflow 1f1b": lambda p: trs.measure("tensorflow", p)}
+    if FLAGS.horovod:
+        jobs["horovod 1f1b"] = lambda p: trs.measure("horovod", p)
     figures = {name: [] for name in jobs}
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = os.path.join(tmp, "1f1b.json")
@@ -171,6 +186,9 @@ def main(argv):
     print(f"hand 1f1b / hand free (what the order costs): "
           f"{ms['hand split, 1f1b'] / ms['hand split, free']:.3f}; dapple / hand 1f1b: "
           f"{ms['dapple, tensorflow 1f1b'] / ms['hand split, 1f1b']:.3f}")
+    if FLAGS.horovod:
+        print("horovod 1f1b over: " + ", ".join(
+            f"{k} {ms['horovod 1f1b'] / v:.3f}" for k, v in ms.items() if k != "horovod 1f1b"))
 
 
 if __name__ == "__main__":
