@@ -75,3 +75,52 @@ def test_lanes_alone_compute_the_plain_models_gradients_step_after_step(alone, n
         x, y = data(32, seed)
         for a, b in zip(pm.gradients(x, y), plain_gradients(x, y)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture
+def bounded(alone, monkeypatch):
+    """Lanes alone and bounded, as on the TensorFlow cluster runtime's tasks."""
+    from graph_rewrite.pipeline import PipelineStep
+    monkeypatch.setattr(PipelineStep, "bounded_lanes", True)
+
+
+def enforced(graph, stage, before, after):
+    """Whether the traced graph runs all of action `after`'s ops after all of `before`'s."""
+    from tests.graph_rewrite.test_schedule_lowering import descendants, ops_by_task
+    tasks = ops_by_task(graph)
+    reach = descendants(tasks[(stage, 0) + before])
+    return all(op in reach for op in tasks[(stage, 0) + after])
+
+
+def test_a_bounded_lane_orders_a_forward_only_after_the_backwards_its_bound_needs(bounded):
+    # 1F1B on 2 stages, M = 6: stage 0 holds 2 micro-batches, stage 1 one; bounded, one more
+    # each. So (hand-computed) stage 0's F m waits for B m - 3 and stage 1's for B m - 2, and
+    # nothing else: for micro-batches k < m of a stage, F m runs after B k (and so after F k)
+    # exactly when k <= m - bound.
+    plan = straight_plan([2], 5, 6, 48, schedule="1f1b")
+    graph = traced_graph(plan)
+    for stage, bound in ((0, 3), (1, 2)):
+        for m in range(6):
+            for k in range(m):
+                for pair in ((("B", k), ("F", m)), (("F", k), ("F", m))):
+                    assert enforced(graph, stage, *pair) == (k <= m - bound), (stage, pair)
+    # 1F1B's list puts B 0 before F 2 on stage 0 and F 1 on stage 1: neither waits here.
+    assert not enforced(graph, 0, ("B", 0), ("F", 2))
+    assert not enforced(graph, 1, ("B", 0), ("F", 1))
+
+
+def test_a_lane_sharing_its_process_keeps_its_plans_order_though_bounded(monkeypatch):
+    from graph_rewrite.pipeline import PipelineStep
+    monkeypatch.setattr(PipelineStep, "bounded_lanes", True)
+    plan = straight_plan([2], 5, 4, 48, schedule="1f1b")
+    assert unenforced_edges(traced_graph(plan), plan_schedule(plan), [1, 1]) == []
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_bounded_lanes_compute_the_plain_models_gradients_step_after_step(bounded, name):
+    pm = dapple.PipelinedModel(dense_mlp(), PLANS[name](), micro_batch_loop=False)
+    pm.compile(optimizer="sgd", loss=LOSS)
+    for seed in (1, 2):
+        x, y = data(32, seed)
+        for a, b in zip(pm.gradients(x, y), plain_gradients(x, y)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
