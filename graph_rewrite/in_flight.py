@@ -16,24 +16,12 @@ zb-h1 1.00), 3 no better than 2. Where one process runs several lanes they alrea
 threads (two lanes on 2 cores: 1.05-1.09 at 2), and a GPU's one compute stream gains nothing:
 there the plan's order holds. Relaxed schedules keep it too: their weight versions are moved
 between actions in the list's order.
-
-A runtime whose transfers are buffered (a send never waits for its receiver: TensorFlow's
-cluster runtime) can drop the order altogether and keep only the memory bound: there a lane
-alone on a CPU is *bounded* (`BoundedLane`, `PipelineStep.bounded_lanes`). Its forwards wait
-for the backwards its list puts before the previous forward, nothing else waits: every stage
-then holds at most one micro-batch more than its list does (1F1B's first of 2 stages: F m after
-B m - 3), and a process runs whatever the data allows, a backward beside a backward too. On 2
-processes sharing 2 cores that lets one process use the core the other leaves idle (the
-bubble). Horovod's runtime keeps the window: its transfers are rendezvous, each rank's lane the
-order its peers wait on.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 import tensorflow as tf
-
-from planner.schedules.actions import BACKWARD, BACKWARD_WEIGHT, FORWARD
 
 CPU_LANE_DEPTH = 2      # 1: every lane in its plan's order
 
@@ -55,55 +43,6 @@ def order_depth(step, unit) -> int:
     if step.plan.schedule.relaxed or not alone_on_cpu(step, unit):
         return 1
     return max(CPU_LANE_DEPTH, 1)
-
-
-def lane_order(step, unit):
-    """How `unit`'s lane orders its actions in an unrolled step."""
-    depth = order_depth(step, unit)
-    if depth > 1 and getattr(step, "bounded_lanes", False):
-        return BoundedLane(step.device(*unit))
-    return LaneWindow(depth)
-
-
-class LaneWindow:
-    """Each action waits for the actions `depth` to 2 * depth - 1 back (`waits`)."""
-
-    def __init__(self, depth: int):
-        self.depth = depth
-        self._history: List[list] = []
-
-    def waits(self, kind: str) -> list:
-        return waits(self._history, self.depth)
-
-    def done(self, kind: str, tensors: list) -> None:
-        self._history.append(tensors)
-        del self._history[:-(2 * self.depth - 1)]
-
-
-class BoundedLane:
-    """A forward waits for every micro-batch's end (its B, or W of a split backward) that the
-    lane's list puts before the previous forward; nothing else waits. The ends are gathered in
-    one op on the lane's device as they come, each waiting for the one before, so a forward
-    waits on one op."""
-
-    def __init__(self, device: str):
-        self._device = device
-        self._ends: Optional[tf.Operation] = None           # every end so far
-        self._at_last_forward: Optional[tf.Operation] = None  # `_ends` at the last forward
-
-    def waits(self, kind: str) -> list:
-        if kind != FORWARD:
-            return []
-        wait = [self._at_last_forward] if self._at_last_forward is not None else []
-        self._at_last_forward = self._ends
-        return wait
-
-    def done(self, kind: str, tensors: list) -> None:
-        if kind in (BACKWARD, BACKWARD_WEIGHT) and tensors:
-            before = [self._ends] if self._ends is not None else []
-            with tf.device(self._device), tf.name_scope("lane_ends"), \
-                    tf.control_dependencies(before + tensors):
-                self._ends = tf.no_op()
 
 
 def waits(history: List[list], depth: int) -> list:

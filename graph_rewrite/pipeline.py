@@ -26,9 +26,7 @@ simulator replays):
   position and replica; an interleaved position runs several chunks, and `stage` below means
   the chunk), through control dependencies on its tensors; a send does not hold its device back,
   a receive does. A lane alone in its process on a CPU keeps two actions in flight instead
-  (`graph_rewrite.in_flight`): an action waits for those two and three back; with buffered
-  transfers (`bounded_lanes`) only its forwards wait, for the micro-batches its list ends
-  before the previous forward. Each action is
+  (`graph_rewrite.in_flight`): an action waits for those two and three back. Each action is
   built under the name scope `stage{s}/replica{r}/{kind}{m}` so the traced graph can be read
   back and checked
   (`tests/graph_rewrite/test_schedule_lowering.py`); TF names the gradient ops a tape builds
@@ -92,11 +90,6 @@ class StepResult:
 
 class PipelineStep:
     """Builds the pipelined forward/backward of one global batch for `model` and `plan`."""
-
-    # Set by a runtime whose transfers are buffered: lanes alone on a CPU keep only the plan's
-    # memory bound plus one (`in_flight.BoundedLane`).
-    bounded_lanes = False
-
     def __init__(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                  devices: Sequence[str], transport=None,
                  stages: Optional[List[StageGraph]] = None, micro_batch_loop: bool = False,
@@ -214,7 +207,8 @@ class PipelineStep:
         by_stage: Dict[int, List[int]] = {}
         for s, r in units:
             by_stage.setdefault(s, []).append(r)
-        lanes = {self.lane(s, r): in_flight.lane_order(self, (s, r)) for s, r in units}
+        state.previous = {self.lane(s, r): [] for s, r in units}
+        depths = {self.lane(s, r): in_flight.order_depth(self, (s, r)) for s, r in units}
         moving_before = bstats.read_moving_statistics(self.stages, units) if training else {}
         if training:
             state.statistics = {u: bstats.StatisticsRecorder() for u in units}
@@ -240,13 +234,15 @@ class PipelineStep:
                 self._allreduce(state, stage, by_stage[stage], action)
                 continue
             for replica in by_stage[stage]:
-                lane = lanes[self.lane(stage, replica)]
+                lane = self.lane(stage, replica)
+                history, depth = state.previous[lane], depths[lane]
                 with tf.device(self.device(stage, replica)), \
                         tf.name_scope(task_scope(stage, replica, action.kind, action.micro_batch)), \
-                        tf.control_dependencies(lane.waits(action.kind)):
+                        tf.control_dependencies(in_flight.waits(history, depth)):
                     done = self.dispatch[action.kind](state, (stage, replica), action)
                 if done is not None:
-                    lane.done(action.kind, done)
+                    history.append(done)
+                    del history[:-(2 * depth - 1)]
 
         loss = tf.add_n(state.loss_terms) if state.loss_terms else tf.constant(0.0)
         if training:

@@ -45,6 +45,7 @@ class StepState:
             with tf.control_dependencies(None), tf.name_scope("dapple_zeros/"):
                 self.zeros[key] = tf.fill(t.shape, tf.cast(self.zero, t.dtype))
         return self.zeros[key]
+    previous: Dict[Unit, List[list]] = field(default_factory=dict)  # a lane's last actions' tensors
     received: Dict[Tuple[Unit, str, int], Tensors] = field(default_factory=dict)
     stash: Dict[Tuple[Unit, int], Stashed] = field(default_factory=dict)
     input_gradients: Dict[Tuple[Unit, int], Tensors] = field(default_factory=dict)

@@ -35,7 +35,6 @@ def task_devices(counts: List[int]) -> List[str]:
 
 
 class TFClusterRuntime(StageWeightsRuntime):
-    buffered_transfers = True       # TensorFlow's Send/Recv
     def __init__(self, plan: Plan, devices: Optional[List[str]] = None, stages=None):
         tasks = addresses_from_environment()
         if tasks is None:

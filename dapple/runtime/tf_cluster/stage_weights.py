@@ -141,10 +141,6 @@ class StageWeightsRuntime(LocalRuntime):
     """The local runtime's step on any devices, with each stage's weights on its devices
     (`DAPPLE_TF_WEIGHTS` chooses otherwise)."""
 
-    # Whether a transfer never waits for its receiver: lanes alone on a CPU then keep only their
-    # memory bound (`graph_rewrite.in_flight.BoundedLane`).
-    buffered_transfers = False
-
     def __init__(self, plan: Plan, devices=None, stages=None):
         super().__init__(plan, devices, stages)
         self._kept: List[WorkingCopies] = []        # the current step's stages with trained copies
@@ -163,13 +159,11 @@ class StageWeightsRuntime(LocalRuntime):
                   micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
         mode = weight_mode()
         if mode == "chief":         # no copies, even for loops
-            step = self._step(PipelineStep, model, plan, loss, micro_batch_loop, pipeline_loop)
-        else:
-            self._leave()               # a new step (compile again): keep what was trained
-            step = self._step(CopyingStep, model, plan, loss, micro_batch_loop, pipeline_loop)
-            if mode == "stage":
-                self._keep(step, replicas_in_place=not global_clipnorm(model.optimizer))
-        step.bounded_lanes = self.buffered_transfers
+            return self._step(PipelineStep, model, plan, loss, micro_batch_loop, pipeline_loop)
+        self._leave()                   # a new step (compile again): keep what was trained
+        step = self._step(CopyingStep, model, plan, loss, micro_batch_loop, pipeline_loop)
+        if mode == "stage":
+            self._keep(step, replicas_in_place=not global_clipnorm(model.optimizer))
         return step
 
     def make_relaxed_step(self, model, plan, loss, max_batches, pipeline_loop=False):
