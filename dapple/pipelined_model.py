@@ -36,6 +36,12 @@ the other processes and a looped step measured 18-44% slower (docs/runtime.md, "
 by default"). A relaxed plan runs unrolled unless `pipeline_loop=True` (then its lists loop where
 they are periodic: PipeDream's updates inside the loop, 2BW's between loops); recomputing plans
 and evaluation run unrolled.
+
+An unrolled step calls each stage's functions once per micro-batch, out of line by default: the
+graph optimizer rewrites a stage once, not once per call, so the first call stays short.
+`inline_stage_calls=True` inlines those calls into the step: a longer first call, and a steady
+step that may be faster or slower by model and runtime, so measure it on yours (docs/runtime.md,
+"Inlined stage calls"); None keeps each runtime's default.
 """
 from __future__ import annotations
 
@@ -64,7 +70,8 @@ from planner.formats.slicing import check_even
 class PipelinedModel:
     def __init__(self, model: tf.keras.Model, plan: Union[Plan, str], devices=None,
                  runtime: Optional[str] = None, micro_batch_loop: bool = True,
-                 pipeline_loop: Optional[bool] = None):
+                 pipeline_loop: Optional[bool] = None,
+                 inline_stage_calls: Optional[bool] = None):
         require_keras2_model(model, "PipelinedModel", keras3_functional=Keras3.is_graph_model)
         self.model = model
         self._keras3 = is_keras3(model)
@@ -82,6 +89,7 @@ class PipelinedModel:
         # steady step measured 1.0-1.3x the unrolled one (2BW), 1.6-1.7x (PipeDream) here
         # (docs/runtime.md).
         self._relaxed_loop = pipeline_loop is True
+        self.inline_stage_calls = inline_stage_calls
         self._loss: Optional[PipelineLoss] = None
         self._step: Optional[PipelineStep] = None     # relaxed plans: their synchronous step
         self._relaxed: Optional[RelaxedTraining] = None
@@ -114,7 +122,8 @@ class PipelinedModel:
                                   loss_weights)
         self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan), self._loss,
                                             micro_batch_loop=self.micro_batch_loop,
-                                            pipeline_loop=self.pipeline_loop)
+                                            pipeline_loop=self.pipeline_loop,
+                                            inline_stage_calls=self.inline_stage_calls)
         self._relaxed = RelaxedTraining(
             self.model, self.plan, self.runtime, self._loss, self.optimizer, steps_per_execution,
             self._update_metrics, self._relaxed_loop) if is_relaxed(self.plan) else None
@@ -135,7 +144,8 @@ class PipelinedModel:
                 PipelineTrainer = trainer_class(keras2_module_of(self.model))
             if self._step is None:          # predict before compile: a forward-only step
                 self._step = self.runtime.make_step(self.model, synchronous_plan(self.plan),
-                                                    None)
+                                                    None,
+                                                    inline_stage_calls=self.inline_stage_calls)
             trainer = PipelineTrainer(self)
             if self._loss is not None:
                 # Its optimizer variables as the runtime builds them (under horovodrun: this

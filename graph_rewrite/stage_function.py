@@ -45,6 +45,7 @@ class StageFunction:
         self.loss = loss
         self.output_ids = list(output_ids)
         self.last = last
+        self.inlined = inlined
         self.statistics_rows: Dict[str, int] = {}
         self.nodes = {str(id(n)): n for n in graph.nodes}
         self.scratch = bstats.ScratchStatistics(bstats.normalization_layers(graph.nodes))

@@ -36,10 +36,12 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
-                  micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
+                  micro_batch_loop: bool = False, pipeline_loop: bool = False,
+                  inline_stage_calls: Optional[bool] = None) -> PipelineStep:
         """The pipelined step of the units this process runs (`loss=None`: forward only);
         `micro_batch_loop`: a data-parallel plan's lanes as loops; `pipeline_loop`: a
-        pipeline's steady periods as loops (locally and under Horovod)."""
+        pipeline's steady periods as loops (locally and under Horovod); `inline_stage_calls`:
+        the stage calls of an unrolled step inlined into it (None: the runtime's default)."""
 
     @abc.abstractmethod
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,

@@ -117,12 +117,13 @@ class HorovodRuntime(Runtime):
         self.shuffle_seed = int(seed)
 
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
-                  micro_batch_loop: bool = False,
-                  pipeline_loop: bool = False) -> HorovodPipelineStep:
+                  micro_batch_loop: bool = False, pipeline_loop: bool = False,
+                  inline_stage_calls: Optional[bool] = None) -> HorovodPipelineStep:
+        inline = {} if inline_stage_calls is None else dict(inline_stage_calls=inline_stage_calls)
         return HorovodPipelineStep(model, plan, loss, self.device, self.process_sets,
                                    self.layout, stages=self.stages,
                                    micro_batch_loop=micro_batch_loop,
-                                   pipeline_loop=pipeline_loop)
+                                   pipeline_loop=pipeline_loop, **inline)
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int, pipeline_loop: bool = False) -> HorovodPipelineStep:

@@ -31,17 +31,20 @@ class LocalRuntime(Runtime):
             max(d for s in plan.stages for d in s.devices) + 1)
 
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
-                  micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
+                  micro_batch_loop: bool = False, pipeline_loop: bool = False,
+                  inline_stage_calls: Optional[bool] = None) -> PipelineStep:
         # A looped pipeline reads its weights every iteration: beside each unit, as copies.
         step_class = CopyingStep if pipeline_loop and len(plan.stages) > 1 else PipelineStep
-        return self._step(step_class, model, plan, loss, micro_batch_loop, pipeline_loop)
+        return self._step(step_class, model, plan, loss, micro_batch_loop, pipeline_loop,
+                          inline_stage_calls)
 
     def _step(self, step_class, model: tf.keras.Model, plan: Plan,
               loss: Optional[PipelineLoss], micro_batch_loop: bool,
-              pipeline_loop: bool) -> PipelineStep:
+              pipeline_loop: bool, inline_stage_calls: Optional[bool] = None) -> PipelineStep:
         """A `step_class` (`PipelineStep` or a subclass) on this runtime's devices."""
         return step_class(model, plan, loss, self.devices, stages=self.stages,
-                          micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop)
+                          micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop,
+                          inline_stage_calls=bool(inline_stage_calls))
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int, pipeline_loop: bool = False) -> PipelineStep:

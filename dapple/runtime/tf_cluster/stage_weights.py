@@ -156,12 +156,15 @@ class StageWeightsRuntime(LocalRuntime):
 
     # ---- where the weights are ---------------------------------------------------------------
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
-                  micro_batch_loop: bool = False, pipeline_loop: bool = False) -> PipelineStep:
+                  micro_batch_loop: bool = False, pipeline_loop: bool = False,
+                  inline_stage_calls: Optional[bool] = None) -> PipelineStep:
         mode = weight_mode()
         if mode == "chief":         # no copies, even for loops
-            return self._step(PipelineStep, model, plan, loss, micro_batch_loop, pipeline_loop)
+            return self._step(PipelineStep, model, plan, loss, micro_batch_loop, pipeline_loop,
+                              inline_stage_calls)
         self._leave()                   # a new step (compile again): keep what was trained
-        step = self._step(CopyingStep, model, plan, loss, micro_batch_loop, pipeline_loop)
+        step = self._step(CopyingStep, model, plan, loss, micro_batch_loop, pipeline_loop,
+                          inline_stage_calls)
         if mode == "stage":
             self._keep(step, replicas_in_place=not global_clipnorm(model.optimizer))
         return step

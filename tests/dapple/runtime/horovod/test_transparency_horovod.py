@@ -43,6 +43,9 @@ CASES = [
     ("zb-h1-1:2", 3, ["--cuts=3", "--replicas=1,2", "--micro_batches=8", "--schedule=zb-h1",
                       "--global_batch=32"]),
     ("zb-h1-dp2", 2, ["--cuts=", "--replicas=2", "--micro_batches=1", "--schedule=zb-h1"]),
+    # PipelinedModel(inline_stage_calls=True): each rank's stage calls inlined into its step
+    ("straight2-inlined", 2, ["--cuts=2", "--replicas=1,1", "--micro_batches=4",
+                              "--schedule=1f1b", "--inline_stage_calls"]),
 ]
 
 
@@ -76,6 +79,9 @@ def test_gradients_and_weights_equal_plain_model(case):
     assert stages == list(range(len(args[1].split("=")[1].split(",")))), reports
     for rep in reports.values():    # across ranks a pipeline runs unrolled by default
         assert rep["pipeline_loop"] is False and rep["schedule_loops"] == 0, rep
+        # inlined where asked, and by default only for a data-parallel rank at M = 1
+        inlined = "--inline_stage_calls" in args or {"--cuts=", "--micro_batches=1"} <= set(args)
+        assert rep["inlined_stage_calls"] == [inlined], rep
 
 
 @pytest.mark.horovod

@@ -18,9 +18,10 @@ from tests import models
 
 
 class CopyingRuntime(LocalRuntime):
-    def make_step(self, model, plan, loss, micro_batch_loop=False, pipeline_loop=False):
+    def make_step(self, model, plan, loss, micro_batch_loop=False, pipeline_loop=False,
+                  inline_stage_calls=None):
         return CopyingStep(model, plan, loss, self.devices, micro_batch_loop=micro_batch_loop,
-                           pipeline_loop=pipeline_loop)
+                           pipeline_loop=pipeline_loop, inline_stage_calls=bool(inline_stage_calls))
 
 
 def pipelined(model, plan, pipeline_loop=False):

@@ -43,6 +43,8 @@ parser.add_argument("--virtual_stages", type=int, default=0,
 parser.add_argument("--pipeline_loop", action="store_true", default=None,
                     help="PipelinedModel(..., pipeline_loop=True): steady periods as loops "
                          "(reports how many traces built them); without it, the default")
+parser.add_argument("--inline_stage_calls", action="store_true", default=None,
+                    help="PipelinedModel(..., inline_stage_calls=True); without it, the default")
 args = parser.parse_args()
 
 builder = getattr(models, args.model)
@@ -61,7 +63,8 @@ if args.stage_devices:
     plan.validate()
 loss = models.losses_for(model)
 
-pm = dapple.PipelinedModel(model, plan, pipeline_loop=args.pipeline_loop)
+pm = dapple.PipelinedModel(model, plan, pipeline_loop=args.pipeline_loop,
+                           inline_stage_calls=args.inline_stage_calls)
 pm.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
 ref_opt = tf.keras.optimizers.Adam(1e-2)
 
@@ -118,6 +121,7 @@ print("DAPPLE_RESULT " + json.dumps({
     "checkpoint_diff": checkpoint_diff, "while_ops": while_ops,
     "schedule_loops": pm.pipeline_step.schedule_loops, "pipeline_loop": pm.pipeline_loop,
     "lane_loops": sum(lane.traces for lane in pm.pipeline_step.lane_loops),
+    "inlined_stage_calls": sorted({f.inlined for f in pm.pipeline_step.functions}),
     "summed_on_every_replica": sorted(pm.pipeline_step.sum_on_every_replica),
     "accumulator_devices": {f"{s},{r}": sorted({v.device for v in a.variables})
                             for (s, r), a in pm.pipeline_step.loop_accumulators.items()},

@@ -1,0 +1,58 @@
+"""`PipelinedModel(inline_stage_calls=True)`: an unrolled step's stage calls may be inlined into
+it (by default they stay out of line). References: the traced step's own function library
+(which calls the graph optimizer may inline) and the plain Keras model, trained alike."""
+import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from planner.formats.plan import straight_plan
+from planner.search.chunking import interleaved_plan
+from tests.graph_rewrite.test_gradient_sums import LOSS, data, dense_mlp
+
+PLANS = {
+    "1f1b": lambda: straight_plan([2], 4, 4, 32, schedule="1f1b"),
+    "gpipe-2:1": lambda: straight_plan([2], 4, 4, 32, replicas=[2, 1], schedule="gpipe"),
+    "interleaved": lambda: interleaved_plan([1, 2, 3], 4, 4, 2, 32, [1, 1]),
+    # looped (the default in one process): a loop body calls the stage as before
+    "1f1b-looped": lambda: straight_plan([2], 4, 4, 32, schedule="1f1b"),
+    "data-parallel-looped": lambda: straight_plan([], 4, 4, 32, replicas=[2]),
+}
+
+
+def stage_calls(pm, x, y):
+    """{called function: whether it is kept out of line} for the stage calls of the traced
+    step (their forward functions and the backward functions TensorFlow derives from them)."""
+    graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients).get_concrete_function(
+        x, y).graph
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    names = {op.get_attr("f").name for op in graph.get_operations()
+             if op.type in ("StatefulPartitionedCall", "PartitionedCall")}
+    return {n: "_noinline" in library[n].attr for n in names if "_forward" in n}
+
+
+@pytest.mark.parametrize("inline", [None, False, True])
+def test_the_stage_calls_stay_out_of_line_unless_asked(inline):
+    pm = dapple.PipelinedModel(dense_mlp(), PLANS["1f1b"](), micro_batch_loop=False,
+                               inline_stage_calls=inline)
+    pm.compile(optimizer="sgd", loss=LOSS)
+    calls = stage_calls(pm, *data(32, 0))
+    assert len(calls) == 4, calls          # 2 stages: a forward and a backward function each
+    assert set(calls.values()) == {not inline}, calls
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_inlined_stage_calls_train_as_the_plain_model_does(name):
+    pm = dapple.PipelinedModel(dense_mlp(), PLANS[name](),
+                               micro_batch_loop=name.endswith("-looped"), inline_stage_calls=True)
+    pm.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=LOSS)
+    plain = dense_mlp()
+    plain.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=LOSS)
+    for seed in (1, 2, 3):
+        x, y = data(32, seed)
+        pm.train_step(x, y)
+        plain.train_on_batch(x, y)
+    for a, b in zip(pm.model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    looped = pm.pipeline_step.schedule_loops + sum(l.traces for l in pm.pipeline_step.lane_loops)
+    assert (looped > 0) == name.endswith("-looped")
