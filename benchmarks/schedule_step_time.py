@@ -55,6 +55,8 @@ flags.DEFINE_integer("steps", 10, "timed steps per measurement (median kept)")
 flags.DEFINE_integer("repeats", 3, "rounds of alternating measurements (median kept)")
 flags.DEFINE_string("worker_plan", "", "internal: time this plan as one rank")
 flags.DEFINE_bool("worker_loop", False, "internal: the worker's pipeline with pipeline_loop=True")
+flags.DEFINE_bool("worker_inline", False,
+                  "internal: the worker's pipeline with inline_stage_calls=True")
 RESULT = "DAPPLE_SPLIT_MS "
 SCHEDULES = ("1f1b", "zb-h1", "interleaved")
 
@@ -85,7 +87,8 @@ def worker() -> None:
     from planner.formats.plan import Plan
     tf.get_logger().setLevel("ERROR")
     plan = Plan.load(FLAGS.worker_plan)
-    pm = dapple.PipelinedModel(build(**model_args()), plan, pipeline_loop=FLAGS.worker_loop)
+    pm = dapple.PipelinedModel(build(**model_args()), plan, pipeline_loop=FLAGS.worker_loop,
+                               inline_stage_calls=FLAGS.worker_inline or None)
     pm.compile(tf.keras.optimizers.SGD(0.01),
                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.RandomState(0)

@@ -135,7 +135,7 @@ def steady_ms(pm, x, y) -> float:
     return 1e3 * statistics.median(times)
 
 
-def pipeline_model(schedule: str, M: int, unrolled: bool):
+def pipeline_model(schedule: str, M: int, unrolled: bool, inline_stage_calls=None):
     """(PipelinedModel, x, y): `--model` cut in two, `schedule`, M micro-batches."""
     os.environ["DAPPLE_NUM_CPU_DEVICES"] = "2"     # before TF initializes
     sys.path.insert(0, CURRENT_ROOT)
@@ -164,7 +164,8 @@ def pipeline_model(schedule: str, M: int, unrolled: bool):
         plan = interleaved_plan(cuts, n, M, 2, batch)
     else:
         plan = straight_plan(cuts, n, M, batch, schedule=schedule)
-    pm = PipelinedModel(model, plan, micro_batch_loop=not unrolled, pipeline_loop=not unrolled)
+    pm = PipelinedModel(model, plan, micro_batch_loop=not unrolled, pipeline_loop=not unrolled,
+                        inline_stage_calls=inline_stage_calls)
     pm.compile(tf.keras.optimizers.SGD(0.01), tf.keras.losses.SparseCategoricalCrossentropy())
     rng = np.random.RandomState(0)
     x = tf.constant(rng.rand(batch, 32, 32, 3).astype("float32"))
@@ -182,8 +183,8 @@ def small_mlp(weights, input_shape, classes):
     return tf.keras.Model(x, tf.keras.layers.Dense(classes, activation="softmax")(h))
 
 
-def measure_pipeline(schedule: str, M: int, unrolled: bool) -> dict:
-    pm, x, y = pipeline_model(schedule, M, unrolled)
+def measure_pipeline(schedule: str, M: int, unrolled: bool, inline_stage_calls=None) -> dict:
+    pm, x, y = pipeline_model(schedule, M, unrolled, inline_stage_calls)
     start, cpu = time.perf_counter(), time.process_time()
     pm.train_step(x, y).numpy()
     first_call_s = time.perf_counter() - start
