@@ -68,6 +68,8 @@ flags.DEFINE_list("schedules", ["1f1b"], "--pipeline: the plans' schedules")
 flags.DEFINE_enum("model", "mobilenetv2", ["mobilenetv2", "resnet50", "mlp"],
                   "--pipeline: the model (mlp: 16 x Dense(64) on the flattened image, many "
                   "small variables, so per-iteration costs of a loop show)")
+flags.DEFINE_bool("inline_stage_calls", False, "--pipeline: PipelinedModel(..., "
+                  "inline_stage_calls=True) (benchmarks/inline_stage_calls.py)")
 flags.DEFINE_integer("ab_steps", 10, "--pipeline: steps of each in the in-process A/B")
 flags.DEFINE_bool("ab", False, "internal: the worker runs the in-process A/B")
 # Worker mode (internal): one measurement against the implementation in --impl_root.
@@ -226,7 +228,8 @@ def worker_main() -> None:
                                  FLAGS.current_unrolled)
         elif FLAGS.pipeline:
             result = measure_pipeline(FLAGS.schedules[0], int(FLAGS.micro_batches[0]),
-                                      FLAGS.current_unrolled)
+                                      FLAGS.current_unrolled,
+                                      inline_stage_calls=FLAGS.inline_stage_calls or None)
         else:
             result = measure(FLAGS.impl_root, int(FLAGS.micro_batches[0]),
                              FLAGS.current_unrolled)
