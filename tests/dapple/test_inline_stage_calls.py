@@ -46,6 +46,7 @@ def test_inlined_stage_calls_train_as_the_plain_model_does(name):
     pm = dapple.PipelinedModel(dense_mlp(), PLANS[name](),
                                micro_batch_loop=name.endswith("-looped"), inline_stage_calls=True)
     pm.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=LOSS)
+    assert all(f.inlined for f in pm.pipeline_step.functions)
     plain = dense_mlp()
     plain.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=LOSS)
     for seed in (1, 2, 3):
