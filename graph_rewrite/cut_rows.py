@@ -8,7 +8,9 @@ stages of different replica counts (a sender's outputs, a receiver's gradients,
 the unit's device first and cut it there: every task of a cluster received the chief's whole
 batch, and each replica of a stage after a stage of fewer replicas the whole activation. Cut
 beside the tensor, only the unit's rows move; they are then moved once, to the unit's device (a
-loop reading them where they were cut would fetch them again every iteration).
+loop reading them where they were cut would fetch them again every iteration). What the step is
+fed moves once a step, every micro-batch's rows together (`micro_batch_rows`): between tasks
+each transfer is a call of its own, and a feed's slices are small.
 
 The cut waits for nothing: an action's control dependencies (its lane's order) would hold the
 rows back until the lane's previous action is done, so the transfer could not start early. Nor
@@ -42,3 +44,11 @@ def cut(t: tf.Tensor, part: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
 def rows(t: tf.Tensor, lo: int, hi: int) -> tf.Tensor:
     """Rows [lo, hi) of `t` (`cut`)."""
     return cut(t, lambda t: t[lo:hi])
+
+
+def micro_batch_rows(t: tf.Tensor, micro_batches: int, lo: int, hi: int) -> tf.Tensor:
+    """Rows [lo, hi) of each of `t`'s `micro_batches` equal slices, as one tensor
+    [micro_batches, hi - lo, ...] (`cut`)."""
+    shape = t.shape.as_list()
+    return cut(t, lambda t: tf.reshape(
+        t, [micro_batches, shape[0] // micro_batches] + shape[1:])[:, lo:hi])

@@ -48,7 +48,7 @@ from typing import List
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
-from graph_rewrite import cut_rows, in_flight
+from graph_rewrite import in_flight
 from graph_rewrite.local_transport import Unit
 from graph_rewrite.stage_gradients import scaled_one, stage_gradients
 from graph_rewrite.step_state import StepState
@@ -92,19 +92,8 @@ def run_lane(step, state: StepState, unit: Unit) -> None:
     actions would: accumulated gradients, loss terms, predictions, BatchNormalization
     statistics."""
     stage, replica = unit
-    M, R = step.schedule.micro_batches, step.replicas[stage]
-
-    def lane_rows(t):      # [global batch, ...] -> this replica's rows as [M, rows, ...]
-        if t is None:
-            return None
-        shape = t.shape.as_list()
-        return cut_rows.cut(t, lambda t: tf.reshape(
-            t, [M, R, shape[0] // (M * R)] + shape[1:])[:, replica])
-
-    labelled = state.labels is not None
-    inputs = {tid: lane_rows(state.inputs[tid]) for tid in step.stages[stage].input_ids}
-    labels = [lane_rows(y) for y in state.labels] if labelled else None
-    weights = [lane_rows(w) for w in state.sample_weights] if labelled else None
+    M = step.schedule.micro_batches
+    inputs, labels, weights = step.fed(state, unit)
     depth = lanes_in_flight(step, unit) if state.backward else 1
     sums, loss, predictions, statistics = step.lane_loops[stage](
         inputs, labels, weights, state.loss_scale, state.training, state.backward,

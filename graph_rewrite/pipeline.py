@@ -244,7 +244,7 @@ class PipelineStep:
                     history.append(done)
                     del history[:-(2 * depth - 1)]
 
-        loss = tf.add_n(state.loss_terms) if state.loss_terms else tf.constant(0.0)
+        loss = sum_where_made(state.loss_terms) if state.loss_terms else tf.constant(0.0)
         if training:
             self._update_moving_statistics(state.statistics, moving_before)
         gradients = (model_gradients(self.model, self.stages, state.reduced)
@@ -279,11 +279,35 @@ class PipelineStep:
 
     def _labels(self, state: StepState, unit: Unit, m: int):
         """(labels, sample weights) of the unit's rows of micro-batch m: the last stage's."""
-        if unit[0] != len(self.stages) - 1 or state.labels is None:
+        _, labels, weights = self.fed(state, unit)
+        if labels is None:
             return None, None
-        lo, hi = self.rows(*unit, m, state.global_batch)
-        return ([cut_rows.rows(y, lo, hi) for y in state.labels],
-                [None if w is None else cut_rows.rows(w, lo, hi) for w in state.sample_weights])
+        return [y[m] for y in labels], [None if w is None else w[m] for w in weights]
+
+    def fed(self, state: StepState, unit: Unit):
+        """(inputs by id, labels, sample weights) that `unit` reads of what the step is fed,
+        each as the unit's rows of every micro-batch, [M, rows, ...], on the unit's device:
+        the first stage reads the inputs, the last the labels and weights (None: not read).
+        Cut where the feed is and moved once a step: cut per micro-batch, each of M small
+        tensors would cross on its own (between tasks, a gRPC call each)."""
+        if unit not in state.fed:
+            stage = unit[0]
+            M = self.schedule.micro_batches
+            lo, hi = self.rows(*unit, 0, state.global_batch)
+
+            def rows(t):
+                return None if t is None else cut_rows.micro_batch_rows(t, M, lo, hi)
+            inputs = labels = weights = None
+            # Made for the whole step: no action's scope or control dependencies.
+            with tf.device(self.device(*unit)), tf.control_dependencies(None), \
+                    tf.name_scope("fed/"):
+                if stage == 0:
+                    inputs = {tid: rows(state.inputs[tid]) for tid in self.stages[0].input_ids}
+                if stage == len(self.stages) - 1 and state.labels is not None:
+                    labels = [rows(y) for y in state.labels]
+                    weights = [rows(w) for w in state.sample_weights]
+            state.fed[unit] = inputs, labels, weights
+        return state.fed[unit]
 
     def stage_split(self, state: StepState, unit: Unit, rows: int, global_rows: int
                     ) -> StageSplit:
@@ -343,9 +367,7 @@ class PipelineStep:
         stage, replica = unit
         m = action.micro_batch
         if stage == 0:
-            lo, hi = self.rows(0, replica, m, state.global_batch)
-            inputs = {tid: cut_rows.rows(state.inputs[tid], lo, hi)
-                      for tid in self.stages[0].input_ids}
+            inputs = {tid: t[m] for tid, t in self.fed(state, unit)[0].items()}
         else:
             inputs = self._from_previous_chunk(state, unit, m)
         if state.backward and stage in self.schedule.split_chunks:
@@ -535,6 +557,22 @@ class PipelineStep:
 
 
 # ---- accumulation ----------------------------------------------------------------------------
+def sum_where_made(terms: List[tf.Tensor]) -> tf.Tensor:
+    """The sum of `terms`, added first on each device that made them: one partial sum per
+    device crosses to where the total is made, not every micro-batch's term. The total is
+    an op of its own, placed where the step's unplaced ops run (the caller's device), even
+    for one partial sum: `tf.add_n` would return that sum itself, and the step's result would
+    stay on a stage's device, for the caller to fetch from there."""
+    by_device: Dict[str, List[tf.Tensor]] = {}
+    for t in terms:
+        by_device.setdefault(t.device, []).append(t)
+    partial = []
+    for device, on_device in by_device.items():
+        with tf.device(device):
+            partial.append(tf.add_n(on_device))
+    return tf.raw_ops.AddN(inputs=partial)
+
+
 def _add_lists(accumulated, gradients):
     return [a + g for a, g in zip(accumulated, gradients)]
 

@@ -76,7 +76,6 @@ from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from graph_rewrite import batch_statistics as bstats
-from graph_rewrite import cut_rows
 from graph_rewrite.local_transport import Crossing, LocalTransport, Unit
 from graph_rewrite.micro_batch_loop import weight_penalty
 from graph_rewrite.packing import PackedElements
@@ -401,35 +400,13 @@ class ScheduleLoop:
         # d(loss)/d(term), the same for every micro-batch: made once, outside the loop.
         with tf.device(step.device(self.S - 1, 0)):
             self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
-        self.by_micro_batch = {unit: self._micro_batch_arrays(unit) for unit in self.local}
+        self.by_micro_batch = {unit: step.fed(state, unit) for unit in self.local}
         self.list_rank: Optional[Dict[tuple, int]] = None    # `_in_list_order`'s, made once
 
     # ---- what every unit reads ----------------------------------------------------------------
     def _rows(self, unit: Unit) -> Tuple[int, int]:
         """[lo, hi) of the unit's rows within a micro-batch."""
         return self.step.rows(*unit, 0, self.state.global_batch)
-
-    def _by_micro_batch(self, t: tf.Tensor, unit: Unit) -> tf.Tensor:
-        """`t` (whole global batch) as the unit's rows of every micro-batch: [M, rows, ...]."""
-        lo, hi = self._rows(unit)
-        shape = t.shape.as_list()
-        return cut_rows.cut(t, lambda t: tf.reshape(
-            t, [self.M, shape[0] // self.M] + shape[1:])[:, lo:hi])
-
-    def _micro_batch_arrays(self, unit: Unit):
-        """(inputs by id, labels, sample weights) as [M, rows, ...] for the units that read
-        them: stage 0 the model's inputs, the last stage the labels and weights."""
-        stage, state = unit[0], self.state
-        inputs = labels = weights = None
-        with tf.device(self.step.device(*unit)):
-            if stage == 0:
-                inputs = {tid: self._by_micro_batch(state.inputs[tid], unit)
-                          for tid in self.step.stages[0].input_ids}
-            if stage == self.S - 1:
-                labels = [self._by_micro_batch(y, unit) for y in state.labels]
-                weights = [None if w is None else self._by_micro_batch(w, unit)
-                           for w in state.sample_weights]
-        return inputs, labels, weights
 
     def _split(self, unit: Unit) -> StageSplit:
         """The unit's stage split for its rows, made once per signature."""

@@ -55,5 +55,6 @@ class StepState:
     reduced: Dict[int, List[Optional[tf.Tensor]]] = field(default_factory=dict)   # by stage
     replica_reduced: Dict[Unit, List[Optional[tf.Tensor]]] = field(default_factory=dict)
     loss_terms: List[tf.Tensor] = field(default_factory=list)
+    fed: Dict[Unit, tuple] = field(default_factory=dict)   # `PipelineStep.fed`'s, by unit
     predictions: Dict[Tuple[int, int], List[tf.Tensor]] = field(default_factory=dict)
     statistics: Dict[Unit, bstats.StatisticsRecorder] = field(default_factory=dict)
