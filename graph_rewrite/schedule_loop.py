@@ -400,7 +400,8 @@ class ScheduleLoop:
         # d(loss)/d(term), the same for every micro-batch: made once, outside the loop.
         with tf.device(step.device(self.S - 1, 0)):
             self.loss_gradient = scaled_one(tf.zeros([]), state.one, state.loss_scale)
-        self.by_micro_batch = {unit: step.fed(state, unit) for unit in self.local}
+        for unit in self.local:     # the feeds made here, outside every loop body
+            step.fed(state, unit)
         self.list_rank: Optional[Dict[tuple, int]] = None    # `_in_list_order`'s, made once
 
     # ---- what every unit reads ----------------------------------------------------------------
@@ -467,7 +468,7 @@ class ScheduleLoop:
         split = self.splits[unit]
         if (unit, task.kind) not in self.inlined:
             split = split.called()
-        inputs_of, labels_of, weights_of = self.by_micro_batch[unit]
+        inputs_of, labels_of, weights_of = self.step.fed(self.state, unit)
         # Another process's keys arrive through the transport (which ignores `sent`).
         read = {k: self._take(values, k, m) for k in self.book.needs(task) if self._is_local(k)}
         with tf.device(self.step.device(*unit)), \
