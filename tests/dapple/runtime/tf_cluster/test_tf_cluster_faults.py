@@ -1,15 +1,18 @@
 """`dapple launch --runtime=tensorflow` ends every process it started: after the script
 succeeds (status 0), fails (its status, 1), is interrupted (Ctrl-C: 130), and when a server
-dies mid-training (non-zero within 60 s, naming the task). Tests never assert times beyond a
-deadline that a hang would exceed."""
+dies mid-training (non-zero within 60 s, naming the task); a server on another host is
+started over ssh and ended with the job. Tests never assert times beyond a deadline that a hang
+would exceed."""
 import os
 import re
 import signal
+import socket
 
 import pytest
 
-from tfrun import (cluster_of, finish, plan_file, processes_with, start, stop_server_and_finish,
-                   wait_for)
+from dapple.runtime.tf_cluster.launch import DEFAULT_PORT
+from tfrun import (REPO, cluster_of, finish, plan_file, processes_with, start,
+                   stop_server_and_finish, wait_for)
 
 pytestmark = pytest.mark.horovod
 
@@ -79,4 +82,38 @@ def test_a_hung_server_ends_the_job_within_60_s_naming_its_task(tmp_path):
     assert seconds < 60
     assert re.search(r"\[0\]<stderr>:dapple: task 2 \(localhost:\d+\) has not answered a status "
                      r"request for \d+ s", result.output), result.output[-3000:]
+    assert_nothing_left(result)
+
+
+STAND_IN_SSH = """#!/bin/sh
+# ssh -tt -o BatchMode=yes HOST LINE, run here as a fresh ssh session would: in HOME, with
+# no environment but HOME and PATH
+while [ "$1" = "-tt" ] || [ "$1" = "-o" ]; do [ "$1" = "-o" ] && shift; shift; done
+host="$1"; shift
+echo "$host $*" >> {log}
+cd "$HOME" && exec env -i HOME="$HOME" PATH="$PATH" /bin/sh -c "$*"
+"""
+
+
+def test_a_server_on_another_host_starts_over_ssh_and_ends_with_the_job(tmp_path):
+    """127.0.0.2 is this machine's loopback but not a name the launcher takes for this machine,
+    so task 1 is started with the command line a real host would get over `ssh -tt`; a
+    stand-in `ssh` runs that line here, from HOME, with no environment but HOME and PATH."""
+    with socket.socket() as probe:      # task 1 listens on every interface, at 2222 + slot
+        try:
+            probe.bind(("", DEFAULT_PORT))
+        except OSError:
+            pytest.fail(f"port {DEFAULT_PORT} is taken: the other host's task needs it")
+    bin_dir, log = tmp_path / "bin", tmp_path / "ssh.log"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(STAND_IN_SSH.format(log=log))
+    (bin_dir / "ssh").chmod(0o755)
+    result = finish(start(plan_file(tmp_path, 2), ["fault_task.py", "--mode=ok"],
+                          env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+                          hosts="localhost:1,127.0.0.2:1"))
+    assert result.returncode == 0, result.output[-3000:]
+    assert "step 2 done" in result.output
+    assert f"127.0.0.2:{DEFAULT_PORT}" in cluster_of(result)
+    (line,) = log.read_text().splitlines()
+    assert line.startswith(f"127.0.0.2 cd {REPO} && env ") and "--task=1" in line, line
     assert_nothing_left(result)
