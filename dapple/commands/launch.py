@@ -30,6 +30,10 @@ flags.DEFINE_string("hosts", None, "host:slots,host:slots in device order (defau
                     "for a plan made for one host)")
 flags.DEFINE_string("horovodrun", None, "horovodrun executable (default: the one beside this "
                     "Python, else on PATH)")
+flags.DEFINE_integer("ssh_port", None, "ssh port of the other hosts (horovodrun's --ssh-port; "
+                     "default: ssh's own)")
+flags.DEFINE_string("ssh_identity_file", None, "ssh identity file for the other hosts "
+                    "(horovodrun's --ssh-identity-file)")
 flags.DEFINE_enum("controller", "gloo", ["gloo", "mpi"], "horovodrun controller")
 flags.DEFINE_string("network_interface", None, "network interface(s) for horovodrun, e.g. eth0")
 flags.DEFINE_float("step_timeout", None, "seconds a training step may take before the job is "
@@ -49,16 +53,17 @@ def main(argv):
                                      "--hosts alone will do for a command that needs no plan, "
                                      "as `dapple topology --measure`)")
         plan = launch.load_plan(FLAGS.plan) if FLAGS.plan else None
+        ssh = launch.Ssh(FLAGS.ssh_port, FLAGS.ssh_identity_file)
         hosts = launch.parse_hosts(FLAGS.hosts) if FLAGS.hosts else None
         if FLAGS.runtime == "tensorflow":
-            return _tensorflow(plan, program, hosts)
+            return _tensorflow(plan, program, hosts, ssh)
         if FLAGS.group_devices:
             raise launch.LaunchError("--group_devices goes with --runtime=tensorflow (horovodrun "
                                      "runs one rank per device)")
         command = launch.horovodrun_command(
             plan, program, hosts=hosts,
             horovodrun=FLAGS.horovodrun or launch.default_horovodrun(),
-            controller=FLAGS.controller, network_interface=FLAGS.network_interface)
+            controller=FLAGS.controller, network_interface=FLAGS.network_interface, ssh=ssh)
         env = launch.launch_env(FLAGS.plan, FLAGS.step_timeout, FLAGS.first_step_timeout)
         print(launch.shell_line(command, env), flush=True)
         if FLAGS.dry_run:
@@ -69,7 +74,7 @@ def main(argv):
         return 2
 
 
-def _tensorflow(plan, program, hosts) -> int:
+def _tensorflow(plan, program, hosts, ssh) -> int:
     import os
     from dapple.runtime.tf_cluster import launch as tf_launch
     if FLAGS.dry_run:
@@ -77,5 +82,5 @@ def _tensorflow(plan, program, hosts) -> int:
                                     "--runtime=tensorflow runs no single command")
     env = {"DAPPLE_PLAN": os.path.abspath(FLAGS.plan)} if FLAGS.plan else {}
     return tf_launch.run(plan, program, hosts, env, port=FLAGS.port,
-                         group_devices=FLAGS.group_devices,
+                         group_devices=FLAGS.group_devices, ssh=ssh,
                          say=lambda m: print(f"dapple launch: {m}", file=sys.stderr, flush=True))

@@ -26,6 +26,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from planner.schedules.actions import ScheduleError
@@ -38,6 +39,28 @@ CONTROLLERS = ("gloo", "mpi")
 
 class LaunchError(ValueError):
     """The launch cannot be built as asked; the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Ssh:
+    """How other hosts are reached, for either runtime: ssh's port and identity file
+    (horovodrun's `--ssh-port` and `--ssh-identity-file`); None: ssh's own defaults."""
+    port: Optional[int] = None
+    identity_file: Optional[str] = None
+
+    def __post_init__(self):
+        if self.port is not None and not 0 < self.port < 65536:
+            raise LaunchError(f"--ssh_port={self.port} is not a port: give 1 to 65535")
+        if self.identity_file is not None and not os.path.isfile(self.identity_file):
+            raise LaunchError(f"--ssh_identity_file={self.identity_file}: no such file")
+
+    def ssh_options(self) -> List[str]:
+        return (["-p", str(self.port)] if self.port is not None else []) + (
+            ["-i", self.identity_file] if self.identity_file is not None else [])
+
+    def horovodrun_options(self) -> List[str]:
+        return (["--ssh-port", str(self.port)] if self.port is not None else []) + (
+            ["--ssh-identity-file", self.identity_file] if self.identity_file is not None else [])
 
 
 def parse_hosts(text: str) -> Hosts:
@@ -135,7 +158,7 @@ def launch_env(plan_path: Optional[str], step_timeout: Optional[float] = None,
 
 def horovodrun_command(plan: Plan, program: Sequence[str], hosts: Optional[Hosts] = None,
                        horovodrun: str = "horovodrun", controller: str = "gloo",
-                       network_interface: Optional[str] = None) -> List[str]:
+                       network_interface: Optional[str] = None, ssh: Ssh = Ssh()) -> List[str]:
     """The argv of the horovodrun command that runs `program` with one rank per plan device."""
     if not program:
         raise LaunchError("nothing to run: put the training command after `--`, as in "
@@ -147,7 +170,7 @@ def horovodrun_command(plan: Plan, program: Sequence[str], hosts: Optional[Hosts
                f"--{controller}"]
     if network_interface:
         command += ["--network-interface", network_interface]
-    return command + list(program)
+    return command + ssh.horovodrun_options() + list(program)
 
 
 def shell_line(command: Sequence[str], env: Dict[str, str]) -> str:

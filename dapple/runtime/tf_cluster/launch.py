@@ -36,7 +36,7 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from dapple.runtime.launch import Hosts, LaunchError, hosts_for_plan
+from dapple.runtime.launch import Hosts, LaunchError, Ssh, hosts_for_plan
 from dapple.runtime.rank_processes import (POLL_SECONDS, Rank, StopFlag, describe_exit, end_ranks,
                                    exit_status, start_rank)
 from dapple.runtime.tf_cluster.cluster import ENV_CLUSTER, ENV_TASK_DEVICES
@@ -86,13 +86,15 @@ def server_argv(addresses: Sequence[str], task: int, devices: int = 1,
             f"--cluster={json.dumps(list(addresses))}", f"--task={task}", f"--devices={devices}"]
 
 
-def remote(host: str, argv: Sequence[str], env: Dict[str, str]) -> List[str]:
+def remote(host: str, argv: Sequence[str], env: Dict[str, str], ssh: Ssh = Ssh()) -> List[str]:
     """`argv` on `host` over ssh, in this directory, with `env`; `-tt` so that ending the ssh
-    hangs up the remote end and its server."""
+    hangs up the remote end and its server. No prompt can hold the launch, and a host not yet
+    in known_hosts is accepted, as horovodrun's ssh does."""
     line = " ".join([f"cd {shlex.quote(os.getcwd())} &&", "env"]
                     + [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
                     + [shlex.quote(a) for a in argv])
-    return ["ssh", "-tt", "-o", "BatchMode=yes", host, line]
+    return (["ssh", "-tt", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
+            + ssh.ssh_options() + [host, line])
 
 
 def wait_until_serving(servers: Sequence[Rank], addresses: Sequence[str], stop: StopFlag,
@@ -143,7 +145,7 @@ def watch(chief: Rank, servers: Sequence[Rank], stop: StopFlag, say: Callable[[s
 
 def run(plan: Optional[Plan], program: Sequence[str], hosts: Optional[Hosts],
         env: Dict[str, str], say: Callable[[str], None], port: Optional[int] = None,
-        group_devices: bool = False) -> int:
+        group_devices: bool = False, ssh: Ssh = Ssh()) -> int:
     """Start the servers, run `program` as the chief, tear everything down; its status. No plan:
     a task per slot of `hosts` (for a program that needs none, as `dapple topology`).
     `group_devices`: a task per host, holding its slots' devices."""
@@ -159,7 +161,8 @@ def run(plan: Optional[Plan], program: Sequence[str], hosts: Optional[Hosts],
     def server_command(task: int, host: int, argv: List[str]) -> Tuple[List[str], Dict[str, str]]:
         if is_local(chosen[host][0]):
             return argv, dict(base)
-        return remote(chosen[host][0], argv, dict(env, **{ENV_DEVICES: str(devices[task])})), base
+        return remote(chosen[host][0], argv, dict(env, **{ENV_DEVICES: str(devices[task])}),
+                      ssh), base
 
     stop = StopFlag()
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}

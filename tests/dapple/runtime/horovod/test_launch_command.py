@@ -47,6 +47,23 @@ def test_two_servers_of_eight_gpus():
                    "python", "t.py"]
 
 
+def test_other_hosts_ssh_port_and_identity_file_go_to_horovodrun(tmp_path):
+    key = tmp_path / "id_cluster"
+    key.write_text("")
+    cmd = launch.horovodrun_command(plan_for([8, 8], per_host=[8, 8]), ["python", "t.py"],
+                                    horovodrun=HVD, hosts=launch.parse_hosts("h1:8,h2:8"),
+                                    ssh=launch.Ssh(2200, str(key)))
+    assert cmd == [HVD, "-np", "16", "-H", "h1:8,h2:8", "--gloo", "--ssh-port", "2200",
+                   "--ssh-identity-file", str(key), "python", "t.py"]
+
+
+def test_a_bad_ssh_port_or_identity_file_says_what_is_wrong(tmp_path):
+    with pytest.raises(launch.LaunchError, match=r"--ssh_port=0 is not a port: give 1 to 65535"):
+        launch.Ssh(port=0)
+    with pytest.raises(launch.LaunchError, match=r"--ssh_identity_file=.*nope: no such file"):
+        launch.Ssh(identity_file=str(tmp_path / "nope"))
+
+
 def test_multi_host_plan_needs_host_names():
     with pytest.raises(launch.LaunchError, match=r"--hosts=host1:8,host2:8"):
         launch.horovodrun_command(plan_for([8, 8], per_host=[8, 8]), ["python", "t.py"])
@@ -98,6 +115,20 @@ def test_cli_dry_run_prints_the_command(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("hvdrun -np 2 -H localhost:2 --gloo python train.py")
     assert f"DAPPLE_PLAN={path}" in out.stdout
+
+
+def test_cli_ssh_options_reach_horovodrun_and_a_bad_one_is_refused(tmp_path):
+    path = tmp_path / "plan.json"
+    plan_for([1, 1]).save(str(path))
+    base = [sys.executable, "-m", "dapple.cli", "launch", f"--plan={path}",
+            "--horovodrun=hvdrun", "--dry_run"]
+    out = subprocess.run(base + ["--ssh_port=2200", "--", "python", "train.py"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("--gloo --ssh-port 2200 python train.py")
+    out = subprocess.run(base + [f"--ssh_identity_file={tmp_path / 'nope'}", "--", "python",
+                                 "train.py"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no such file" in out.stderr, out.stderr
 
 
 def test_cli_refuses_disagreeing_hosts(tmp_path):

@@ -86,11 +86,14 @@ def test_a_hung_server_ends_the_job_within_60_s_naming_its_task(tmp_path):
 
 
 STAND_IN_SSH = """#!/bin/sh
-# ssh -tt -o BatchMode=yes HOST LINE, run here as a fresh ssh session would: in HOME, with
-# no environment but HOME and PATH
-while [ "$1" = "-tt" ] || [ "$1" = "-o" ]; do [ "$1" = "-o" ] && shift; shift; done
-host="$1"; shift
-echo "$host $*" >> {log}
+# ssh [options] HOST LINE, run here as a fresh ssh session would: in HOME, with no environment
+# but HOME and PATH
+echo "$*" >> {log}
+while [ "$1" = "-tt" ] || [ "$1" = "-o" ] || [ "$1" = "-p" ] || [ "$1" = "-i" ]; do
+    [ "$1" = "-tt" ] || shift
+    shift
+done
+shift                                   # the host
 cd "$HOME" && exec env -i HOME="$HOME" PATH="$PATH" /bin/sh -c "$*"
 """
 
@@ -110,10 +113,10 @@ def test_a_server_on_another_host_starts_over_ssh_and_ends_with_the_job(tmp_path
     (bin_dir / "ssh").chmod(0o755)
     result = finish(start(plan_file(tmp_path, 2), ["fault_task.py", "--mode=ok"],
                           env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
-                          hosts="localhost:1,127.0.0.2:1"))
+                          hosts="localhost:1,127.0.0.2:1", launch_args=["--ssh_port=2022"]))
     assert result.returncode == 0, result.output[-3000:]
     assert "step 2 done" in result.output
     assert f"127.0.0.2:{DEFAULT_PORT}" in cluster_of(result)
     (line,) = log.read_text().splitlines()
-    assert line.startswith(f"127.0.0.2 cd {REPO} && env ") and "--task=1" in line, line
+    assert f" -p 2022 127.0.0.2 cd {REPO} && env " in line and "--task=1" in line, line
     assert_nothing_left(result)

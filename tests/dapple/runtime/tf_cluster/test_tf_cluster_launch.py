@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from dapple.runtime.launch import LaunchError
+from dapple.runtime.launch import LaunchError, Ssh
 from dapple.runtime.tf_cluster import launch
 from dapple.runtime.tf_cluster.cluster import ClusterError, parse_addresses
 
@@ -28,8 +28,16 @@ def test_the_chief_runs_here_so_the_first_host_must_be_this_machine():
 def test_remote_servers_start_over_ssh_in_this_directory():
     argv = launch.remote("gpu2", ["python", "-m", "dapple.runtime.tf_cluster.server", "--task=3"],
                          {"A": "b c"})
-    assert argv[:4] == ["ssh", "-tt", "-o", "BatchMode=yes"] and argv[4] == "gpu2"
-    assert argv[5].startswith(f"cd {os.getcwd()} && env A='b c' python -m")
+    assert argv[:6] == ["ssh", "-tt", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
+    assert argv[6] == "gpu2"
+    assert argv[7].startswith(f"cd {os.getcwd()} && env A='b c' python -m")
+
+
+def test_remote_servers_take_the_ssh_port_and_identity_file(tmp_path):
+    key = tmp_path / "id_cluster"
+    key.write_text("")
+    argv = launch.remote("gpu2", ["python"], {}, Ssh(2200, str(key)))
+    assert argv[6:11] == ["-p", "2200", "-i", str(key), "gpu2"]
 
 
 def test_a_bad_cluster_description_says_what_is_expected():
