@@ -97,6 +97,21 @@ def remote(host: str, argv: Sequence[str], env: Dict[str, str], ssh: Ssh = Ssh()
             + ssh.ssh_options() + [host, line])
 
 
+SSH_FAILED = 255        # ssh's own status when it cannot connect or log in
+
+
+def ended(task: Rank) -> str:
+    """How a task's process ended, and what to check when it was an ssh that could not reach
+    its host."""
+    code, argv = task.process.returncode, task.process.args
+    how = describe_exit(code)
+    if code != SSH_FAILED or not argv or os.path.basename(argv[0]) != "ssh":
+        return how
+    host = argv[-2]
+    return (f"{how}: ssh could not reach {host}; check that `ssh {host}` logs in without a "
+            f"prompt, or give --ssh_port / --ssh_identity_file")
+
+
 def wait_until_serving(servers: Sequence[Rank], addresses: Sequence[str], stop: StopFlag,
                        seconds: float = READY_SECONDS) -> Optional[str]:
     """None once every server accepts connections; else why not (one exited, or time)."""
@@ -105,7 +120,7 @@ def wait_until_serving(servers: Sequence[Rank], addresses: Sequence[str], stop: 
     while waiting:
         for r in list(waiting):
             if r.process.poll() is not None:
-                return f"the server of task {r.rank} {describe_exit(r.process.returncode)}"
+                return f"the server of task {r.rank} {ended(r)}"
             host, _, port = addresses[r.rank].rpartition(":")
             try:
                 with socket.create_connection((host, int(port)), timeout=1.0):
@@ -131,10 +146,9 @@ def watch(chief: Rank, servers: Sequence[Rank], stop: StopFlag, say: Callable[[s
                 return exit_status(chief.process.returncode)
             dead = [r for r in servers if r.process.poll() is not None]
             if dead:
-                code = dead[0].process.returncode
                 say(f"task {dead[0].rank} (host {dead[0].host}, a tf.distribute.Server) "
-                    f"{describe_exit(code)}; ending the job")
-                return exit_status(code) or 1
+                    f"{ended(dead[0])}; ending the job")
+                return exit_status(dead[0].process.returncode) or 1
             if stop.signum is not None:
                 say(f"received {signal.Signals(stop.signum).name}; ending every task")
                 return 128 + stop.signum

@@ -120,3 +120,18 @@ def test_a_server_on_another_host_starts_over_ssh_and_ends_with_the_job(tmp_path
     (line,) = log.read_text().splitlines()
     assert f" -p 2022 127.0.0.2 cd {REPO} && env " in line and "--task=1" in line, line
     assert_nothing_left(result)
+
+
+def test_a_host_ssh_cannot_reach_is_named_with_what_to_check(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/sh\necho "ssh: connect to host 127.0.0.2 port 22: '
+                                 'Connection refused" >&2\nexit 255\n')
+    (bin_dir / "ssh").chmod(0o755)
+    result = finish(start(plan_file(tmp_path, 2), ["fault_task.py", "--mode=ok"],
+                          env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+                          hosts="localhost:1,127.0.0.2:1"), timeout=120)
+    assert result.returncode == 1, result.output[-3000:]
+    assert ("the server of task 1 exited with status 255: ssh could not reach 127.0.0.2; "
+            "check that `ssh 127.0.0.2` logs in without a prompt") in result.output
+    assert "step 0 done" not in result.output
