@@ -14,6 +14,8 @@
   watchdog's deadlines (`dapple.runtime.horovod.watchdog`), and `HOROVOD_DYNAMIC_PROCESS_SETS=1`
   so that a script that calls `hvd.init()` itself can still get the plan's process sets.
   horovodrun passes the launching environment to every rank.
+* Other hosts are reached over ssh; `Ssh` carries its port and identity file, given to
+  horovodrun as `--ssh-port` and `--ssh-identity-file` (and to the TF runtime's own ssh).
 * A plain `horovodrun -np N -H ... python train.py` works as well: `PipelinedModel` detects
   horovodrun and initializes Horovod itself; `dapple launch` only saves writing the numbers.
 
