@@ -57,12 +57,14 @@ class Ssh:
             raise LaunchError(f"--ssh_identity_file={self.identity_file}: no such file")
 
     def ssh_options(self) -> List[str]:
-        return (["-p", str(self.port)] if self.port is not None else []) + (
-            ["-i", self.identity_file] if self.identity_file is not None else [])
+        return self._options("-p", "-i")
 
     def horovodrun_options(self) -> List[str]:
-        return (["--ssh-port", str(self.port)] if self.port is not None else []) + (
-            ["--ssh-identity-file", self.identity_file] if self.identity_file is not None else [])
+        return self._options("--ssh-port", "--ssh-identity-file")
+
+    def _options(self, port_flag: str, identity_flag: str) -> List[str]:
+        return ([port_flag, str(self.port)] if self.port is not None else []) + (
+            [identity_flag, self.identity_file] if self.identity_file is not None else [])
 
 
 def parse_hosts(text: str) -> Hosts:

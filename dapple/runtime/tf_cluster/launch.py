@@ -107,7 +107,7 @@ def ended(task: Rank) -> str:
     how = describe_exit(code)
     if code != SSH_FAILED or not argv or os.path.basename(argv[0]) != "ssh":
         return how
-    host = argv[-2]
+    host = argv[-2]                 # `remote` puts the host before the line
     return (f"{how}: ssh could not reach {host}; check that `ssh {host}` logs in without a "
             f"prompt, or give --ssh_port / --ssh_identity_file")
 

@@ -98,6 +98,15 @@ cd "$HOME" && exec env -i HOME="$HOME" PATH="$PATH" /bin/sh -c "$*"
 """
 
 
+def with_ssh(tmp_path, script: str) -> dict:
+    """The launcher's environment with `script` as the `ssh` first on its PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(script)
+    (bin_dir / "ssh").chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
 def test_a_server_on_another_host_starts_over_ssh_and_ends_with_the_job(tmp_path):
     """127.0.0.2 is this machine's loopback but not a name the launcher takes for this machine,
     so task 1 is started with the command line a real host would get over `ssh -tt`; a
@@ -107,12 +116,9 @@ def test_a_server_on_another_host_starts_over_ssh_and_ends_with_the_job(tmp_path
             probe.bind(("", DEFAULT_PORT))
         except OSError:
             pytest.fail(f"port {DEFAULT_PORT} is taken: the other host's task needs it")
-    bin_dir, log = tmp_path / "bin", tmp_path / "ssh.log"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(STAND_IN_SSH.format(log=log))
-    (bin_dir / "ssh").chmod(0o755)
+    log = tmp_path / "ssh.log"
     result = finish(start(plan_file(tmp_path, 2), ["fault_task.py", "--mode=ok"],
-                          env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+                          env=with_ssh(tmp_path, STAND_IN_SSH.format(log=log)),
                           hosts="localhost:1,127.0.0.2:1", launch_args=["--ssh_port=2022"]))
     assert result.returncode == 0, result.output[-3000:]
     assert "step 2 done" in result.output
@@ -123,13 +129,10 @@ def test_a_server_on_another_host_starts_over_ssh_and_ends_with_the_job(tmp_path
 
 
 def test_a_host_ssh_cannot_reach_is_named_with_what_to_check(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text('#!/bin/sh\necho "ssh: connect to host 127.0.0.2 port 22: '
-                                 'Connection refused" >&2\nexit 255\n')
-    (bin_dir / "ssh").chmod(0o755)
+    refusing = ('#!/bin/sh\necho "ssh: connect to host 127.0.0.2 port 22: Connection refused" '
+                '>&2\nexit 255\n')
     result = finish(start(plan_file(tmp_path, 2), ["fault_task.py", "--mode=ok"],
-                          env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+                          env=with_ssh(tmp_path, refusing),
                           hosts="localhost:1,127.0.0.2:1"), timeout=120)
     assert result.returncode == 1, result.output[-3000:]
     assert ("the server of task 1 exited with status 255: ssh could not reach 127.0.0.2; "
