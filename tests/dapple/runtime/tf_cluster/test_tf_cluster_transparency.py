@@ -25,9 +25,10 @@ CASES = [
                            "--schedule=1f1b"], False),
     ("zb-h1", 2, ["--cuts=2", "--replicas=1,1", "--micro_batches=4", "--schedule=zb-h1"],
      False),
-    # PipelinedModel(inline_stage_calls=True): the stage calls inlined into the client's step
-    ("straight2-inlined", 2, ["--cuts=2", "--replicas=1,1", "--micro_batches=4",
-                              "--schedule=1f1b", "--inline_stage_calls"], True),
+    # PipelinedModel(inline_stage_calls=False): the stage calls kept out of line (by default
+    # this runtime inlines them into the client's step)
+    ("straight2-out-of-line", 2, ["--cuts=2", "--replicas=1,1", "--micro_batches=4",
+                                  "--schedule=1f1b", "--out_of_line_stage_calls"], True),
 ]
 
 
@@ -54,7 +55,7 @@ def test_weights_after_3_steps_equal_plain_keras(tmp_path, case, processes, args
     # across tasks a pipeline runs unrolled by default; a one-stage plan's lanes still loop
     assert rep["pipeline_loop"] is False and rep["schedule_loops"] == 0, rep
     assert (rep["lane_loops"] > 0) == case.startswith("dp"), rep
-    assert rep["inlined_stage_calls"] == [case.endswith("-inlined")], rep
+    assert rep["inlined_stage_calls"] == [not case.endswith("-out-of-line")], rep
     if case == "dp3":       # every replica trains its own copy and sums on its own device
         assert rep["summed_on_every_replica"] == [0], rep
     no_server_left(result)

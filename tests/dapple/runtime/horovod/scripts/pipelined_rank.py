@@ -44,7 +44,10 @@ parser.add_argument("--pipeline_loop", action="store_true", default=None,
                     help="PipelinedModel(..., pipeline_loop=True): steady periods as loops "
                          "(reports how many traces built them); without it, the default")
 parser.add_argument("--inline_stage_calls", action="store_true", default=None,
-                    help="PipelinedModel(..., inline_stage_calls=True); without it, the default")
+                    help="PipelinedModel(..., inline_stage_calls=True); without either, the "
+                         "runtime's default")
+parser.add_argument("--out_of_line_stage_calls", action="store_false", dest="inline_stage_calls",
+                    help="PipelinedModel(..., inline_stage_calls=False)")
 args = parser.parse_args()
 
 builder = getattr(models, args.model)
