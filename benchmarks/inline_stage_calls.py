@@ -11,9 +11,9 @@ step unrolled (`micro_batch_loop=False`). Every measurement is a fresh process o
 worker (one intra-op thread unless `--threads`; no tracing cache carries over); the two ways
 alternate, `--repeats` times, medians kept. Prints each way's first call (wall seconds: tracing,
 graph optimization, first run) and steady step (median of `--steps` steps, ms), and inlined over
-out of line. Across processes
-`python benchmarks/tf_runtime_step.py --inline_schedules=1f1b` measures the same choice on
-the TensorFlow cluster and Horovod runtimes. The machine may be shared: read the load printed.
+out of line. Across processes `python benchmarks/tf_runtime_step.py --out_of_line_schedules=1f1b`
+measures the same choice on the TensorFlow cluster and Horovod runtimes, which inline by
+default. The machine may be shared: read the load printed.
 """
 from __future__ import annotations
 

@@ -55,8 +55,8 @@ flags.DEFINE_integer("steps", 10, "timed steps per measurement (median kept)")
 flags.DEFINE_integer("repeats", 3, "rounds of alternating measurements (median kept)")
 flags.DEFINE_string("worker_plan", "", "internal: time this plan as one rank")
 flags.DEFINE_bool("worker_loop", False, "internal: the worker's pipeline with pipeline_loop=True")
-flags.DEFINE_bool("worker_inline", False,
-                  "internal: the worker's pipeline with inline_stage_calls=True")
+flags.DEFINE_bool("worker_out_of_line", False,
+                  "internal: the worker's pipeline with inline_stage_calls=False")
 RESULT = "DAPPLE_SPLIT_MS "
 SCHEDULES = ("1f1b", "zb-h1", "interleaved")
 
@@ -88,7 +88,7 @@ def worker() -> None:
     tf.get_logger().setLevel("ERROR")
     plan = Plan.load(FLAGS.worker_plan)
     pm = dapple.PipelinedModel(build(**model_args()), plan, pipeline_loop=FLAGS.worker_loop,
-                               inline_stage_calls=FLAGS.worker_inline or None)
+                               inline_stage_calls=False if FLAGS.worker_out_of_line else None)
     pm.compile(tf.keras.optimizers.SGD(0.01),
                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.RandomState(0)

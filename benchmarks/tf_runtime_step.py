@@ -3,7 +3,7 @@ the Horovod runtime, measured side by side in one run (issue #27).
 
     python benchmarks/tf_runtime_step.py [--width=1024] [--depth=8] [--batch=256]
         [--micro_batches=8] [--steps=10] [--repeats=3] [--schedules=1f1b,interleaved,zb-h1]
-        [--loop_schedules=1f1b] [--inline_schedules=1f1b] [--onednn=true]
+        [--loop_schedules=1f1b] [--out_of_line_schedules=1f1b] [--onednn=true]
 
 The model and plans are `benchmarks/schedule_step_time.py`'s (an MLP of `depth` Dense(width),
 2 stages cut in the middle; interleaved: v = 2). Every measurement is its own job, one intra-op
@@ -17,8 +17,9 @@ of `--repeats` rounds and the median over rounds is kept:
 * tensorflow/<schedule>: `dapple launch --runtime=tensorflow` on 2 processes;
 * tensorflow/<schedule>, looped (`--loop_schedules`): the same with `pipeline_loop=True`, its
   steady periods one `tf.while_loop` spanning both tasks (a schedule also in `--schedules`);
-* tensorflow/<schedule>, inlined (`--inline_schedules`): the same with
-  `inline_stage_calls=True`, the stage calls inlined into the step (horovod/1f1b too, with 1f1b);
+* tensorflow/<schedule>, out of line (`--out_of_line_schedules`): the same with
+  `inline_stage_calls=False`, the stage calls kept out of line instead of inlined into the step
+  as both runtimes do by default (horovod/1f1b too, with 1f1b);
 * tensorflow/<schedule>-grouped (`--grouped_schedules`, default 1f1b): the same with
   `--group_devices`: one process holding this host's 2 devices (so no Send/Recv at all on one
   host), with 2 intra-op threads (the per-slot processes' threads together);
@@ -75,8 +76,8 @@ flags.DEFINE_list("grouped_schedules", ["1f1b"], "the schedules --grouped times:
                   "costs without Send/Recv")
 flags.DEFINE_list("loop_schedules", [], "also time these schedules on the TF runtime with "
                   "pipeline_loop=True (steady periods as a tf.while_loop), e.g. 1f1b")
-flags.DEFINE_list("inline_schedules", [], "also time these schedules on the TF runtime with "
-                  "inline_stage_calls=True (with 1f1b, Horovod's 1f1b too), e.g. 1f1b")
+flags.DEFINE_list("out_of_line_schedules", [], "also time these schedules on the TF runtime with "
+                  "inline_stage_calls=False (with 1f1b, Horovod's 1f1b too), e.g. 1f1b")
 flags.DEFINE_list("chief_weights", ["copies", "chief"], "also time tensorflow 1f1b with the "
                   "weights trained on the chief (DAPPLE_TF_WEIGHTS=copies: working copies "
                   "refreshed every step; =chief: every unit reads them there)")
@@ -138,16 +139,17 @@ def sizes() -> list:
             f"--micro_batches={FLAGS.micro_batches}", f"--steps={FLAGS.steps}"]
 
 
-def job_command(kind: str, plan_path: str = "", loop: bool = False, inline: bool = False) -> list:
+def job_command(kind: str, plan_path: str = "", loop: bool = False,
+                out_of_line: bool = False) -> list:
     """The command of one job: `kind` plain | plain-accumulating | tensorflow |
-    tensorflow-grouped | horovod (a plan's kinds run `plan_path`; `loop`, `inline`: with
-    `pipeline_loop=True`, `inline_stage_calls=True`)."""
+    tensorflow-grouped | horovod (a plan's kinds run `plan_path`; `loop`, `out_of_line`: with
+    `pipeline_loop=True`, `inline_stage_calls=False`)."""
     if kind.startswith("plain"):
         return [sys.executable, os.path.abspath(__file__), "--plain_worker"] + sizes() + (
             ["--accumulate"] if kind == "plain-accumulating" else [])
     worker = [sys.executable, os.path.join(HERE, "schedule_step_time.py"),
               f"--worker_plan={plan_path}"] + sizes() + (["--worker_loop"] if loop else []) + (
-                  ["--worker_inline"] if inline else [])
+                  ["--worker_out_of_line"] if out_of_line else [])
     if kind == "horovod":
         return sst.horovodrun(worker)
     return [sys.executable, "-m", "dapple.cli", "launch", "--runtime=tensorflow",
@@ -156,13 +158,13 @@ def job_command(kind: str, plan_path: str = "", loop: bool = False, inline: bool
 
 
 def measure(kind: str, plan_path: str = "", extra_env=None, loop: bool = False,
-            inline: bool = False) -> float:
+            out_of_line: bool = False) -> float:
     env = dict(sst.env(), **(extra_env or {}))
     if kind == "tensorflow-grouped":
         # One process holds both devices: give it the threads the two per-slot processes
         # have between them, else its two stages share a single intra-op thread.
         env["TF_NUM_INTRAOP_THREADS"] = "2"
-    return read_step_ms(run_checked(job_command(kind, plan_path, loop, inline), env, REPO))
+    return read_step_ms(run_checked(job_command(kind, plan_path, loop, out_of_line), env, REPO))
 
 
 def predicted_ms(plans: dict) -> dict:
@@ -208,9 +210,9 @@ def main(argv):
     if set(grouped()) - set(FLAGS.schedules):
         raise app.UsageError(f"--grouped_schedules={','.join(grouped())}: each needs its "
                              f"per-slot step too; add it to --schedules")
-    if set(FLAGS.inline_schedules) - set(FLAGS.schedules):
-        raise app.UsageError(f"--inline_schedules={','.join(FLAGS.inline_schedules)}: each "
-                             f"needs its step with calls too; add it to --schedules")
+    if set(FLAGS.out_of_line_schedules) - set(FLAGS.schedules):
+        raise app.UsageError(f"--out_of_line_schedules={','.join(FLAGS.out_of_line_schedules)}: "
+                             f"each needs its default (inlined) step too; add it to --schedules")
     if set(FLAGS.loop_schedules) - set(FLAGS.schedules):
         raise app.UsageError(f"--loop_schedules={','.join(FLAGS.loop_schedules)}: each needs its "
                              f"unrolled step too; add it to --schedules")
@@ -218,7 +220,7 @@ def main(argv):
     print("command: python benchmarks/tf_runtime_step.py " + " ".join(
         sizes() + [f"--repeats={FLAGS.repeats}", f"--schedules={','.join(FLAGS.schedules)}",
                    f"--loop_schedules={','.join(FLAGS.loop_schedules)}",
-                   f"--inline_schedules={','.join(FLAGS.inline_schedules)}",
+                   f"--out_of_line_schedules={','.join(FLAGS.out_of_line_schedules)}",
                    f"--chief_weights={','.join(FLAGS.chief_weights)}",
                    f"--horovod={FLAGS.horovod}",
                    f"--grouped_schedules={','.join(grouped())}",
@@ -228,7 +230,8 @@ def main(argv):
             (f"plain, accumulating {FLAGS.micro_batches}", "plain-accumulating", None)] + [(f"tensorflow/{s}", "tensorflow", s)
                                          for s in FLAGS.schedules]
     jobs += [(f"tensorflow/{s}, looped", "tensorflow", s) for s in FLAGS.loop_schedules]
-    jobs += [(f"tensorflow/{s}, inlined", "tensorflow", s) for s in FLAGS.inline_schedules]
+    jobs += [(f"tensorflow/{s}, out of line", "tensorflow", s)
+             for s in FLAGS.out_of_line_schedules]
     for mode in FLAGS.chief_weights:
         jobs.append((f"tensorflow/1f1b, weights on the chief ({mode})", "tensorflow", "1f1b"))
     jobs += [(f"tensorflow/{s}-grouped", "tensorflow-grouped", s) for s in grouped()]
@@ -236,8 +239,8 @@ def main(argv):
         jobs.append(("horovod/1f1b", "horovod", "1f1b"))
         if "1f1b" in FLAGS.loop_schedules:   # both runtimes looped
             jobs.append(("horovod/1f1b, looped", "horovod", "1f1b"))
-        if "1f1b" in FLAGS.inline_schedules:
-            jobs.append(("horovod/1f1b, inlined", "horovod", "1f1b"))
+        if "1f1b" in FLAGS.out_of_line_schedules:
+            jobs.append(("horovod/1f1b, out of line", "horovod", "1f1b"))
     figures = {name: [] for name, _, _ in jobs}
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
@@ -250,7 +253,7 @@ def main(argv):
                          if "on the chief" in name else None)
                 figures[name].append(measure(kind, paths.get(schedule, ""), extra,
                                              loop=name.endswith(", looped"),
-                                             inline=name.endswith(", inlined")))
+                                             out_of_line=name.endswith(", out of line")))
                 print(f"round {r + 1}: {name} {figures[name][-1]:.1f} ms "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
     ms = {name: statistics.median(v) for name, v in figures.items()}
@@ -283,15 +286,15 @@ def main(argv):
                       f"; horovod 1f1b looped / tensorflow looped: "
                       f"{ms['horovod/1f1b, looped'] / looped:.3f} (target >= 1.6)"
                       if s == "1f1b" and "horovod/1f1b, looped" in ms else ""))
-        for s in FLAGS.inline_schedules:
-            inlined = ms[f"tensorflow/{s}, inlined"]
-            print(f"tensorflow {s} inlined / with calls: {inlined / ms[f'tensorflow/{s}']:.3f}; "
-                  f"/ plain: {inlined / ms['plain']:.3f}" + (
-                      f"; horovod 1f1b inlined / with calls: "
-                      f"{ms['horovod/1f1b, inlined'] / ms['horovod/1f1b']:.3f}; horovod 1f1b "
-                      f"inlined / tensorflow inlined: {ms['horovod/1f1b, inlined'] / inlined:.3f} "
-                      f"(target >= 1.6)" if s == "1f1b" and "horovod/1f1b, inlined" in ms
-                      else ""))
+        for s in FLAGS.out_of_line_schedules:
+            called = ms[f"tensorflow/{s}, out of line"]
+            print(f"tensorflow {s} out of line / inlined (the default): "
+                  f"{called / ms[f'tensorflow/{s}']:.3f}; / plain: {called / ms['plain']:.3f}" + (
+                      f"; horovod 1f1b out of line / inlined: "
+                      f"{ms['horovod/1f1b, out of line'] / ms['horovod/1f1b']:.3f}; both out "
+                      f"of line, horovod / tensorflow: "
+                      f"{ms['horovod/1f1b, out of line'] / called:.3f} (target >= 1.6)"
+                      if s == "1f1b" and "horovod/1f1b, out of line" in ms else ""))
         for s in FLAGS.schedules:
             if s != "1f1b":
                 m = ms[f'tensorflow/{s}'] / ms['tensorflow/1f1b']

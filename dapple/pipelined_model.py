@@ -37,11 +37,12 @@ by default"). A relaxed plan runs unrolled unless `pipeline_loop=True` (then its
 they are periodic: PipeDream's updates inside the loop, 2BW's between loops); recomputing plans
 and evaluation run unrolled.
 
-An unrolled step calls each stage's functions once per micro-batch, out of line by default: the
-graph optimizer rewrites a stage once, not once per call, so the first call stays short.
-`inline_stage_calls=True` inlines those calls into the step: a longer first call, and a steady
-step that may be faster or slower by model and runtime, so measure it on yours (docs/runtime.md,
-"Inlined stage calls"); None keeps each runtime's default.
+An unrolled step calls each stage's functions once per micro-batch. Across processes (a
+TensorFlow cluster's tasks, Horovod's ranks) those calls are inlined into the step by default:
+their steady step measured faster, for a longer first call. In one process they stay out of
+line: the graph optimizer rewrites a stage once, not once per call, and the first call stays
+short. `inline_stage_calls=True` or `False` chooses, None keeps each runtime's default
+(docs/runtime.md, "Inlined stage calls").
 """
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ builds only this rank's unit and moves boundary tensors and gradients with Horov
 * Replicas of a stage: one `hvd.grouped_allreduce(op=Sum)` of all the stage's accumulated
   gradients in the stage's process set: one negotiation and one pass through the fusion
   buffer, not one allreduce per variable. A data-parallel-only plan's go in
-  `GRADIENT_GROUPS` grouped allreduces, last layers first, and at M = 1 the rank's stage call
-  is inlined, so the first groups are reduced while the backward goes on (as plain Horovod's
-  allreduces are); ready together, Horovod fuses them into one.
+  `GRADIENT_GROUPS` grouped allreduces, last layers first, and the rank's stage calls are
+  inlined (the default), so at M = 1 the first groups are reduced while the backward goes on
+  (as plain Horovod's allreduces are); ready together, Horovod fuses them into one.
 * The step's loss is summed over all ranks (only last-stage ranks hold loss terms). In a
   data-parallel plan it rides in the gradients' grouped allreduce (no collective of its own);
   in a pipeline it is one global allreduce made after the rank's gradients, which nothing but
@@ -328,11 +328,10 @@ class HorovodPipelineStep(PipelineStep):
                  **kwargs):
         self.layout = layout
         self.process_sets = process_sets
-        # Data parallelism without micro-batches: the rank's one forward and backward call
-        # inlined, so the gradients' groups can start during the backward (one call site: no
-        # copy of the stage per micro-batch to optimize).
-        kwargs.setdefault("inline_stage_calls",
-                          len(plan.stages) == 1 and plan.micro_batches == 1)
+        # The rank's stage calls inlined into its step: out of line the same step measured
+        # 1.07-1.44x as long (docs/runtime.md, "Inlined stage calls"), and a data-parallel
+        # rank at M = 1 starts its gradients' groups during the backward.
+        kwargs.setdefault("inline_stage_calls", True)
         super().__init__(model, plan, loss, [device] * layout.size,
                          transport=HorovodTransport(layout, process_sets), **kwargs)
         check_shared_across_processes(self.stages)

@@ -52,5 +52,4 @@ def test_replicated_stage_of_a_pipeline_is_one_grouped_allreduce(replicas):
         assert rep["gating"].get(GROUPED, 0) == grouped, rep
         assert SINGLE not in rep["gating"], rep
         assert rep["gating"].get("HorovodAlltoall", 0) > 0, rep
-        assert rep["noinline_calls"] > 0, rep      # a pipeline's stage calls stay whole
         assert rep["losses"] == found[0]["losses"], (rank, rep)

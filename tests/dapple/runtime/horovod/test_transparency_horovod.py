@@ -24,7 +24,8 @@ CASES = [
     ("1:2", 3, ["--cuts=3", "--replicas=1,2", "--micro_batches=4", "--schedule=gpipe"]),
     ("2:2", 4, ["--cuts=2", "--replicas=2,2", "--micro_batches=2", "--schedule=A"]),
     ("dp2", 2, ["--cuts=", "--replicas=2", "--micro_batches=2"]),
-    # one micro-batch: the stage's call inlined, its gradients in groups
+    # one micro-batch: the stage's call inlined (as every call by default), its gradients in
+    # groups
     ("dp2-M1", 2, ["--cuts=", "--replicas=2", "--micro_batches=1"]),
     ("dp4", 4, ["--cuts=", "--replicas=4", "--micro_batches=2"]),
     # a hand-made plan listing devices out of replica order: rows reordered on both sides
@@ -43,9 +44,10 @@ CASES = [
     ("zb-h1-1:2", 3, ["--cuts=3", "--replicas=1,2", "--micro_batches=8", "--schedule=zb-h1",
                       "--global_batch=32"]),
     ("zb-h1-dp2", 2, ["--cuts=", "--replicas=2", "--micro_batches=1", "--schedule=zb-h1"]),
-    # PipelinedModel(inline_stage_calls=True): each rank's stage calls inlined into its step
-    ("straight2-inlined", 2, ["--cuts=2", "--replicas=1,1", "--micro_batches=4",
-                              "--schedule=1f1b", "--inline_stage_calls"]),
+    # PipelinedModel(inline_stage_calls=False): each rank's stage calls kept out of line (by
+    # default they are inlined into its step)
+    ("straight2-out-of-line", 2, ["--cuts=2", "--replicas=1,1", "--micro_batches=4",
+                                  "--schedule=1f1b", "--out_of_line_stage_calls"]),
 ]
 
 
@@ -79,9 +81,8 @@ def test_gradients_and_weights_equal_plain_model(case):
     assert stages == list(range(len(args[1].split("=")[1].split(",")))), reports
     for rep in reports.values():    # across ranks a pipeline runs unrolled by default
         assert rep["pipeline_loop"] is False and rep["schedule_loops"] == 0, rep
-        # inlined where asked, and by default only for a data-parallel rank at M = 1
-        inlined = "--inline_stage_calls" in args or {"--cuts=", "--micro_batches=1"} <= set(args)
-        assert rep["inlined_stage_calls"] == [inlined], rep
+        # inlined unless asked not to
+        assert rep["inlined_stage_calls"] == ["--out_of_line_stage_calls" not in args], rep
 
 
 @pytest.mark.horovod
