@@ -401,7 +401,8 @@ class PipelineStep:
     def _split(self, state: StepState, unit: Unit, m: int) -> StageSplit:
         lo, hi = self.rows(*unit, m, state.global_batch)
         split = self.stage_split(state, unit, hi - lo, self.loss_share(state, unit, m)[0])
-        return split.called()
+        # Kept as calls, like the stage's own, unless the step inlines its stage calls.
+        return split if self.functions[unit[0]].inlined else split.called()
 
     def _split_forward(self, state: StepState, unit: Unit, m: int, inputs: Tensors) -> Stashed:
         """The forward of a split stage: its residuals kept for I, or (recomputation) only its

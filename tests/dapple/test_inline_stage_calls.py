@@ -1,6 +1,7 @@
 """`PipelinedModel(inline_stage_calls=True)`: an unrolled step's stage calls may be inlined into
-it (by default they stay out of line). References: the traced step's own function library
-(which calls the graph optimizer may inline) and the plain Keras model, trained alike."""
+it (in one process they stay out of line by default; across processes the runtimes inline
+them, tests/dapple/runtime). References: the traced step's own function library (which calls
+the graph optimizer may inline) and the plain Keras model, trained alike."""
 import dapple  # noqa: F401  (configures logical devices before TensorFlow initializes)
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ PLANS = {
     "1f1b": lambda: straight_plan([2], 4, 4, 32, schedule="1f1b"),
     "gpipe-2:1": lambda: straight_plan([2], 4, 4, 32, replicas=[2, 1], schedule="gpipe"),
     "interleaved": lambda: interleaved_plan([1, 2, 3], 4, 4, 2, 32, [1, 1]),
+    # F, I and W: the split backward's functions inlined as the stage's calls are
+    "zb-h1": lambda: straight_plan([2], 4, 4, 32, schedule="zb-h1"),
     # looped (the default in one process): a loop body calls the stage as before
     "1f1b-looped": lambda: straight_plan([2], 4, 4, 32, schedule="1f1b"),
     "data-parallel-looped": lambda: straight_plan([], 4, 4, 32, replicas=[2]),
@@ -29,6 +32,28 @@ def stage_calls(pm, x, y):
     names = {op.get_attr("f").name for op in graph.get_operations()
              if op.type in ("StatefulPartitionedCall", "PartitionedCall")}
     return {n: "_noinline" in library[n].attr for n in names if "_forward" in n}
+
+
+def split_calls(pm, x, y):
+    """{called function: whether it is kept out of line} for the split stages' F, I and W
+    calls of the traced step (zb-h1)."""
+    graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients).get_concrete_function(
+        x, y).graph
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    names = [op.get_attr("f").name for op in graph.get_operations()
+             if op.type in ("StatefulPartitionedCall", "PartitionedCall")]
+    return [("_noinline" in library[n].attr) for n in names
+            if any(part in n for part in ("_forward_packed", "_input_packed", "_weight_packed"))]
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_split_backward_is_inlined_with_the_stage_calls(inline):
+    pm = dapple.PipelinedModel(dense_mlp(), PLANS["zb-h1"](), micro_batch_loop=False,
+                               inline_stage_calls=inline)
+    pm.compile(optimizer="sgd", loss=LOSS)
+    kept = split_calls(pm, *data(32, 0))
+    assert len(kept) == 3 * 4 * 2, kept      # F, I and W of 4 micro-batches on 2 stages
+    assert set(kept) == {not inline}, kept
 
 
 @pytest.mark.parametrize("inline", [None, False, True])
