@@ -329,7 +329,7 @@ class HorovodPipelineStep(PipelineStep):
         self.layout = layout
         self.process_sets = process_sets
         # The rank's stage calls inlined into its step: out of line the same step measured
-        # 1.07-1.44x as long (docs/runtime.md, "Inlined stage calls"), and a data-parallel
+        # 1.06-1.44x as long (docs/runtime.md, "Inlined stage calls"), and a data-parallel
         # rank at M = 1 starts its gradients' groups during the backward.
         kwargs.setdefault("inline_stage_calls", True)
         super().__init__(model, plan, loss, [device] * layout.size,

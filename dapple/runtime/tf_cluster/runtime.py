@@ -11,9 +11,9 @@ Each stage's weights are kept and trained on the stage's first device, and the m
 variables on the chief are made current when read (`dapple.runtime.tf_cluster.stage_weights`).
 
 An unrolled step's stage calls are inlined into it by default (`inline_stage_calls=None`):
-across tasks, steps whose calls stayed out of line took 0.99-1.39x as long as inlined ones
+across tasks, steps whose calls stayed out of line took 0.99-1.27x as long as inlined ones
 over an MLP, a convolutional model, MobileNetV2 and ResNet-50 (docs/runtime.md, "Inlined stage
-calls"). The price, a longer first call (1.1-1.5x at M = 8), is nothing at M = 1, where each
+calls"). The price, a longer first call (1.2-1.5x at M = 8), is nothing at M = 1, where each
 stage is called once. `inline_stage_calls=False` keeps them out of line.
 """
 from __future__ import annotations
