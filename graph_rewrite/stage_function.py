@@ -7,10 +7,11 @@ around a call records one op; its gradient is one call of a backward function th
 also derives once per traced forward. The step's graph then grows by a few call ops per
 micro-batch, not by a copy of the stage.
 
-The calls are not inlined into the step's graph (`_noinline`): inlined, the optimizer would
-rewrite a copy of the stage per micro-batch again (a first call several times slower:
-docs/runtime.md), and each call op stays one node the schedule's
-control dependencies can order. A call runs on the device of the `tf.device` scope it is made
+Unless `inlined`, the calls are not inlined into the step's graph (`_noinline`): inlined, the
+optimizer rewrites a copy of the stage per micro-batch (a first call several times slower in
+one process), and each call op stays one node the schedule's control dependencies can order.
+The runtimes across processes inline them by default, where the steady step measured faster
+(docs/runtime.md, "Inlined stage calls"). A call runs on the device of the `tf.device` scope it is made
 in; so one function serves every replica.
 
 The function returns, beside the stage's outputs and (on the last stage) the micro-batch's
