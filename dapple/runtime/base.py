@@ -33,6 +33,11 @@ class Runtime(abc.ABC):
     # In one process a loop costs nothing per step; across processes each iteration coordinates
     # the processes (docs/runtime.md, "Which steps loop by default").
     loops_pipelines: bool = True
+    # Whether an unrolled step's stage calls are inlined into it by default
+    # (`inline_stage_calls=None`): in one process they stay calls, so the first call stays
+    # short; across processes the inlined steady step measured faster (docs/runtime.md,
+    # "Inlined stage calls").
+    inlines_stage_calls: bool = False
 
     @abc.abstractmethod
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],

@@ -82,6 +82,10 @@ def _install_failure_report(who: str) -> None:
 
 class HorovodRuntime(Runtime):
     loops_pipelines = False     # a loop's iterations run one at a time, each its transfers
+    # Out of line the same step measured 1.06-1.44x as long (docs/runtime.md, "Inlined stage
+    # calls"), and inlined, a data-parallel rank at M = 1 starts its gradients' groups during
+    # the backward.
+    inlines_stage_calls = True
 
     def __init__(self, model: tf.keras.Model, plan: Plan, stages: List[StageGraph],
                  devices=None):
@@ -119,11 +123,13 @@ class HorovodRuntime(Runtime):
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
                   micro_batch_loop: bool = False, pipeline_loop: bool = False,
                   inline_stage_calls: Optional[bool] = None) -> HorovodPipelineStep:
-        inline = {} if inline_stage_calls is None else dict(inline_stage_calls=inline_stage_calls)
         return HorovodPipelineStep(model, plan, loss, self.device, self.process_sets,
                                    self.layout, stages=self.stages,
                                    micro_batch_loop=micro_batch_loop,
-                                   pipeline_loop=pipeline_loop, **inline)
+                                   pipeline_loop=pipeline_loop,
+                                   inline_stage_calls=(self.inlines_stage_calls
+                                                       if inline_stage_calls is None
+                                                       else inline_stage_calls))
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int, pipeline_loop: bool = False) -> HorovodPipelineStep:

@@ -328,10 +328,6 @@ class HorovodPipelineStep(PipelineStep):
                  **kwargs):
         self.layout = layout
         self.process_sets = process_sets
-        # The rank's stage calls inlined into its step: out of line the same step measured
-        # 1.06-1.44x as long (docs/runtime.md, "Inlined stage calls"), and a data-parallel
-        # rank at M = 1 starts its gradients' groups during the backward.
-        kwargs.setdefault("inline_stage_calls", True)
         super().__init__(model, plan, loss, [device] * layout.size,
                          transport=HorovodTransport(layout, process_sets), **kwargs)
         check_shared_across_processes(self.stages)

@@ -41,6 +41,7 @@ def task_devices(counts: List[int]) -> List[str]:
 
 
 class TFClusterRuntime(StageWeightsRuntime):
+    inlines_stage_calls = True      # the module doc
     def __init__(self, plan: Plan, devices: Optional[List[str]] = None, stages=None):
         tasks = addresses_from_environment()
         if tasks is None:
@@ -56,8 +57,3 @@ class TFClusterRuntime(StageWeightsRuntime):
                          stages)
         # A loop spanning tasks waits each iteration on the leader's predicate and control.
         self.loops_pipelines = len(tasks) == 1
-
-    def _step(self, step_class, model, plan, loss, micro_batch_loop, pipeline_loop,
-              inline_stage_calls=None):
-        return super()._step(step_class, model, plan, loss, micro_batch_loop, pipeline_loop,
-                             True if inline_stage_calls is None else inline_stage_calls)
