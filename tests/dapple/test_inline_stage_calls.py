@@ -23,26 +23,27 @@ PLANS = {
 }
 
 
-def stage_calls(pm, x, y):
-    """{called function: whether it is kept out of line} for the stage calls of the traced
-    step (their forward functions and the backward functions TensorFlow derives from them)."""
-    graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients).get_concrete_function(
-        x, y).graph
-    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
-    names = {op.get_attr("f").name for op in graph.get_operations()
-             if op.type in ("StatefulPartitionedCall", "PartitionedCall")}
-    return {n: "_noinline" in library[n].attr for n in names if "_forward" in n}
-
-
-def split_calls(pm, x, y):
-    """{called function: whether it is kept out of line} for the split stages' F, I and W
-    calls of the traced step (zb-h1)."""
+def calls(pm, x, y):
+    """[(called function, whether it is kept out of line)] for every call op of the traced
+    step."""
     graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients).get_concrete_function(
         x, y).graph
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
     names = [op.get_attr("f").name for op in graph.get_operations()
              if op.type in ("StatefulPartitionedCall", "PartitionedCall")]
-    return [("_noinline" in library[n].attr) for n in names
+    return [(n, "_noinline" in library[n].attr) for n in names]
+
+
+def stage_calls(pm, x, y):
+    """{called function: whether it is kept out of line} for the stage calls of the traced
+    step (their forward functions and the backward functions TensorFlow derives from them)."""
+    return {n: kept for n, kept in calls(pm, x, y) if "_forward" in n}
+
+
+def split_calls(pm, x, y):
+    """[whether it is kept out of line] for each call of the split stages' F, I and W in the
+    traced step (zb-h1)."""
+    return [kept for n, kept in calls(pm, x, y)
             if any(part in n for part in ("_forward_packed", "_input_packed", "_weight_packed"))]
 
 
