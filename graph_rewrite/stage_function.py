@@ -7,12 +7,12 @@ around a call records one op; its gradient is one call of a backward function th
 also derives once per traced forward. The step's graph then grows by a few call ops per
 micro-batch, not by a copy of the stage.
 
-Unless `inlined`, the calls are not inlined into the step's graph (`_noinline`): inlined, the
-optimizer rewrites a copy of the stage per micro-batch (a first call several times slower in
-one process), and each call op stays one node the schedule's control dependencies can order.
-The runtimes across processes inline them by default, where the steady step measured faster
-(docs/runtime.md, "Inlined stage calls"). A call runs on the device of the `tf.device` scope it is made
-in; so one function serves every replica.
+Unless `inlined`, the calls stay out of the step's graph (`_noinline`): the optimizer rewrites
+the stage once, not a copy per micro-batch (inlined, a first call several times slower in one
+process), and each call op is one node the schedule's control dependencies can order. The
+runtimes across processes inline them by default, where the steady step measured faster
+(docs/runtime.md, "Inlined stage calls"). A call runs on the device of the `tf.device` scope it
+is made in; so one function serves every replica.
 
 The function returns, beside the stage's outputs and (on the last stage) the micro-batch's
 loss term, the statistics of every BatchNormalization call (`graph_rewrite.batch_statistics`),
