@@ -67,6 +67,22 @@ def test_the_stage_calls_stay_out_of_line_unless_asked(inline):
     assert set(calls.values()) == {not inline}, calls
 
 
+@pytest.mark.parametrize("inline", [False, True])
+def test_the_gradient_sums_are_added_in_the_step_when_its_stage_calls_are_inlined(inline):
+    pm = dapple.PipelinedModel(dense_mlp(), PLANS["1f1b"](), micro_batch_loop=False,
+                               inline_stage_calls=inline)
+    pm.compile(optimizer="sgd", loss=LOSS)
+    x, y = data(32, 0)
+    adds = [kept for n, kept in calls(pm, x, y) if "_in_place" in n or "_assign_sums" in n]
+    graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients).get_concrete_function(
+        x, y).graph
+    in_step = [op for op in graph.get_operations() if op.type == "AssignAddVariableOp"]
+    if inline:      # 4 micro-batches: the first two set each sum, the last two add to it
+        assert adds == [] and len(in_step) == 2 * len(pm.model.trainable_variables), in_step
+    else:
+        assert adds and set(adds) == {True} and in_step == [], (adds, in_step)
+
+
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_inlined_stage_calls_train_as_the_plain_model_does(name):
     pm = dapple.PipelinedModel(dense_mlp(), PLANS[name](),
