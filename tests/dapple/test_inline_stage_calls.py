@@ -23,11 +23,15 @@ PLANS = {
 }
 
 
+def traced_step(pm, x, y) -> tf.Graph:
+    return tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients).get_concrete_function(
+        x, y).graph
+
+
 def calls(pm, x, y):
     """[(called function, whether it is kept out of line)] for every call op of the traced
     step."""
-    graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients).get_concrete_function(
-        x, y).graph
+    graph = traced_step(pm, x, y)
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
     names = [op.get_attr("f").name for op in graph.get_operations()
              if op.type in ("StatefulPartitionedCall", "PartitionedCall")]
@@ -74,9 +78,8 @@ def test_the_gradient_sums_are_added_in_the_step_when_its_stage_calls_are_inline
     pm.compile(optimizer="sgd", loss=LOSS)
     x, y = data(32, 0)
     adds = [kept for n, kept in calls(pm, x, y) if "_in_place" in n or "_assign_sums" in n]
-    graph = tf.function(lambda x, y: pm.pipeline_step.run(x, y).gradients).get_concrete_function(
-        x, y).graph
-    in_step = [op for op in graph.get_operations() if op.type == "AssignAddVariableOp"]
+    in_step = [op for op in traced_step(pm, x, y).get_operations()
+               if op.type == "AssignAddVariableOp"]
     if inline:      # 4 micro-batches: the first two set each sum, the last two add to it
         assert adds == [] and len(in_step) == 2 * len(pm.model.trainable_variables), in_step
     else:
