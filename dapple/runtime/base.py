@@ -39,6 +39,10 @@ class Runtime(abc.ABC):
     # "Inlined stage calls").
     inlines_stage_calls: bool = False
 
+    def inlined(self, inline_stage_calls: Optional[bool]) -> bool:
+        """Whether a step's stage calls are inlined: as asked, else this runtime's default."""
+        return self.inlines_stage_calls if inline_stage_calls is None else inline_stage_calls
+
     @abc.abstractmethod
     def make_step(self, model: tf.keras.Model, plan: Plan, loss: Optional[PipelineLoss],
                   micro_batch_loop: bool = False, pipeline_loop: bool = False,

@@ -44,9 +44,7 @@ class LocalRuntime(Runtime):
         """A `step_class` (`PipelineStep` or a subclass) on this runtime's devices."""
         return step_class(model, plan, loss, self.devices, stages=self.stages,
                           micro_batch_loop=micro_batch_loop, pipeline_loop=pipeline_loop,
-                          inline_stage_calls=(self.inlines_stage_calls
-                                              if inline_stage_calls is None
-                                              else inline_stage_calls))
+                          inline_stage_calls=self.inlined(inline_stage_calls))
 
     def make_relaxed_step(self, model: tf.keras.Model, plan: Plan, loss: PipelineLoss,
                           max_batches: int, pipeline_loop: bool = False) -> PipelineStep:

@@ -42,6 +42,7 @@ def task_devices(counts: List[int]) -> List[str]:
 
 class TFClusterRuntime(StageWeightsRuntime):
     inlines_stage_calls = True      # the module doc
+
     def __init__(self, plan: Plan, devices: Optional[List[str]] = None, stages=None):
         tasks = addresses_from_environment()
         if tasks is None:
