@@ -28,10 +28,9 @@ def traced_step(pm, x, y) -> tf.Graph:
         x, y).graph
 
 
-def calls(pm, x, y):
-    """[(called function, whether it is kept out of line)] for every call op of the traced
-    step."""
-    graph = traced_step(pm, x, y)
+def calls(graph: tf.Graph):
+    """[(called function, whether it is kept out of line)] for every call op of `graph` (a
+    traced step)."""
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
     names = [op.get_attr("f").name for op in graph.get_operations()
              if op.type in ("StatefulPartitionedCall", "PartitionedCall")]
@@ -41,21 +40,27 @@ def calls(pm, x, y):
 def stage_calls(pm, x, y):
     """{called function: whether it is kept out of line} for the stage calls of the traced
     step (their forward functions and the backward functions TensorFlow derives from them)."""
-    return {n: kept for n, kept in calls(pm, x, y) if "_forward" in n}
+    return {n: kept for n, kept in calls(traced_step(pm, x, y)) if "_forward" in n}
 
 
 def split_calls(pm, x, y):
     """[whether it is kept out of line] for each call of the split stages' F, I and W in the
     traced step (zb-h1)."""
-    return [kept for n, kept in calls(pm, x, y)
+    return [kept for n, kept in calls(traced_step(pm, x, y))
             if any(part in n for part in ("_forward_packed", "_input_packed", "_weight_packed"))]
+
+
+def unrolled(name: str, inline):
+    """PLANS[name] unrolled, compiled with SGD, `inline_stage_calls=inline`."""
+    pm = dapple.PipelinedModel(dense_mlp(), PLANS[name](), micro_batch_loop=False,
+                               inline_stage_calls=inline)
+    pm.compile(optimizer="sgd", loss=LOSS)
+    return pm
 
 
 @pytest.mark.parametrize("inline", [False, True])
 def test_a_split_backward_is_inlined_with_the_stage_calls(inline):
-    pm = dapple.PipelinedModel(dense_mlp(), PLANS["zb-h1"](), micro_batch_loop=False,
-                               inline_stage_calls=inline)
-    pm.compile(optimizer="sgd", loss=LOSS)
+    pm = unrolled("zb-h1", inline)
     kept = split_calls(pm, *data(32, 0))
     assert len(kept) == 3 * 4 * 2, kept      # F, I and W of 4 micro-batches on 2 stages
     assert set(kept) == {not inline}, kept
@@ -63,23 +68,18 @@ def test_a_split_backward_is_inlined_with_the_stage_calls(inline):
 
 @pytest.mark.parametrize("inline", [None, False, True])
 def test_the_stage_calls_stay_out_of_line_unless_asked(inline):
-    pm = dapple.PipelinedModel(dense_mlp(), PLANS["1f1b"](), micro_batch_loop=False,
-                               inline_stage_calls=inline)
-    pm.compile(optimizer="sgd", loss=LOSS)
-    calls = stage_calls(pm, *data(32, 0))
-    assert len(calls) == 4, calls          # 2 stages: a forward and a backward function each
-    assert set(calls.values()) == {not inline}, calls
+    pm = unrolled("1f1b", inline)
+    found = stage_calls(pm, *data(32, 0))
+    assert len(found) == 4, found          # 2 stages: a forward and a backward function each
+    assert set(found.values()) == {not inline}, found
 
 
 @pytest.mark.parametrize("inline", [False, True])
 def test_the_gradient_sums_are_added_in_the_step_when_its_stage_calls_are_inlined(inline):
-    pm = dapple.PipelinedModel(dense_mlp(), PLANS["1f1b"](), micro_batch_loop=False,
-                               inline_stage_calls=inline)
-    pm.compile(optimizer="sgd", loss=LOSS)
-    x, y = data(32, 0)
-    adds = [kept for n, kept in calls(pm, x, y) if "_in_place" in n or "_assign_sums" in n]
-    in_step = [op for op in traced_step(pm, x, y).get_operations()
-               if op.type == "AssignAddVariableOp"]
+    pm = unrolled("1f1b", inline)
+    graph = traced_step(pm, *data(32, 0))
+    adds = [kept for n, kept in calls(graph) if "_in_place" in n or "_assign_sums" in n]
+    in_step = [op for op in graph.get_operations() if op.type == "AssignAddVariableOp"]
     if inline:      # 4 micro-batches: the first two set each sum, the last two add to it
         assert adds == [] and len(in_step) == 2 * len(pm.model.trainable_variables), in_step
     else:
